@@ -1,0 +1,189 @@
+"""The one protocol every source adapter implements, and the value types it trades in.
+
+An adapter can (a) list the partitions of a time window and say which are ready,
+(b) split a partition into read tasks (file / row-group ranges, offset ranges) and
+(c) read one task as a stream of canonical Arrow record batches (bounded memory).
+
+Example::
+
+    adapter = make_adapter(source_spec, SourceContext(data_root="/data"))
+    for part in adapter.ready_partitions(TimeWindow.hours_from(start, 1)):
+        for task in adapter.split(part):
+            for batch in adapter.read(task):
+                ...
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from primus_dagster.data.canonical import Normalizer
+from primus_dagster.spec.dataset import granularity_step
+from primus_dagster.spec.sources import SourceSpec
+
+
+class SourceReadError(RuntimeError):
+    """Reading one task failed; the message names the file / topic-partition and the cause."""
+
+    def __init__(self, uri: str, message: str):
+        self.uri = uri
+        super().__init__(f"{uri}: {message}")
+
+
+class PartitionNotReadyError(RuntimeError):
+    """A partition was asked for before its data is complete (no marker, no data yet)."""
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """Half-open UTC time range ``[start, end)``."""
+
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", _utc(self.start))
+        object.__setattr__(self, "end", _utc(self.end))
+        if self.end <= self.start:
+            raise ValueError(f"empty time window: {self.start.isoformat()} .. {self.end.isoformat()}")
+
+    @classmethod
+    def hours_from(cls, start: datetime, hours: int) -> "TimeWindow":
+        return cls(start, _utc(start) + timedelta(hours=hours))
+
+    def partition_starts(self, granularity: str) -> list[datetime]:
+        """Starts of the ``hour``/``day`` partitions overlapping the window, in order."""
+        step = granularity_step(granularity)
+        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        first = epoch + ((self.start - epoch) // step) * step
+        out = []
+        current = first
+        while current < self.end:
+            out.append(current)
+            current += step
+        return out
+
+    def __str__(self) -> str:
+        return f"[{self.start:%Y-%m-%dT%H:%M}Z, {self.end:%Y-%m-%dT%H:%M}Z)"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One time partition of a source, as listed by its adapter."""
+
+    source: str
+    start: datetime
+    end: datetime
+    ready: bool
+    location: str
+    version: str | None = None
+    files: int = 0
+    bytes: int | None = None
+    rows: int | None = None
+    reason: str | None = None  # why it is not ready
+    detail: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.start:%Y-%m-%d-%H:%M}"
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """The unit of work a data executor reads: a file (or its row-group range) or an offset range.
+
+    ``start``/``stop`` are row-group indices for files and offsets for Kafka (``stop`` exclusive;
+    None: to the end of the file). Tasks are plain data so they can travel as JSON.
+    """
+
+    source: str
+    partition: datetime
+    uri: str
+    start: int = 0
+    stop: int | None = None
+    size_bytes: int = 0
+    rows: int | None = None
+    version: str | None = None
+
+    @property
+    def task_id(self) -> str:
+        span = "" if (self.start == 0 and self.stop is None) else f"#{self.start}-{self.stop}"
+        return f"{self.source}/{self.partition:%Y%m%dT%H}/{self.uri}{span}"
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["partition"] = self.partition.isoformat()
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ReadTask":
+        data = json.loads(text)
+        data["partition"] = datetime.fromisoformat(data["partition"])
+        return cls(**data)
+
+
+@dataclass
+class SourceContext:
+    """Where relative locations resolve and which Kafka to use when a source names none."""
+
+    data_root: str = "."
+    kafka_bootstrap_servers: str | None = None
+
+    def resolve(self, location: str) -> str:
+        """Absolute path/URL for ``location`` (URLs and absolute paths are returned as they are)."""
+        if "://" in location or location.startswith("/"):
+            return location
+        return f"{self.data_root.rstrip('/')}/{location}"
+
+
+class SourceAdapter(abc.ABC):
+    """Base class of the four adapters; subclasses implement partitions, split and read."""
+
+    def __init__(self, spec: SourceSpec, context: SourceContext):
+        self.spec = spec
+        self.context = context
+        self.normalize = Normalizer(spec)
+
+    @abc.abstractmethod
+    def partitions(self, window: TimeWindow) -> list[Partition]:
+        """Every partition overlapping ``window``, ready or not, in time order."""
+
+    @abc.abstractmethod
+    def split(self, partition: Partition) -> list[ReadTask]:
+        """The read tasks of one ready partition."""
+
+    @abc.abstractmethod
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """Canonical record batches of one task, streamed; raises :class:`SourceReadError`."""
+
+    def version(self) -> str | None:
+        """Current table version / snapshot id, when the storage has one."""
+        return None
+
+    def ready_partitions(self, window: TimeWindow) -> list[Partition]:
+        return [p for p in self.partitions(window) if p.ready]
+
+    def partition(self, start: datetime) -> Partition:
+        """The single partition starting at ``start``."""
+        step = granularity_step(self.spec.granularity)
+        (part,) = self.partitions(TimeWindow(start, _utc(start) + step))
+        return part
+
+    def close(self) -> None:
+        """Release connections (Kafka consumers, catalogs)."""
+
+    def __enter__(self) -> "SourceAdapter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,34 @@
+"""The job contract: JobSpec -> DatasetSpec -> StreamSpec -> SourceSpec, loaded strictly from YAML."""
+
+from primus_dagster.spec.dataset import DatasetSpec, JoinSpec, StreamSpec, granularity_step
+from primus_dagster.spec.durations import format_duration, parse_duration
+from primus_dagster.spec.job import (
+    DataPlaneSpec,
+    JobSpec,
+    MetricSpec,
+    ModelSpec,
+    PoolSpec,
+    PoolsSpec,
+    ScalingSpec,
+    TrackingSpec,
+    TrainingSpec,
+)
+from primus_dagster.spec.loader import SpecError, job_spec_json_schema, load_job_spec, parse_job_spec
+from primus_dagster.spec.sources import (
+    SOURCE_TYPES,
+    ColumnMapping,
+    DeltaSourceSpec,
+    IcebergCatalogSpec,
+    IcebergSourceSpec,
+    KafkaSourceSpec,
+    ParquetSourceSpec,
+    SourceSpec,
+)
+
+__all__ = [
+    "SOURCE_TYPES", "ColumnMapping", "DataPlaneSpec", "DatasetSpec", "DeltaSourceSpec",
+    "IcebergCatalogSpec", "IcebergSourceSpec", "JobSpec", "JoinSpec", "KafkaSourceSpec",
+    "MetricSpec", "ModelSpec", "ParquetSourceSpec", "PoolSpec", "PoolsSpec", "ScalingSpec",
+    "SourceSpec", "SpecError", "StreamSpec", "TrackingSpec", "TrainingSpec", "format_duration",
+    "granularity_step", "job_spec_json_schema", "load_job_spec", "parse_duration", "parse_job_spec",
+]

@@ -1,0 +1,115 @@
+"""Dataset and stream tiers of the job spec (Primus: dataset -> data stream -> data source).
+
+Example (YAML)::
+
+    dataset:
+      start: 2026-11-01
+      streams:
+        - name: history
+          window: 24h
+          sources: [...]        # see primus_dagster.spec.sources
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from primus_dagster.spec.base import StrictModel
+from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration
+from primus_dagster.spec.sources import SourceSpec
+
+_GRANULARITY = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+
+
+def granularity_step(granularity: str) -> timedelta:
+    """Length of one partition of the given granularity (``hour`` or ``day``)."""
+    return _GRANULARITY[granularity]
+
+
+class JoinSpec(StrictModel):
+    """Join two sources of a stream by key inside a window (e.g. impressions with late clicks)."""
+
+    left: str = Field(description="Source holding the samples (e.g. impressions).")
+    right: str = Field(description="Source holding the late events (e.g. clicks).")
+    key: str = Field(description="Join key present in both sources.")
+    lateness: NonNegativeDuration = Field(default="15m", description="How long to wait for a right event.")
+
+
+class StreamSpec(StrictModel):
+    """A mixture of sources scheduled chronologically over a sliding time window."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    sources: list[SourceSpec] = Field(min_length=1)
+    window: PositiveDuration = Field(default="24h", description="Sliding-window length.")
+    slide: PositiveDuration | None = Field(default=None, description="Slide step; default: the granularity.")
+    weight: float = Field(default=1.0, gt=0, description="Prioritization weight w_i of this stream's buffer.")
+    shuffle: Literal["forward", "rebalance"] = Field(default="rebalance")
+    join: JoinSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "StreamSpec":
+        grans = {s.granularity for s in self.sources}
+        step = max(granularity_step(g) for g in grans)
+        if self.window % step:
+            raise ValueError(f"window {self.window} is not a whole number of {max(grans, key=granularity_step)}s")
+        if self.slide is not None and self.slide % step:
+            raise ValueError(f"slide {self.slide} is not a whole number of partitions")
+        if self.join is not None:
+            names = {s.name for s in self.sources}
+            for side in (self.join.left, self.join.right):
+                if side not in names:
+                    raise ValueError(f"join source {side!r} is not one of this stream's sources {sorted(names)}")
+        return self
+
+
+class DatasetSpec(StrictModel):
+    """The unbounded, stateful input of a job: streams of sources from ``start`` on."""
+
+    start: datetime = Field(description="First partition (UTC), e.g. 2026-11-01 or 2026-11-01T00:00Z.")
+    end: datetime | None = Field(default=None, description="Optional last partition end (exclusive).")
+    streams: list[StreamSpec] = Field(min_length=1)
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _date_to_datetime(cls, value: object) -> object:
+        if isinstance(value, date) and not isinstance(value, datetime):
+            return datetime(value.year, value.month, value.day, tzinfo=timezone.utc)
+        return value
+
+    @field_validator("start", "end")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+    @model_validator(mode="after")
+    def _check(self) -> "DatasetSpec":
+        if self.end is not None and self.end <= self.start:
+            raise ValueError(f"end {self.end.isoformat()} must be after start {self.start.isoformat()}")
+        seen: set[str] = set()
+        for stream in self.streams:
+            for source in stream.sources:
+                if source.name in seen:
+                    raise ValueError(f"source name {source.name!r} is used twice; names must be unique")
+                seen.add(source.name)
+        stream_names = [s.name for s in self.streams]
+        if len(set(stream_names)) != len(stream_names):
+            raise ValueError(f"stream names must be unique, got {stream_names}")
+        return self
+
+    def all_sources(self) -> list[tuple[StreamSpec, SourceSpec]]:
+        """Every ``(stream, source)`` pair in spec order."""
+        return [(stream, source) for stream in self.streams for source in stream.sources]
+
+    def source(self, name: str) -> SourceSpec:
+        """The source called ``name``; KeyError naming the known sources otherwise."""
+        for _, source in self.all_sources():
+            if source.name == name:
+                return source
+        raise KeyError(f"no source {name!r}; known: {[s.name for _, s in self.all_sources()]}")

@@ -1,0 +1,153 @@
+"""The job spec (Primus: JobCRD): one declarative contract for resources, data and training.
+
+Example::
+
+    from primus_dagster.spec import load_job_spec
+    job = load_job_spec("examples/job.yaml")
+    print(job.training.mode, [s.name for _, s in job.dataset.all_sources()])
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from primus_dagster.spec.base import StrictModel
+from primus_dagster.spec.dataset import DatasetSpec
+from primus_dagster.spec.durations import PositiveDuration
+
+
+class PoolSpec(StrictModel):
+    """One executor pool (data executors or training executors)."""
+
+    replicas: int = Field(default=1, ge=0, description="Initial number of executors.")
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    cpu: float = Field(default=1.0, gt=0, description="CPU cores per executor.")
+    memory: str = Field(default="2Gi", pattern=r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti)?$", description="Memory per executor.")
+    task_runners: int = Field(default=2, ge=1, description="Concurrent task runners per executor (data pool).")
+    restart: Literal["always", "on_failure", "never"] = Field(default="on_failure")
+    max_restarts: int = Field(default=3, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "PoolSpec":
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                f"need min_replicas <= replicas <= max_replicas, got {self.min_replicas} <= {self.replicas} <= {self.max_replicas}"
+            )
+        return self
+
+
+class PoolsSpec(StrictModel):
+    """Executor pools and the backend that runs them."""
+
+    backend: Literal["local", "kubernetes"] = "local"
+    namespace: str = Field(default="default", description="Kubernetes namespace (kubernetes backend).")
+    image: str | None = Field(default=None, description="Container image (kubernetes backend).")
+    data: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2, max_replicas=8))
+    training: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=1, max_replicas=1))
+
+
+class MetricSpec(StrictModel):
+    """One utilisation signal u_k of the horizontal load metric L_u = sum_k w_k * u_k (Primus: MetricCRD)."""
+
+    name: Literal["buffer_fill", "cpu", "memory", "io"]
+    weight: float = Field(ge=0)
+    aggregation: Literal["mean", "max"] = "mean"
+
+
+class HorizontalScalingSpec(StrictModel):
+    """Add executors above ``scale_up_threshold`` (L_theta), remove below ``scale_down_threshold``."""
+
+    enabled: bool = True
+    metrics: list[MetricSpec] = Field(
+        default_factory=lambda: [
+            MetricSpec(name="buffer_fill", weight=0.5),
+            MetricSpec(name="cpu", weight=0.3),
+            MetricSpec(name="memory", weight=0.2),
+        ]
+    )
+    scale_up_threshold: float = Field(default=0.8, gt=0, le=1)
+    scale_down_threshold: float = Field(default=0.3, ge=0, lt=1)
+    step: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "HorizontalScalingSpec":
+        if self.scale_down_threshold >= self.scale_up_threshold:
+            raise ValueError(
+                f"scale_down_threshold ({self.scale_down_threshold}) must be below scale_up_threshold ({self.scale_up_threshold})"
+            )
+        return self
+
+
+class VerticalScalingSpec(StrictModel):
+    """Resize executors to a recency-weighted demand D(N_R) plus headroom; skip changes below ``min_change``."""
+
+    enabled: bool = True
+    history_decay: float = Field(default=0.7, gt=0, lt=1, description="Weight ratio between consecutive samples.")
+    headroom: float = Field(default=0.2, ge=0, description="Fraction added on top of predicted demand.")
+    min_change: float = Field(default=0.1, ge=0, description="R_theta: relative change below which nothing is done.")
+
+
+class ScalingSpec(StrictModel):
+    """Scaling policies; only one acts per decision tick, each change has a cooldown."""
+
+    interval: PositiveDuration = Field(default="30s", description="Decision tick.")
+    cooldown: PositiveDuration = Field(default="2m")
+    horizontal: HorizontalScalingSpec = Field(default_factory=HorizontalScalingSpec)
+    vertical: VerticalScalingSpec = Field(default_factory=VerticalScalingSpec)
+
+
+class DataPlaneSpec(StrictModel):
+    """Task planning and hand-out (DTGG, data driver)."""
+
+    planner_threads: int = Field(default=4, ge=1, le=256)
+    max_attempts: int = Field(default=3, ge=1)
+    failed_task_threshold: float = Field(default=0.05, ge=0, le=1, description="Fail the job past this share.")
+    lease: PositiveDuration = Field(default="60s", description="A running task's executor must report within it.")
+    buffer_batches: int = Field(default=8, ge=1, description="Per-executor buffer before backpressure.")
+
+
+class ModelSpec(StrictModel):
+    """Model shape: hashed sparse embeddings + dense features into one or two towers."""
+
+    type: Literal["mtrm", "single"] = "mtrm"
+    embedding_dim: int = Field(default=16, ge=1)
+    hash_buckets: int = Field(default=100_000, ge=16)
+    memory_hidden: list[int] = Field(default_factory=lambda: [64, 32])
+    adapt_hidden: list[int] = Field(default_factory=lambda: [128, 64])
+
+
+class TrainingSpec(StrictModel):
+    """How the model learns from the batch and stream queues."""
+
+    mode: Literal["batch", "stream", "batch_then_stream", "mixed"] = "batch_then_stream"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    batch_size: int = Field(default=1024, ge=1)
+    learning_rate: float = Field(default=1e-3, gt=0)
+    checkpoint_every_steps: int = Field(default=500, ge=1)
+    priority_weights: dict[Literal["batch", "stream"], float] = Field(
+        default_factory=lambda: {"batch": 1.0, "stream": 1.0}
+    )
+    auc_tolerance: float = Field(default=0.005, ge=0, description="Max AUC drop vs the previous partition.")
+
+
+class TrackingSpec(StrictModel):
+    """MLflow tracking; default: SQLite store and local artifacts under the project home."""
+
+    tracking_uri: str | None = None
+    experiment: str = "primus"
+
+
+class JobSpec(StrictModel):
+    """The whole training job: resources, data, training and tracking."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=53,
+                      description="DNS-1123 label (used for pods and runs).")
+    pools: PoolsSpec = Field(default_factory=PoolsSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    data: DataPlaneSpec = Field(default_factory=DataPlaneSpec)
+    dataset: DatasetSpec
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)

@@ -1,0 +1,161 @@
+"""Data-source tier of the dataset spec: one storage system's data over time.
+
+A source says where its data lives, how it is partitioned in time (``hour`` or ``day``),
+whether it feeds the ``batch`` or the ``stream`` side of training, and how its native
+columns map onto the canonical sample schema (see :mod:`primus_dagster.data.canonical`).
+
+Example (YAML)::
+
+    name: impressions_parquet
+    type: parquet
+    kind: batch
+    granularity: hour
+    label_delay: 24h
+    path: data/parquet/impressions
+    layout: hive
+    columns: {ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from primus_dagster.spec.base import StrictModel
+from primus_dagster.spec.durations import NonNegativeDuration
+
+SOURCE_TYPES = ("parquet", "delta", "iceberg", "kafka")
+_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_TEMPLATE_FIELDS = {"YYYY", "MM", "DD", "HH"}
+
+
+class ColumnMapping(StrictModel):
+    """How native columns become the canonical sample schema.
+
+    ``dense`` is either a list of numeric columns (stacked into one fixed-size list) or the
+    name of one column that already is a list of floats. ``sparse`` is a list of id columns
+    kept under their own names, or a mapping ``canonical_name: native_name``.
+    """
+
+    ts: str = Field(description="Event-time column (timestamp or epoch milliseconds).")
+    label: str | None = Field(default=None, description="Label column (0/1); may be null in stream rows.")
+    id: str | None = Field(default=None, description="Unique sample id column (int64), used for exactly-once checks.")
+    dense: list[str] | str = Field(description="Dense feature columns (at least one), or one list column.")
+    sparse: list[str] | dict[str, str] = Field(default_factory=list, description="Sparse id columns.")
+
+    @field_validator("dense")
+    @classmethod
+    def _dense_unique(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError("at least one dense column is needed")
+        if isinstance(value, list) and len(set(value)) != len(value):
+            raise ValueError(f"dense columns must be unique, got {value}")
+        return value
+
+    def sparse_pairs(self) -> list[tuple[str, str]]:
+        """``(canonical_name, native_name)`` for each sparse column, in spec order."""
+        if isinstance(self.sparse, dict):
+            return list(self.sparse.items())
+        return [(name, name) for name in self.sparse]
+
+
+class _SourceBase(StrictModel):
+    name: str = Field(pattern=_NAME_RE, description="Unique source name; also the Dagster asset name.")
+    kind: Literal["batch", "stream"] = Field(default="batch", description="Which training queue it feeds.")
+    granularity: Literal["hour", "day"] = Field(default="hour", description="Time partitioning of the source.")
+    label_delay: NonNegativeDuration = Field(
+        default="0s", description="How long after event time the labels in this source are complete."
+    )
+    columns: ColumnMapping
+    allow_empty: bool = Field(default=False, description="An empty ready partition is valid (otherwise an error).")
+    batch_rows: int = Field(default=65536, gt=0, le=4_194_304, description="Rows per Arrow record batch on read.")
+
+
+class ParquetSourceSpec(_SourceBase):
+    """Parquet files on any fsspec filesystem, one directory per hour or day."""
+
+    type: Literal["parquet"]
+    path: str = Field(description="Root directory or fsspec URL (relative paths resolve against the data root).")
+    layout: Literal["hive", "template"] = Field(
+        default="hive", description="hive: dt=YYYY-MM-DD/hour=HH; template: see `template`."
+    )
+    template: str | None = Field(
+        default=None, description="Directory template with {YYYY} {MM} {DD} {HH}, e.g. '{YYYY}{MM}{DD}/{HH}'."
+    )
+    success_marker: str | None = Field(
+        default="_SUCCESS", description="File whose presence marks a partition ready; null: always ready."
+    )
+    split_row_groups: bool = Field(
+        default=False, description="Split files into row-group ranges of about target_task_bytes (reads footers)."
+    )
+    target_task_bytes: int = Field(default=128 * 2**20, gt=0)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_template(self) -> "ParquetSourceSpec":
+        if self.layout == "template":
+            if not self.template:
+                raise ValueError("layout 'template' needs a `template`, e.g. '{YYYY}{MM}{DD}/{HH}'")
+            fields = set(re.findall(r"{([^}]*)}", self.template))
+            unknown = fields - _TEMPLATE_FIELDS
+            if unknown:
+                raise ValueError(f"template {self.template!r} has unknown fields {sorted(unknown)}; use {{YYYY}} {{MM}} {{DD}} {{HH}}")
+            if self.granularity == "hour" and "HH" not in fields:
+                raise ValueError(f"template {self.template!r} of an hourly source needs {{HH}}")
+        elif self.template is not None:
+            raise ValueError("`template` is only used with layout 'template'")
+        return self
+
+
+class DeltaSourceSpec(_SourceBase):
+    """A Delta Lake table partitioned by a date column (and an hour column for hourly data)."""
+
+    type: Literal["delta"]
+    uri: str = Field(description="Table location (path or object-store URI).")
+    date_column: str = Field(default="dt", description="Partition column holding YYYY-MM-DD.")
+    hour_column: str | None = Field(default="hour", description="Partition column holding the hour (0-23).")
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_hour(self) -> "DeltaSourceSpec":
+        if self.granularity == "hour" and not self.hour_column:
+            raise ValueError("an hourly Delta source needs `hour_column`")
+        return self
+
+
+class IcebergCatalogSpec(StrictModel):
+    """pyiceberg catalog properties; the default is a SqlCatalog on SQLite with a file warehouse."""
+
+    name: str = "primus"
+    uri: str | None = Field(default=None, description="Catalog URI; default sqlite:///<data root>/iceberg/catalog.db.")
+    warehouse: str | None = Field(default=None, description="Warehouse location; default <data root>/iceberg/warehouse.")
+    properties: dict[str, str] = Field(default_factory=dict, description="Extra catalog properties (type, credentials).")
+
+
+class IcebergSourceSpec(_SourceBase):
+    """An Iceberg table partitioned by hour(ts) or day(ts); partitions come from the scan plan."""
+
+    type: Literal["iceberg"]
+    table: str = Field(pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$", description="namespace.table")
+    catalog: IcebergCatalogSpec = Field(default_factory=IcebergCatalogSpec)
+
+
+class KafkaSourceSpec(_SourceBase):
+    """A Kafka topic of JSON records; partitions are per topic-partition offset ranges."""
+
+    type: Literal["kafka"]
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    bootstrap_servers: str | None = Field(
+        default=None, description="host:port list; default: the Kafka resource (or the embedded broker)."
+    )
+    max_records_per_task: int = Field(default=200_000, gt=0, description="Offset ranges are split to this size.")
+    poll_max_bytes: int = Field(default=16 * 2**20, gt=0, description="fetch_max_bytes for the consumer.")
+
+
+SourceSpec = Annotated[
+    Union[ParquetSourceSpec, DeltaSourceSpec, IcebergSourceSpec, KafkaSourceSpec],
+    Field(discriminator="type"),
+]
+"""Any source; ``type`` selects the model (parquet | delta | iceberg | kafka)."""
