@@ -1,0 +1,30 @@
+# primus_dagster: make setup | demo | test | bench
+VENV      ?= .venv
+PYTHON    ?= python3
+PY        := $(VENV)/bin/python
+export PRIMUS_HOME  ?= $(CURDIR)/.primus
+export DAGSTER_HOME ?= $(PRIMUS_HOME)/dagster_home
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+# Re-installs only when the dependency files change (idempotent).
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/primus-dagster demo
+
+# pytest exit code 5 = no tests collected: not a failure of the suite.
+test: setup
+	$(VENV)/bin/pytest -q || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(PRIMUS_HOME) .pytest_cache

@@ -1,0 +1,15 @@
+"""Reference deployment: the assets of the example job (one per data source of the spec).
+
+The job spec path comes from ``$PRIMUS_JOB_SPEC`` (default: ``examples/job.yaml``).
+"""
+
+import os
+from pathlib import Path
+
+from primus_dagster.dagster_defs import build_source_assets
+from primus_dagster.spec import load_job_spec
+
+JOB_SPEC_PATH = Path(os.environ.get("PRIMUS_JOB_SPEC") or Path(__file__).resolve().parents[1] / "examples" / "job.yaml")
+JOB = load_job_spec(JOB_SPEC_PATH)
+
+source_assets = build_source_assets(JOB)

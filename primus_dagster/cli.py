@@ -1,0 +1,166 @@
+"""``primus-dagster``: the command line of the suite.
+
+    primus-dagster validate examples/job.yaml
+    primus-dagster spec-schema --out .primus/jobspec.schema.json
+    primus-dagster synth --spec examples/job.yaml --days 1
+    primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
+    primus-dagster broker --detach | --status | --stop
+    primus-dagster demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from primus_dagster import paths
+from primus_dagster.spec import SpecError, job_spec_json_schema, load_job_spec
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    job = load_job_spec(args.spec)
+    sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
+    print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
+    return 0
+
+
+def _cmd_spec_schema(args: argparse.Namespace) -> int:
+    text = job_spec_json_schema()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+def _parse_time(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+def _cmd_partitions(args: argparse.Namespace) -> int:
+    from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
+    from primus_dagster.spec.dataset import granularity_step
+
+    job = load_job_spec(args.spec)
+    source = job.dataset.source(args.source)
+    start = _parse_time(args.start) if args.start else job.dataset.start
+    window = TimeWindow(start, start + granularity_step(source.granularity) * args.count)
+    context = SourceContext(str(args.data_root), args.kafka_bootstrap)
+    with make_adapter(source, context) as adapter:
+        parts = adapter.partitions(window)
+    if args.json:
+        print(json.dumps([{"partition": p.key, "ready": p.ready, "files": p.files, "bytes": p.bytes,
+                           "version": p.version, "reason": p.reason} for p in parts]))
+        return 0
+    for p in parts:
+        state = "ready" if p.ready else f"NOT READY ({p.reason})"
+        print(f"{p.key}  files={p.files:<5} bytes={p.bytes or 0:<12} version={p.version or '-':<20} {state}")
+    return 0
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from primus_dagster.kafka_broker import EmbeddedBroker
+
+    state_file = str(args.state_file)
+    if args.stop:
+        EmbeddedBroker.stop_detached(state_file)
+        print("embedded broker stopped")
+        return 0
+    if args.status:
+        state = EmbeddedBroker.read_state(state_file)
+        print(json.dumps(state) if state else "no embedded broker running")
+        return 0 if state else 1
+    if args.detach:
+        state = EmbeddedBroker.start_detached(state_file)
+        print(f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}); "
+              f"stop it with `primus-dagster broker --stop`")
+        return 0
+    with EmbeddedBroker() as broker:
+        print(f"embedded broker on {broker.bootstrap_servers}; Ctrl-C stops it", flush=True)
+        try:
+            broker.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from primus_dagster.synth.cli import run
+
+    return run(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from primus_dagster.dagster_defs.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="primus-dagster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="validate a job spec YAML file")
+    p.add_argument("spec")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("spec-schema", help="print (or write) the JSON Schema of the job spec")
+    p.add_argument("--out", help="write to this file instead of stdout")
+    p.set_defaults(func=_cmd_spec_schema)
+
+    p = sub.add_parser("partitions", help="list a source's partitions and whether they are ready")
+    p.add_argument("spec")
+    p.add_argument("--source", required=True)
+    p.add_argument("--start", help="first partition (ISO, UTC); default: the dataset start")
+    p.add_argument("--count", type=int, default=24, help="number of partitions")
+    p.add_argument("--data-root", default=paths.data_root())
+    p.add_argument("--kafka-bootstrap", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_partitions)
+
+    p = sub.add_parser("broker", help="embedded Kafka-compatible broker (tests and demo only)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--detach", action="store_true", help="start in the background, record it in the state file")
+    group.add_argument("--stop", action="store_true", help="stop the background broker")
+    group.add_argument("--status", action="store_true")
+    p.add_argument("--state-file", default=paths.broker_state_file())
+    p.set_defaults(func=_cmd_broker)
+
+    p = sub.add_parser("synth", help="write the synthetic CTR world to the spec's sources")
+    try:
+        from primus_dagster.synth.cli import add_arguments
+    except ImportError:  # pragma: no cover - the synth package is part of the suite
+        add_arguments = None
+    if add_arguments is not None:
+        add_arguments(p)
+    p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("demo", help="the main job on embedded defaults (see README)")
+    p.add_argument("--spec", default="examples/job.yaml")
+    p.add_argument("--rows-per-hour", type=int, default=2000)
+    p.add_argument("--hours", type=int, default=24, help="hours of the first day to generate and materialise")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except KeyError as exc:  # unknown source names and the like
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The data plane: canonical schema, source adapters (later: DTGG planner, driver, executors, Flight)."""

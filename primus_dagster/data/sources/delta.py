@@ -1,0 +1,286 @@
+"""Delta Lake source: partitions from the transaction log, tasks per data file, pinned versions.
+
+The table is read with ``deltalake`` (no Dagster IO manager): the add actions of the table's
+current version list the files of each ``date_column`` (and ``hour_column``) partition; each
+file becomes one :class:`ReadTask` carrying that version, and is streamed with pyarrow.
+Data files are immutable, so a task reads exactly what its version listed even after later
+appends or compactions (until the files are vacuumed).
+
+Example::
+
+    spec = DeltaSourceSpec(name="imp", type="delta", uri="delta/impressions",
+                           columns={"ts": "event_time", "label": "click", "dense": ["d0"]})
+    with DeltaSource(spec, SourceContext(data_root="/data")) as source:
+        for part in source.ready_partitions(TimeWindow.hours_from(start, 24)):
+            for task in source.split(part):
+                for batch in source.read(task):
+                    ...
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections import OrderedDict
+from datetime import datetime
+from typing import Iterator
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from primus_dagster.data.canonical import native_columns
+from primus_dagster.data.sources.base import (
+    Partition,
+    PartitionNotReadyError,
+    ReadTask,
+    SourceAdapter,
+    SourceContext,
+    SourceReadError,
+    TimeWindow,
+)
+from primus_dagster.spec.dataset import granularity_step
+from primus_dagster.spec.sources import DeltaSourceSpec
+
+# Reader features that do not change how a data file maps onto the table's rows and columns,
+# so reading the listed files one by one with plain Parquet is correct.
+HANDLED_READER_FEATURES = frozenset({
+    "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType", "variantType-preview",
+    "typeWidening", "typeWidening-preview",
+})
+_MAX_CACHED_PARTITIONS = 4096
+
+
+class DeltaTableNotFoundError(FileNotFoundError):
+    """There is no Delta table at the source's URI."""
+
+
+class UnsupportedDeltaFeatureError(RuntimeError):
+    """The table needs a reader feature (deletion vectors, column mapping, ...) not handled here."""
+
+
+def check_reader_protocol(uri: str, min_reader_version: int, reader_features: list[str] | None,
+                          configuration: dict[str, str | None] | None = None) -> None:
+    """Raise :class:`UnsupportedDeltaFeatureError` if a file-by-file reader would misread the table."""
+    unsupported = sorted(set(reader_features or ()) - HANDLED_READER_FEATURES)
+    mode = (configuration or {}).get("delta.columnMapping.mode")
+    if mode and mode != "none" and "columnMapping" not in unsupported:
+        unsupported.append("columnMapping")
+    if min_reader_version > 3:
+        unsupported.append(f"minReaderVersion={min_reader_version}")
+    if unsupported:
+        raise UnsupportedDeltaFeatureError(
+            f"{uri}: the Delta table needs reader feature(s) {', '.join(unsupported)}, which the primus "
+            f"Delta reader does not handle (it reads data files directly: deletionVectors would return "
+            f"deleted rows, columnMapping would miss renamed columns). Rewrite the table without them, "
+            f"or use a Parquet/Iceberg source; handled features: {sorted(HANDLED_READER_FEATURES)}"
+        )
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _local_path(uri: str) -> str:
+    return unquote(urlparse(uri).path) if uri.startswith("file://") else uri
+
+
+class DeltaSource(SourceAdapter):
+    """Adapter for a Delta Lake table partitioned by ``date_column`` (+ ``hour_column``).
+
+    Example::
+
+        source = DeltaSource(spec, SourceContext(data_root="/data"))
+        part = source.partition(datetime(2024, 1, 1, 5, tzinfo=timezone.utc))
+        print(part.ready, part.version, part.files, part.rows)
+        batches = [b for t in source.split(part) for b in source.read(t)]
+    """
+
+    spec: DeltaSourceSpec
+
+    def __init__(self, spec: DeltaSourceSpec, context: SourceContext):
+        super().__init__(spec, context)
+        self.uri = context.resolve(spec.uri)
+        self._table: DeltaTable | None = None
+        self._tasks: OrderedDict[tuple[str, datetime], list[ReadTask]] = OrderedDict()
+        self._schemas: dict[str, pa.Schema] = {}
+        self._remote_fs: pafs.FileSystem | None = None
+
+    # ---- table loading -------------------------------------------------------------
+    def _open_table(self, version: int | None = None) -> DeltaTable:
+        try:
+            table = DeltaTable(self.uri, version=version, storage_options=self.spec.storage_options or None)
+        except TableNotFoundError as exc:
+            raise DeltaTableNotFoundError(
+                f"no Delta table at {self.uri!r} (source {self.spec.name!r}): {exc}"
+            ) from exc
+        protocol = table.protocol()
+        check_reader_protocol(self.uri, protocol.min_reader_version, protocol.reader_features,
+                              table.metadata().configuration)
+        return table
+
+    def table(self, refresh: bool = True) -> DeltaTable:
+        """The cached table, brought up to the latest version when ``refresh``."""
+        if self._table is None:
+            self._table = self._open_table()
+        elif refresh:
+            self._table.update_incremental()
+            protocol = self._table.protocol()
+            check_reader_protocol(self.uri, protocol.min_reader_version, protocol.reader_features,
+                                  self._table.metadata().configuration)
+        return self._table
+
+    def version(self) -> str | None:
+        return str(self.table(refresh=True).version())
+
+    # ---- listing ---------------------------------------------------------------------
+    def _key(self, start: datetime) -> tuple[str, int | None]:
+        hour = start.hour if self.spec.granularity == "hour" else None
+        return start.date().isoformat(), hour
+
+    def _list_files(self, table: DeltaTable, starts: list[datetime]) -> dict[datetime, list[ReadTask]]:
+        """Read tasks of each partition start, from the add actions of ``table``'s version."""
+        version = str(table.version())
+        actions = pa.table(table.get_add_actions(flatten=True))
+        date_col = f"partition.{self.spec.date_column}"
+        hour_col = f"partition.{self.spec.hour_column}" if self.spec.granularity == "hour" else None
+        for col, name in ((date_col, self.spec.date_column), (hour_col, self.spec.hour_column)):
+            if col is not None and col not in actions.column_names and actions.num_rows:
+                have = [c[len("partition."):] for c in actions.column_names if c.startswith("partition.")]
+                raise ValueError(f"{self.uri}: Delta table is not partitioned by {name!r} "
+                                 f"(partition columns: {have}); set date_column/hour_column in the source spec")
+        by_key = {self._key(s): s for s in starts}
+        out: dict[datetime, list[ReadTask]] = {s: [] for s in starts}
+        if not actions.num_rows:
+            return out
+        root = table.table_uri
+        dates = actions.column(date_col).to_pylist()
+        hours = actions.column(hour_col).to_pylist() if hour_col else [None] * actions.num_rows
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        records = actions.column("num_records").to_pylist()
+        for date, hour, path, size, rows in zip(dates, hours, paths, sizes, records):
+            if date is None:
+                continue
+            date_text = date.isoformat() if isinstance(date, _dt.date) else str(date)
+            start = by_key.get((date_text, None if hour is None else int(hour)))
+            if start is None:
+                continue
+            out[start].append(ReadTask(source=self.spec.name, partition=start, uri=self._file_uri(root, path),
+                                       size_bytes=int(size), rows=rows, version=version))
+        for tasks in out.values():
+            tasks.sort(key=lambda t: t.uri)
+        return out
+
+    def _file_uri(self, root: str, path: str) -> str:
+        if "://" in path:  # absolute URI in the log (e.g. shallow clones)
+            return _local_path(path) if path.startswith("file://") else path
+        rel = unquote(path)  # log paths are URL-encoded once
+        if root.startswith("file://"):
+            return f"{_local_path(root).rstrip('/')}/{rel}"
+        return f"{root.rstrip('/')}/{rel}"
+
+    def _remember(self, version: str, tasks: dict[datetime, list[ReadTask]]) -> None:
+        for start, items in tasks.items():
+            self._tasks[(version, start)] = items
+            self._tasks.move_to_end((version, start))
+        while len(self._tasks) > _MAX_CACHED_PARTITIONS:
+            self._tasks.popitem(last=False)
+
+    def partitions(self, window: TimeWindow) -> list[Partition]:
+        table = self.table(refresh=True)
+        version = str(table.version())
+        step = granularity_step(self.spec.granularity)
+        starts = window.partition_starts(self.spec.granularity)
+        listed = self._list_files(table, starts)
+        self._remember(version, listed)
+        out = []
+        for start in starts:
+            tasks = listed[start]
+            date, hour = self._key(start)
+            where = f"{self.spec.date_column}={date}" + (f"/{self.spec.hour_column}={hour}" if hour is not None else "")
+            rows = None if any(t.rows is None for t in tasks) else sum(t.rows or 0 for t in tasks)
+            out.append(Partition(
+                source=self.spec.name, start=start, end=start + step, ready=bool(tasks),
+                location=f"{self.uri.rstrip('/')}/{where}", version=version, files=len(tasks),
+                bytes=sum(t.size_bytes for t in tasks), rows=rows,
+                reason=None if tasks else f"no committed files for {where} at table version {version}",
+                detail={"table_version": int(version), "partition_values": where},
+            ))
+        return out
+
+    def split(self, partition: Partition) -> list[ReadTask]:
+        if not partition.ready:
+            raise PartitionNotReadyError(f"{self.spec.name} {partition.key}: {partition.reason or 'not ready'}")
+        cached = self._tasks.get((partition.version or "", partition.start))
+        if cached is not None:
+            return list(cached)
+        if partition.version is None:
+            table = self.table(refresh=True)
+        else:
+            table = self._open_table(int(partition.version))
+        listed = self._list_files(table, [partition.start])
+        self._remember(str(table.version()), listed)
+        return list(listed[partition.start])
+
+    # ---- reading ---------------------------------------------------------------------
+    def _open_file(self, uri: str) -> pq.ParquetFile:
+        if _is_local(uri):
+            return pq.ParquetFile(_local_path(uri))
+        root = self.table(refresh=False).table_uri.rstrip("/")
+        if uri.startswith(root + "/"):
+            if self._remote_fs is None:
+                from deltalake.fs import DeltaStorageHandler
+
+                self._remote_fs = pafs.PyFileSystem(DeltaStorageHandler(root, self.spec.storage_options or None))
+            return pq.ParquetFile(self._remote_fs.open_input_file(uri[len(root) + 1:]))
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        return pq.ParquetFile(filesystem.open_input_file(path))
+
+    def _table_schema(self, version: str | None) -> pa.Schema:
+        key = version or ""
+        if key not in self._schemas:
+            table = self._open_table(int(version)) if version is not None else self.table(refresh=False)
+            self._schemas[key] = pa.schema(table.schema().to_arrow())
+        return self._schemas[key]
+
+    def _fill_missing(self, batch: pa.RecordBatch, missing: list[str], schema: pa.Schema) -> pa.RecordBatch:
+        """Columns added to the table after this file was written read as nulls (Delta semantics)."""
+        for name in missing:
+            batch = batch.append_column(schema.field(name), pa.nulls(batch.num_rows, schema.field(name).type))
+        return batch
+
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        columns = native_columns(self.spec.columns)
+        where = f"table version {task.version}" if task.version is not None else "Delta data file"
+        try:
+            parquet = self._open_file(task.uri)
+            present = set(parquet.schema_arrow.names)
+        except Exception as exc:  # noqa: BLE001 - any failure to open is this file's failure
+            hint = " (vacuumed after listing?)" if isinstance(exc, FileNotFoundError) else ""
+            raise SourceReadError(task.uri, f"cannot open Parquet data file of {where}{hint}: {exc}") from exc
+        missing = [c for c in columns if c not in present]
+        fill: list[str] = []
+        if missing:
+            schema = self._table_schema(task.version)
+            fill = [c for c in missing if schema.get_field_index(c) >= 0]
+        batches = parquet.iter_batches(batch_size=self.spec.batch_rows, columns=[c for c in columns if c in present])
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except Exception as exc:  # noqa: BLE001 - decoding errors name the file
+                raise SourceReadError(task.uri, f"cannot read Parquet data file of {where}: {exc}") from exc
+            if fill:
+                batch = self._fill_missing(batch, fill, self._table_schema(task.version))
+            yield self.normalize(batch, where=task.uri)
+
+    def close(self) -> None:
+        self._table = None
+        self._tasks.clear()
+        self._schemas.clear()
+        self._remote_fs = None
+
