@@ -24,6 +24,10 @@ from primus_dagster.data.sources import SourceContext
 from primus_dagster.spec import load_job_spec
 
 
+# Dagster's console logger prints every step event; the demo prints its own progress instead.
+_QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from primus_dagster.kafka_broker import EmbeddedBroker
     from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
@@ -67,7 +71,8 @@ def _materialize_hours(job, data_root: str, bootstrap: str, hours: int, console:
     began = time.perf_counter()
     for hour in range(hours):
         key = (job.dataset.start + timedelta(hours=hour)).strftime("%Y-%m-%d-%H:%M")
-        result = materialize(assets, partition_key=key, instance=instance, resources=resources)
+        result = materialize(assets, partition_key=key, instance=instance, resources=resources,
+                             run_config=_QUIET)
         for event in result.get_asset_materialization_events():
             name = event.asset_key.to_user_string()
             meta = event.materialization.metadata

@@ -32,9 +32,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from primus_dagster.data.canonical import native_columns
+from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.data.sources.base import (
     Partition,
-    PartitionNotReadyError,
     ReadTask,
     SourceAdapter,
     SourceContext,
@@ -212,8 +212,8 @@ class DeltaSource(SourceAdapter):
         return out
 
     def split(self, partition: Partition) -> list[ReadTask]:
-        if not partition.ready:
-            raise PartitionNotReadyError(f"{self.spec.name} {partition.key}: {partition.reason or 'not ready'}")
+        if not partition.ready:  # nothing committed there (as ParquetSource: no tasks)
+            return []
         cached = self._tasks.get((partition.version or "", partition.start))
         if cached is not None:
             return list(cached)
@@ -228,16 +228,16 @@ class DeltaSource(SourceAdapter):
     # ---- reading ---------------------------------------------------------------------
     def _open_file(self, uri: str) -> pq.ParquetFile:
         if _is_local(uri):
-            return pq.ParquetFile(_local_path(uri))
+            return open_parquet(_local_path(uri))
         root = self.table(refresh=False).table_uri.rstrip("/")
         if uri.startswith(root + "/"):
             if self._remote_fs is None:
                 from deltalake.fs import DeltaStorageHandler
 
                 self._remote_fs = pafs.PyFileSystem(DeltaStorageHandler(root, self.spec.storage_options or None))
-            return pq.ParquetFile(self._remote_fs.open_input_file(uri[len(root) + 1:]))
+            return open_parquet(self._remote_fs.open_input_file(uri[len(root) + 1:]))
         filesystem, path = pafs.FileSystem.from_uri(uri)
-        return pq.ParquetFile(filesystem.open_input_file(path))
+        return open_parquet(filesystem.open_input_file(path))
 
     def _table_schema(self, version: str | None) -> pa.Schema:
         key = version or ""

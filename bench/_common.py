@@ -1,0 +1,51 @@
+"""Shared helpers of the benchmarks: one-source job specs over the synthetic world."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from primus_dagster.spec import JobSpec, parse_job_spec
+
+COLUMNS = ("{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, "
+           "d12], sparse: [user_id, item_id, topic_id, device, hour_of_day]}")
+
+LOCATIONS = {
+    "parquet": "path: parquet/impressions",
+    "delta": "uri: delta/impressions",
+    "iceberg": "table: bench.impressions",
+    "kafka": "topic: bench-events\n          max_records_per_task: 1000000",
+}
+
+
+def one_source_job(kind: str, start: str = "2026-11-01", batch_rows: int = 65536) -> JobSpec:
+    """A job whose only source is of ``kind``; it receives the whole synthetic world."""
+    role = "stream" if kind == "kafka" else "batch"
+    return parse_job_spec(f"""
+name: bench-{kind}
+dataset:
+  start: {start}
+  streams:
+    - name: s
+      window: 1h
+      sources:
+        - name: src_{kind}
+          type: {kind}
+          kind: {role}
+          batch_rows: {batch_rows}
+          {LOCATIONS[kind]}
+          columns: {COLUMNS}
+""", f"<bench {kind}>")
+
+
+def emit(result: dict) -> None:
+    """Print the benchmark's one JSON line (the last line of its output)."""
+    sys.stdout.flush()
+    print(json.dumps(result), flush=True)
+
+
+def bench_dir(name: str) -> Path:
+    path = Path(".primus") / "bench" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()

@@ -1,0 +1,156 @@
+"""``primus-dagster synth``: write hours of the synthetic world to the sources of a job spec.
+
+Example::
+
+    primus-dagster synth --spec examples/job.yaml --days 2 --rows-per-hour 50000
+    primus-dagster synth --hours 3 --sources impressions_parquet impressions_delta --seed 11
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import fields
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from primus_dagster.synth.world import SyntheticWorld, WorldConfig
+from primus_dagster.synth.writers import WriteSummary, write_world
+
+
+def _default_data_root() -> str:
+    from primus_dagster import paths
+
+    return str(paths.data_root())  # $PRIMUS_DATA_ROOT, else <$PRIMUS_HOME or ./.primus>/data
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``synth`` options (and one flag per :class:`WorldConfig` knob) to ``parser``."""
+    parser.add_argument("--spec", default="examples/job.yaml", help="job spec YAML (default: %(default)s)")
+    parser.add_argument("--data-root", default=_default_data_root(),
+                        help="where relative source locations resolve (default: $PRIMUS_DATA_ROOT or ./.primus/data)")
+    span = parser.add_mutually_exclusive_group()
+    span.add_argument("--days", type=int, default=None, help="days to write (default: 1)")
+    span.add_argument("--hours", type=int, default=None, help="hours to write (alternative to --days)")
+    parser.add_argument("--start", default=None,
+                        help="first hour, ISO UTC (e.g. 2026-11-01 or 2026-11-01T06:00); default: the spec's dataset.start")
+    parser.add_argument("--sources", nargs="+", default=None, metavar="NAME",
+                        help="only these sources (batch shards stay those of the whole spec)")
+    parser.add_argument("--kafka-bootstrap", default=os.environ.get("PRIMUS_KAFKA_BOOTSTRAP_SERVERS"),
+                        help="Kafka host:port list for stream sources without bootstrap_servers "
+                             "(default: $PRIMUS_KAFKA_BOOTSTRAP_SERVERS, else a running `primus-dagster broker --detach`)")
+    parser.add_argument("--kafka-partitions", type=int, default=4, help="partitions of a topic created here (default: 4)")
+    parser.add_argument("--files-per-hour", type=int, default=1, help="Parquet files per hour (default: 1)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    world = parser.add_argument_group("world", "knobs of the synthetic world (see docs/synthetic_world.md)")
+    defaults = WorldConfig()
+    for f in fields(WorldConfig):
+        default = getattr(defaults, f.name)
+        kind: Any = str if isinstance(default, timedelta) else type(default)
+        shown = f"{default.total_seconds():g}s" if isinstance(default, timedelta) else default
+        world.add_argument(_flag(f.name), dest=f"world_{f.name}", type=kind, default=None, metavar=kind.__name__.upper()
+                           if kind is not str else "DURATION",
+                           help=f"{WorldConfig.HELP.get(f.name, f.name)} (default: {shown})")
+
+
+def world_config_from_args(args: argparse.Namespace) -> WorldConfig:
+    """The :class:`WorldConfig` of the parsed flags (unset flags keep the defaults)."""
+    values = {f.name: getattr(args, f"world_{f.name}") for f in fields(WorldConfig)
+              if getattr(args, f"world_{f.name}", None) is not None}
+    return WorldConfig(**values)
+
+
+def _parse_start(text: str) -> datetime:
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _embedded_bootstrap() -> str | None:
+    try:
+        from primus_dagster import paths
+        from primus_dagster.kafka_broker import EmbeddedBroker
+
+        state = EmbeddedBroker.read_state(str(paths.broker_state_file()))
+    except Exception:  # no broker module, no state: the caller reports the missing servers
+        return None
+    return (state or {}).get("bootstrap_servers")
+
+
+def print_summary(summary: WriteSummary, data_root: str) -> None:
+    """A table of rows, bytes and seconds per source."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"synthetic world: {summary.hours} hour(s), {summary.world_rows:,} impressions "
+                        f"(generated in {summary.generate_seconds:.2f}s) -> {data_root}")
+    for column in ("source", "type", "kind", "rows", "MB", "files", "seconds", "rows/s"):
+        table.add_column(column, justify="left" if column in ("source", "type", "kind") else "right", no_wrap=True)
+    for s in summary.sources.values():
+        rate = f"{s.rows / s.seconds:,.0f}" if s.seconds > 0 else "-"
+        table.add_row(s.name, s.type, s.kind, f"{s.rows:,}", f"{s.bytes / 2**20:.1f}", str(s.files or "-"),
+                      f"{s.seconds:.2f}", rate)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)
+    console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``primus-dagster synth`` with parsed ``args``; returns the exit code."""
+    from primus_dagster.data.sources.base import SourceContext
+    from primus_dagster.spec import load_job_spec
+
+    job = load_job_spec(args.spec)
+    try:
+        config = world_config_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    start = _parse_start(args.start) if args.start else job.dataset.start
+    hours = args.hours if args.hours is not None else 24 * (args.days if args.days is not None else 1)
+    if hours <= 0:
+        print("error: --hours/--days must be positive", file=sys.stderr)
+        return 2
+    chosen = [s for _, s in job.dataset.all_sources() if args.sources is None or s.name in args.sources]
+    bootstrap = args.kafka_bootstrap
+    if bootstrap is None and any(s.type == "kafka" and not s.bootstrap_servers for s in chosen):
+        bootstrap = _embedded_bootstrap()
+        if bootstrap is None:
+            names = [s.name for s in chosen if s.type == "kafka"]
+            print(f"error: Kafka source(s) {names} need bootstrap servers: pass --kafka-bootstrap, set "
+                  f"PRIMUS_KAFKA_BOOTSTRAP_SERVERS, start `primus-dagster broker --detach`, or leave them out "
+                  f"with --sources", file=sys.stderr)
+            return 2
+    data_root = str(args.data_root)
+    try:
+        world = SyntheticWorld(config, start)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    summary = write_world(job, SourceContext(data_root, bootstrap), world, range(hours), sources=args.sources,
+                          progress=not args.no_progress, files_per_hour=args.files_per_hour,
+                          kafka_partitions=args.kafka_partitions)
+    if args.json:
+        print(json.dumps(summary.as_dict()))
+    else:
+        print_summary(summary, data_root)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m primus_dagster.synth.cli``)."""
+    parser = argparse.ArgumentParser(prog="primus-dagster synth", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

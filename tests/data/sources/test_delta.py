@@ -1,0 +1,213 @@
+"""DeltaSource against real Delta tables written with deltalake in tmp_path."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from primus_dagster.data.sources.base import (
+    SourceContext,
+    SourceReadError,
+    TimeWindow,
+)
+from primus_dagster.data.sources.delta import (
+    DeltaSource,
+    DeltaTableNotFoundError,
+    UnsupportedDeltaFeatureError,
+    check_reader_protocol,
+)
+from primus_dagster.spec.sources import DeltaSourceSpec
+
+T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
+DENSE = [f"d{i}" for i in range(13)]
+SPARSE = ["user_id", "item_id", "topic_id", "device", "hour_of_day"]
+
+
+def native_rows(start: datetime, n: int, first_id: int, daily: bool = False) -> pa.Table:
+    """Rows in the synthetic world's native schema, all inside the hour (or day) at ``start``."""
+    rng = np.random.default_rng(first_id)
+    span = 86_400 if daily else 3_600
+    seconds = np.sort(rng.integers(0, span, n))
+    ts = [start + timedelta(seconds=int(s)) for s in seconds]
+    cols: dict[str, pa.Array] = {
+        "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
+        "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
+        "click": pa.array(rng.integers(0, 2, n), pa.int32()),
+    }
+    for name in SPARSE[:-1]:
+        cols[name] = pa.array(rng.integers(0, 1000, n), pa.int64())
+    cols["hour_of_day"] = pa.array([t.hour for t in ts], pa.int64())
+    for name in DENSE:
+        cols[name] = pa.array(rng.random(n, dtype=np.float32), pa.float32())
+    cols["dt"] = pa.array([start.date().isoformat()] * n, pa.string())
+    if not daily:
+        cols["hour"] = pa.array([start.hour] * n, pa.int32())
+    return pa.table(cols)
+
+
+def make_spec(uri: str, granularity: str = "hour", batch_rows: int = 65536,
+              dense: list[str] = DENSE) -> DeltaSourceSpec:
+    return DeltaSourceSpec.model_validate({
+        "name": "imp_delta", "type": "delta", "uri": uri, "granularity": granularity,
+        "batch_rows": batch_rows,
+        "columns": {"ts": "event_time", "label": "click", "id": "sample_id", "dense": dense, "sparse": SPARSE},
+    })
+
+
+def append(path: Path, table: pa.Table, daily: bool = False, **kwargs: object) -> None:
+    write_deltalake(str(path), table, mode="append", partition_by=["dt"] if daily else ["dt", "hour"], **kwargs)
+
+
+@pytest.fixture()
+def hourly(tmp_path: Path) -> tuple[Path, dict[int, pa.Table]]:
+    """Hours 0, 1 and 3 (not 2); two appends, so two files per hour; versions 0 and 1."""
+    path = tmp_path / "imp"
+    written: dict[int, list[pa.Table]] = {0: [], 1: [], 3: []}
+    for k in range(2):
+        parts = [native_rows(T0 + timedelta(hours=h), 40 + h, 10_000 * k + 1000 * h) for h in written]
+        for h, part in zip(written, parts):
+            written[h].append(part)
+        append(path, pa.concat_tables(parts))
+    return path, {h: pa.concat_tables(ts) for h, ts in written.items()}
+
+
+def read_all(source: DeltaSource, tasks: list) -> pa.Table:
+    return pa.Table.from_batches([b for t in tasks for b in source.read(t)])
+
+
+def assert_same_rows(canonical: pa.Table, native: pa.Table) -> None:
+    got = canonical.sort_by("sample_id")
+    want = native.sort_by("sample_id")
+    assert got.column("sample_id").to_pylist() == want.column("sample_id").to_pylist()
+    assert got.column("ts").to_pylist() == want.column("event_time").to_pylist()
+    np.testing.assert_array_equal(got.column("label").to_numpy(), want.column("click").to_numpy().astype(np.float32))
+    dense = got.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, len(DENSE))
+    np.testing.assert_array_equal(dense, np.stack([want.column(d).to_numpy() for d in DENSE], axis=1))
+    for name in SPARSE:
+        assert got.column(name).to_pylist() == want.column(name).to_pylist()
+    assert set(got.column("source").to_pylist()) == {"imp_delta"}
+
+
+def test_partitions_list_files_rows_version_and_readiness(hourly, tmp_path: Path) -> None:
+    path, written = hourly
+    source = DeltaSource(make_spec("imp"), SourceContext(data_root=str(tmp_path)))
+    parts = source.partitions(TimeWindow.hours_from(T0, 4))
+    assert [p.start for p in parts] == [T0 + timedelta(hours=h) for h in range(4)]
+    assert [p.ready for p in parts] == [True, True, False, True]
+    assert all(p.version == "1" for p in parts) and source.version() == "1"
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()
+    for part, hour in zip(parts, range(4)):
+        mine = [a for a in actions if a["partition.hour"] == hour]
+        assert part.files == len(mine) == (0 if hour == 2 else 2)
+        assert part.bytes == sum(a["size_bytes"] for a in mine)
+        assert part.rows == (written[hour].num_rows if hour in written else 0)
+    assert "hour=2" in parts[2].reason and "version 1" in parts[2].reason
+    assert source.split(parts[2]) == []
+
+
+def test_split_and_read_return_exactly_the_written_rows(hourly, tmp_path: Path) -> None:
+    path, written = hourly
+    source = DeltaSource(make_spec(str(path), batch_rows=16), SourceContext())
+    part = source.partition(T0 + timedelta(hours=1))
+    tasks = source.split(part)
+    assert len(tasks) == 2 and {t.version for t in tasks} == {"1"}
+    assert all(Path(t.uri).is_file() and t.uri.startswith(str(path)) for t in tasks)
+    assert sum(t.rows for t in tasks) == part.rows and sum(t.size_bytes for t in tasks) == part.bytes
+    batches = [b for t in tasks for b in source.read(t)]
+    assert max(b.num_rows for b in batches) <= 16 and len(batches) > 2
+    assert batches[0].schema == source.normalize.schema
+    assert_same_rows(pa.Table.from_batches(batches), written[1])
+    # a fresh adapter (as on a data executor) splits the same partition from its pinned version
+    again = DeltaSource(make_spec(str(path)), SourceContext()).split(part)
+    assert again == tasks
+
+
+def test_daily_table(tmp_path: Path) -> None:
+    path = tmp_path / "daily"
+    days = [native_rows(T0 + timedelta(days=d), 30, 1000 * d, daily=True) for d in (0, 2)]
+    for _ in range(2):
+        append(path, pa.concat_tables(days).slice(0, 30), daily=True)  # day 0 twice (two files)
+    append(path, days[1], daily=True)
+    source = DeltaSource(make_spec(str(path), granularity="day"), SourceContext())
+    parts = source.partitions(TimeWindow(T0, T0 + timedelta(days=3)))
+    assert [(p.ready, p.files, p.rows) for p in parts] == [(True, 2, 60), (False, 0, 0), (True, 1, 30)]
+    assert parts[0].end - parts[0].start == timedelta(days=1) and parts[0].version == "2"
+    table = read_all(source, source.split(parts[2]))
+    assert_same_rows(table, days[1])
+
+
+def test_reading_is_pinned_to_the_listed_version(hourly) -> None:
+    path, written = hourly
+    source = DeltaSource(make_spec(str(path)), SourceContext())
+    part = source.partition(T0)
+    tasks = source.split(part)
+    append(path, native_rows(T0, 25, 99_000))  # a third file in hour 0, version 2
+    assert_same_rows(read_all(source, tasks), written[0])
+    newer = source.partition(T0)
+    assert (newer.version, newer.files, newer.rows) == ("2", 3, written[0].num_rows + 25)
+    assert part.version == "1" and len(source.split(part)) == 2  # cached listing of version 1
+    fresh = DeltaSource(make_spec(str(path)), SourceContext())
+    assert fresh.split(part) == tasks  # re-listed at version 1, not the current version 2
+
+
+def test_missing_table_names_the_uri(tmp_path: Path) -> None:
+    source = DeltaSource(make_spec("nowhere/imp"), SourceContext(data_root=str(tmp_path)))
+    with pytest.raises(DeltaTableNotFoundError, match=str(tmp_path / "nowhere" / "imp")):
+        source.partitions(TimeWindow.hours_from(T0, 1))
+
+
+@pytest.mark.parametrize("config,feature", [
+    ({"delta.enableDeletionVectors": "true"}, "deletionVectors"),
+    ({"delta.columnMapping.mode": "name"}, "columnMapping"),
+])
+def test_unsupported_reader_features_are_refused(tmp_path: Path, config: dict, feature: str) -> None:
+    path = tmp_path / "feat"
+    append(path, native_rows(T0, 5, 0), configuration=config)
+    source = DeltaSource(make_spec(str(path)), SourceContext())
+    with pytest.raises(UnsupportedDeltaFeatureError, match=feature):
+        source.partitions(TimeWindow.hours_from(T0, 1))
+
+
+def test_reader_protocol_check() -> None:
+    check_reader_protocol("t", 1, None)
+    check_reader_protocol("t", 3, ["timestampNtz", "variantType", "v2Checkpoint"])
+    check_reader_protocol("t", 2, None, {"delta.columnMapping.mode": "none"})
+    with pytest.raises(UnsupportedDeltaFeatureError, match="deletionVectors"):
+        check_reader_protocol("t", 3, ["deletionVectors"])
+    with pytest.raises(UnsupportedDeltaFeatureError, match="someFutureFeature"):
+        check_reader_protocol("t", 3, ["someFutureFeature"])
+    with pytest.raises(UnsupportedDeltaFeatureError, match="minReaderVersion=4"):
+        check_reader_protocol("t", 4, None)
+
+
+def test_corrupt_file_fails_alone_and_names_the_file(hourly) -> None:
+    path, written = hourly
+    source = DeltaSource(make_spec(str(path)), SourceContext())
+    good, bad = source.split(source.partition(T0))
+    Path(bad.uri).write_bytes(b"PAR1" + b"\x00garbage" * 50)
+    with pytest.raises(SourceReadError, match=bad.uri) as info:
+        list(source.read(bad))
+    assert info.value.uri == bad.uri
+    rows = read_all(source, [good])
+    assert rows.num_rows == good.rows and set(rows.column("sample_id").to_pylist()) < set(
+        written[0].column("sample_id").to_pylist())
+    Path(bad.uri).unlink()
+    with pytest.raises(SourceReadError, match="vacuumed"):
+        list(source.read(bad))
+
+
+def test_column_added_later_reads_as_null_in_older_files(tmp_path: Path) -> None:
+    path = tmp_path / "evolve"
+    old = native_rows(T0, 10, 0)
+    append(path, old)
+    new = native_rows(T0, 10, 100)
+    append(path, new.append_column("d13", pa.array(np.ones(10, np.float32))), schema_mode="merge")
+    source = DeltaSource(make_spec(str(path), dense=DENSE + ["d13"]), SourceContext())
+    table = read_all(source, source.split(source.partition(T0))).sort_by("sample_id")
+    extra = table.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 14)[:, 13]
+    assert np.isnan(extra[:10]).all() and (extra[10:] == 1).all()

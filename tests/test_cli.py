@@ -1,0 +1,49 @@
+"""`primus-dagster` commands that need no broker: validate, spec-schema, partitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from primus_dagster.cli import main
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "job.yaml")
+
+
+def test_validate_ok(capsys) -> None:
+    assert main(["validate", EXAMPLE]) == 0
+    assert "is valid" in capsys.readouterr().out
+
+
+def test_validate_bad_spec_exit_2_with_key_path(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(EXAMPLE).read_text().replace("window: 24h", "window: -1h"))
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "dataset.streams[0].window" in err and "-1h" in err
+
+
+def test_spec_schema_to_file(tmp_path: Path) -> None:
+    out = tmp_path / "schema.json"
+    assert main(["spec-schema", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["title"] == "primus_dagster JobSpec"
+
+
+def test_partitions_lists_readiness(tmp_path: Path, capsys) -> None:
+    hour = tmp_path / "parquet" / "impressions" / "dt=2026-11-01" / "hour=01"
+    hour.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), hour / "part-0.parquet")
+    (hour / "_SUCCESS").touch()
+    assert main(["partitions", EXAMPLE, "--source", "impressions_parquet", "--count", "3",
+                 "--data-root", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["ready"] for r in rows] == [False, True, False]
+    assert rows[1]["files"] == 1
+
+
+def test_unknown_source_is_a_clear_error(capsys) -> None:
+    assert main(["partitions", EXAMPLE, "--source", "nope"]) == 2
+    assert "no source 'nope'" in capsys.readouterr().err
