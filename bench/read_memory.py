@@ -3,7 +3,7 @@
 The partition is written first (by this process); each adapter then reads it in a fresh
 child process that imports the suite, records its RSS, streams the partition through the
 adapter (list, split, read, normalise; batches dropped after counting) and reports its peak
-RSS (``ru_maxrss``). ``arrow_bytes`` is the canonical Arrow size of the whole partition
+RSS (``VmHWM``). ``arrow_bytes`` is the canonical Arrow size of the whole partition
 (sum of the normalised batches' ``nbytes``): what a whole-table load would hold at least.
 
 Last line: {"bench": "read_memory", "peak_rss_bytes": ..., "arrow_bytes": ..., "ratio": ...}
@@ -22,6 +22,16 @@ import sys
 from _common import bench_dir, emit, one_source_job
 
 
+def _vm_hwm() -> int:
+    """Peak RSS of this process image. Not ru_maxrss: Linux carries that across fork+exec, so a
+    child would inherit the parent's peak (here: the parent that generated the data)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child(kind: str, root: str) -> None:
     import psutil
 
@@ -36,7 +46,7 @@ def child(kind: str, root: str) -> None:
         for batch in adapter.read(task):
             rows += batch.num_rows
             arrow += batch.nbytes
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _vm_hwm()
     print(json.dumps({"rows": rows, "arrow_bytes": arrow, "peak_rss_bytes": peak, "rss_before_read": rss_before}))
 
 

@@ -44,11 +44,11 @@ def scan_adapter(adapter, window: TimeWindow) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=int, default=4)
+    parser.add_argument("--hours", type=int, default=8)
     parser.add_argument("--rows-per-hour", type=int, default=250_000)
     parser.add_argument("--kafka-hours", type=int, default=1)
     parser.add_argument("--kafka-rows-per-hour", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=3, help="best of N scans per reader")
+    parser.add_argument("--repeat", type=int, default=5, help="best of N scans per reader (least CPU)")
     args = parser.parse_args()
 
     root = bench_dir("source_scan")

@@ -85,6 +85,8 @@ def _metadata(scan) -> dict[str, object]:
     if "offsets" in part.detail:
         meta["kafka_offsets"] = MetadataValue.json(part.detail["offsets"])
         meta["bad_records"] = MetadataValue.int(scan.bad_records)
+        if scan.bad_examples:
+            meta["bad_record_examples"] = MetadataValue.json(scan.bad_examples)
     return meta
 
 

@@ -78,6 +78,8 @@ def _to_ts(array: pa.Array, where: str) -> pa.Array:
 
 
 def _numeric(array: pa.Array, target: pa.DataType, what: str, where: str) -> pa.Array:
+    if array.type == target:
+        return array
     if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
             or pa.types.is_boolean(array.type) or pa.types.is_null(array.type)):
         raise SchemaMismatchError(f"{where}: {what} has type {array.type}; expected a number")
@@ -115,11 +117,11 @@ class Normalizer:
             if len(values) != n * width:
                 raise SchemaMismatchError(f"{where}: dense lists in {dense!r} are not all of length {width}")
             return pa.FixedSizeListArray.from_arrays(values, width)
-        matrix = np.empty((n, len(dense)), dtype=np.float32)
-        for j, name in enumerate(dense):
-            col = _numeric(_column(batch, name, where), pa.float32(), f"dense column {name!r}", where)
-            matrix[:, j] = col.to_numpy(zero_copy_only=False)
-        return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), len(dense))
+        columns = [_numeric(_column(batch, name, where), pa.float32(), f"dense column {name!r}", where)
+                   for name in dense]
+        # Arrow's row-major tensor conversion interleaves the columns in C++ (nulls -> NaN).
+        matrix = pa.RecordBatch.from_arrays(columns, names=dense).to_tensor(null_to_nan=True, row_major=True)
+        return pa.FixedSizeListArray.from_arrays(pa.array(np.asarray(matrix).reshape(-1)), len(dense))
 
     def __call__(self, batch: pa.RecordBatch, where: str = "") -> pa.RecordBatch:
         """Normalise one native batch; ``where`` names the file/offsets for error messages."""

@@ -153,6 +153,8 @@ class SourceAdapter(abc.ABC):
         self.spec = spec
         self.context = context
         self.normalize = Normalizer(spec)
+        # Set by read(): what the last task met besides rows (e.g. Kafka's bad_records).
+        self.last_read_stats: dict[str, Any] = {}
 
     @abc.abstractmethod
     def partitions(self, window: TimeWindow) -> list[Partition]:

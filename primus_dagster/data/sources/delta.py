@@ -266,7 +266,8 @@ class DeltaSource(SourceAdapter):
         if missing:
             schema = self._table_schema(task.version)
             fill = [c for c in missing if schema.get_field_index(c) >= 0]
-        batches = parquet.iter_batches(batch_size=self.spec.batch_rows, columns=[c for c in columns if c in present])
+        batches = parquet.iter_batches(batch_size=self.spec.batch_rows, columns=[c for c in columns if c in present],
+                                       use_threads=False)
         while True:
             try:
                 batch = next(batches)

@@ -342,7 +342,7 @@ class IcebergSource(SourceAdapter):
         ts_name = self.spec.columns.ts
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for batch in parquet.iter_batches(batch_size=self.spec.batch_rows, columns=columns):
+            for batch in parquet.iter_batches(batch_size=self.spec.batch_rows, columns=columns, use_threads=False):
                 ts = batch.column(ts_name)
                 raw = ts.cast(pa.int64()) if pa.types.is_timestamp(ts.type) else ts
                 keep = pc.and_(pc.greater_equal(raw, lo), pc.less(raw, hi))

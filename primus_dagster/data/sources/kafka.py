@@ -104,7 +104,6 @@ class KafkaSource(SourceAdapter):
         self._boundaries: dict[tuple[int, int], int] = {}  # (partition, epoch ms) -> first offset with ts >= it
         self.probe_fetches = 0
         self.stats: dict[str, int] = {"tasks": 0, "records": 0, "rows": 0, "bad_records": 0}
-        self.last_read_stats: dict[str, Any] = {}
 
     @property
     def bootstrap_servers(self) -> str:

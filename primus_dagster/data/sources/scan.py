@@ -37,7 +37,8 @@ class PartitionScan:
     schema: pa.Schema | None = None
     preview: pa.Table | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)  # (uri, message)
-    bad_records: int = 0
+    bad_records: int = 0  # undecodable records skipped (Kafka)
+    bad_examples: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -83,7 +84,9 @@ def scan_partition(
                 _update(scan, batch, preview_rows)
         except (SourceReadError, SchemaMismatchError) as exc:
             scan.errors.append((task.uri, str(exc)))
-        scan.bad_records += int(getattr(adapter, "last_read_bad_records", 0) or 0)
+        stats = adapter.last_read_stats
+        scan.bad_records += int(stats.get("bad_records", 0))
+        scan.bad_examples += list(stats.get("bad_examples", []))[: 10 - len(scan.bad_examples)]
         if on_task is not None:
             on_task(task, index + 1, len(tasks))
     return scan
