@@ -5,7 +5,7 @@ PY        := $(VENV)/bin/python
 export PRIMUS_HOME  ?= $(CURDIR)/.primus
 export DAGSTER_HOME ?= $(PRIMUS_HOME)/dagster_home
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -19,12 +19,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/primus-dagster demo
 
+lint: setup
+	$(VENV)/bin/ruff check .
+
 # pytest exit code 5 = no tests collected: not a failure of the suite.
-test: setup
+test: setup lint
 	$(VENV)/bin/pytest -q || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
 
 bench: setup
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(PRIMUS_HOME) .pytest_cache

@@ -21,10 +21,11 @@ from datetime import timedelta
 
 import pyarrow.dataset as ds
 
-from _common import bench_dir, emit, one_source_job
 from primus_dagster.data.canonical import native_columns
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+
+from _common import bench_dir, emit, one_source_job
 
 
 def _timed(fn) -> tuple[int, float, float]:

@@ -23,7 +23,6 @@ from primus_dagster.dagster_defs.source_assets import build_source_assets
 from primus_dagster.data.sources import SourceContext
 from primus_dagster.spec import load_job_spec
 
-
 # Dagster's console logger prints every step event; the demo prints its own progress instead.
 _QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 

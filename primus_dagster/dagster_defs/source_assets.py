@@ -26,9 +26,9 @@ from dagster import (
     asset,
 )
 
+from primus_dagster.dagster_defs.resources import KafkaResource, PrimusStorageResource
 from primus_dagster.data.canonical import schema_hash
 from primus_dagster.data.sources import make_adapter, scan_partition, scan_problems
-from primus_dagster.dagster_defs.resources import KafkaResource, PrimusStorageResource
 from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec
 
 

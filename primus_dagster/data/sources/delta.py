@@ -32,7 +32,6 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from primus_dagster.data.canonical import native_columns
-from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.data.sources.base import (
     Partition,
     ReadTask,
@@ -41,6 +40,7 @@ from primus_dagster.data.sources.base import (
     SourceReadError,
     TimeWindow,
 )
+from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import DeltaSourceSpec
 

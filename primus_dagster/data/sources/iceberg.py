@@ -37,7 +37,6 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import LongType, NestedField, TimestampType, TimestamptzType
 
 from primus_dagster.data.canonical import SchemaMismatchError, native_columns
-from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.data.sources.base import (
     Partition,
     ReadTask,
@@ -46,6 +45,7 @@ from primus_dagster.data.sources.base import (
     SourceReadError,
     TimeWindow,
 )
+from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import IcebergCatalogSpec, IcebergSourceSpec
 

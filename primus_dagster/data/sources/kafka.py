@@ -30,7 +30,12 @@ import pyarrow.json as pj
 
 from primus_dagster.data.canonical import SchemaMismatchError, native_columns
 from primus_dagster.data.sources.base import (
-    Partition, ReadTask, SourceAdapter, SourceContext, SourceReadError, TimeWindow,
+    Partition,
+    ReadTask,
+    SourceAdapter,
+    SourceContext,
+    SourceReadError,
+    TimeWindow,
 )
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import KafkaSourceSpec

@@ -35,7 +35,6 @@ from primus_dagster.data.sources.base import (
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import ParquetSourceSpec
 
-
 _READ_BUFFER_BYTES = 1 << 20
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -23,31 +23,17 @@ from primus_dagster.data.sources.delta import (
 )
 from primus_dagster.spec.sources import DeltaSourceSpec
 
-T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
-DENSE = [f"d{i}" for i in range(13)]
-SPARSE = ["user_id", "item_id", "topic_id", "device", "hour_of_day"]
+from native_testkit import DENSE, SPARSE, T0, assert_same_rows, read_all
+from native_testkit import native_rows as base_rows
 
 
 def native_rows(start: datetime, n: int, first_id: int, daily: bool = False) -> pa.Table:
-    """Rows in the synthetic world's native schema, all inside the hour (or day) at ``start``."""
-    rng = np.random.default_rng(first_id)
-    span = 86_400 if daily else 3_600
-    seconds = np.sort(rng.integers(0, span, n))
-    ts = [start + timedelta(seconds=int(s)) for s in seconds]
-    cols: dict[str, pa.Array] = {
-        "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
-        "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "click": pa.array(rng.integers(0, 2, n), pa.int32()),
-    }
-    for name in SPARSE[:-1]:
-        cols[name] = pa.array(rng.integers(0, 1000, n), pa.int64())
-    cols["hour_of_day"] = pa.array([t.hour for t in ts], pa.int64())
-    for name in DENSE:
-        cols[name] = pa.array(rng.random(n, dtype=np.float32), pa.float32())
-    cols["dt"] = pa.array([start.date().isoformat()] * n, pa.string())
+    """Native rows inside the hour (or day) at ``start``, plus the Delta partition columns."""
+    table = base_rows(start, n, first_id, span_s=86_400 if daily else 3_600)
+    table = table.append_column("dt", pa.array([start.date().isoformat()] * n, pa.string()))
     if not daily:
-        cols["hour"] = pa.array([start.hour] * n, pa.int32())
-    return pa.table(cols)
+        table = table.append_column("hour", pa.array([start.hour] * n, pa.int32()))
+    return table
 
 
 def make_spec(uri: str, granularity: str = "hour", batch_rows: int = 65536,
@@ -76,21 +62,6 @@ def hourly(tmp_path: Path) -> tuple[Path, dict[int, pa.Table]]:
     return path, {h: pa.concat_tables(ts) for h, ts in written.items()}
 
 
-def read_all(source: DeltaSource, tasks: list) -> pa.Table:
-    return pa.Table.from_batches([b for t in tasks for b in source.read(t)])
-
-
-def assert_same_rows(canonical: pa.Table, native: pa.Table) -> None:
-    got = canonical.sort_by("sample_id")
-    want = native.sort_by("sample_id")
-    assert got.column("sample_id").to_pylist() == want.column("sample_id").to_pylist()
-    assert got.column("ts").to_pylist() == want.column("event_time").to_pylist()
-    np.testing.assert_array_equal(got.column("label").to_numpy(), want.column("click").to_numpy().astype(np.float32))
-    dense = got.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, len(DENSE))
-    np.testing.assert_array_equal(dense, np.stack([want.column(d).to_numpy() for d in DENSE], axis=1))
-    for name in SPARSE:
-        assert got.column(name).to_pylist() == want.column(name).to_pylist()
-    assert set(got.column("source").to_pylist()) == {"imp_delta"}
 
 
 def test_partitions_list_files_rows_version_and_readiness(hourly, tmp_path: Path) -> None:

@@ -8,10 +8,9 @@ call): pyiceberg's ``append`` into an ``hour(ts)``-partitioned table needs the o
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -33,27 +32,9 @@ from primus_dagster.data.sources.iceberg import (
 )
 from primus_dagster.spec.sources import IcebergSourceSpec
 
-T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
-DENSE = [f"d{i}" for i in range(13)]
-SPARSE = ["user_id", "item_id", "topic_id", "device", "hour_of_day"]
+from native_testkit import DENSE, SPARSE, T0, assert_same_rows, native_rows, read_all
+
 _files = itertools.count()
-
-
-def native_rows(start: datetime, n: int, first_id: int, span_s: int = 3600) -> pa.Table:
-    """Rows in the synthetic world's native schema with event times in ``[start, start+span_s)``."""
-    rng = np.random.default_rng(first_id)
-    ts = [start + timedelta(seconds=int(s)) for s in np.sort(rng.integers(0, span_s, n))]
-    cols: dict[str, pa.Array] = {
-        "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
-        "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "click": pa.array(rng.integers(0, 2, n), pa.int32()),
-    }
-    for name in SPARSE[:-1]:
-        cols[name] = pa.array(rng.integers(0, 1000, n), pa.int64())
-    cols["hour_of_day"] = pa.array([t.hour for t in ts], pa.int64())
-    for name in DENSE:
-        cols[name] = pa.array(rng.random(n, dtype=np.float32), pa.float32())
-    return pa.table(cols)
 
 
 def make_spec(table: str = "primus.imp", granularity: str = "hour", batch_rows: int = 65536,
@@ -99,22 +80,6 @@ def hourly(tmp_path: Path) -> tuple[IcebergSourceSpec, SourceContext, Table, dic
             written[h].append(part)
         commit(table, parts)
     return spec, ctx, table, {h: pa.concat_tables(ts) for h, ts in written.items()}
-
-
-def read_all(source: IcebergSource, tasks: list) -> pa.Table:
-    return pa.Table.from_batches([b for t in tasks for b in source.read(t)])
-
-
-def assert_same_rows(canonical: pa.Table, native: pa.Table) -> None:
-    got = canonical.sort_by("sample_id")
-    want = native.sort_by("sample_id")
-    assert got.column("sample_id").to_pylist() == want.column("sample_id").to_pylist()
-    assert got.column("ts").to_pylist() == want.column("event_time").to_pylist()
-    np.testing.assert_array_equal(got.column("label").to_numpy(), want.column("click").to_numpy().astype(np.float32))
-    dense = got.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, len(DENSE))
-    np.testing.assert_array_equal(dense, np.stack([want.column(d).to_numpy() for d in DENSE], axis=1))
-    for name in SPARSE:
-        assert got.column(name).to_pylist() == want.column(name).to_pylist()
 
 
 def test_default_catalog_is_sqlite_under_the_data_root(tmp_path: Path) -> None:
