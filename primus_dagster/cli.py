@@ -4,6 +4,7 @@
     primus-dagster spec-schema --out .primus/jobspec.schema.json
     primus-dagster synth --spec examples/job.yaml --days 1
     primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
+    primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
     primus-dagster broker --detach | --status | --stop
     primus-dagster demo
 """
@@ -61,6 +62,19 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
     for p in parts:
         state = "ready" if p.ready else f"NOT READY ({p.reason})"
         print(f"{p.key}  files={p.files:<5} bytes={p.bytes or 0:<12} version={p.version or '-':<20} {state}")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from primus_dagster.data.graph import Planner, plan_report, render_plan
+    from primus_dagster.data.sources import SourceContext, TimeWindow
+
+    job = load_job_spec(args.spec)
+    start = _parse_time(args.start) if args.start else job.dataset.start
+    context = SourceContext(str(args.data_root), args.kafka_bootstrap)
+    with Planner.for_job(job, context, **({"threads": args.threads} if args.threads else {})) as planner:
+        plan = planner.plan(TimeWindow.hours_from(start, args.hours))
+    print(json.dumps(plan_report(plan)) if args.json else render_plan(plan))
     return 0
 
 
@@ -124,6 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-bootstrap", default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_partitions)
+
+    p = sub.add_parser("plan", help="DTGG: the task graph of a window, task counts, partitions not ready")
+    p.add_argument("spec")
+    p.add_argument("--start", help="window start (ISO, UTC); default: the dataset start")
+    p.add_argument("--hours", type=int, default=24, help="window length in hours")
+    p.add_argument("--threads", type=int, default=None, help="listing threads; default: data.planner_threads")
+    p.add_argument("--data-root", default=paths.data_root())
+    p.add_argument("--kafka-bootstrap", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("broker", help="embedded Kafka-compatible broker (tests and demo only)")
     group = p.add_mutually_exclusive_group()

@@ -1,0 +1,21 @@
+"""The central data driver: task table, leases, exactly-once claim ledger, barriers, snapshots,
+served over Arrow Flight actions (contract: ``docs/data_plane.md``).
+
+Example::
+
+    from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
+
+    server = DriverServer(DataDriver(lease_s=30)).serve_in_thread()
+    client = DriverClient(server.location)   # the same DriverAPI as the DataDriver itself
+"""
+
+from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
+from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
+from primus_dagster.data.driver.records import JobFailedError
+from primus_dagster.data.driver.server import DriverServer
+from primus_dagster.data.driver.state import DataDriver
+
+__all__ = [
+    "DataDriver", "DriverAPI", "DriverClient", "DriverServer", "DriverUnavailableError", "ExecutorReport",
+    "JobFailedError", "Lease",
+]

@@ -1,0 +1,62 @@
+"""The driver's API as executors and readers see it (in process, or over Flight actions).
+
+``DataDriver`` implements it in process; ``DriverClient`` implements it over Arrow Flight
+``DoAction`` calls to a ``DriverServer``. Executors and readers are written against this
+protocol only, so they run the same against either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from primus_dagster.data.tasks import BatchId, DataTask
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A task handed to an executor: run it, skipping the batches already claimed."""
+
+    task: DataTask
+    attempt: int
+    deadline: float  # driver clock (seconds); heartbeat before it
+    claimed_rows: tuple[int, ...] = ()  # first_row of batches already claimed: do not serve them
+
+
+@dataclass
+class ExecutorReport:
+    """What an executor tells the driver with each heartbeat (also the scaling metrics)."""
+
+    executor_id: str
+    address: str  # Flight location of its dataset server, e.g. grpc://127.0.0.1:PORT
+    running: list[str] = field(default_factory=list)  # task ids it is working on
+    metrics: dict[str, float] = field(default_factory=dict)  # rows_per_s, buffer_fill, cpu, rss_bytes
+
+
+class DriverAPI(Protocol):
+    def lease(self, executor_id: str, max_tasks: int = 1) -> list[Lease]:
+        """Up to ``max_tasks`` pending tasks, in chronological order, now running for this executor."""
+
+    def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:
+        """Extend the leases of ``report.running``; returns {"cancel": [task ids no longer owned], "done": bool}."""
+
+    def complete(self, executor_id: str, task_id: str, rows: int, batches: int) -> None:
+        """The executor has served every batch of the task. ``rows`` / ``batches`` count the task's
+        WHOLE output, including the batches skipped because they were in ``Lease.claimed_rows``
+        (the driver uses them to decide, at a barrier, whether every batch was consumed)."""
+
+    def fail(self, executor_id: str, task_id: str, error: str) -> None:
+        """The task failed on this executor (retried until max attempts)."""
+
+    def claim(self, trainer_id: str, batch: BatchId) -> bool:
+        """True when this is the first claim of ``batch`` (the reader yields it), else False (drop it)."""
+
+    def barrier(self, trainer_id: str, consumed: list[BatchId], barrier_id: int) -> dict[str, Any] | None:
+        """A trainer's consumed batches since its last barrier. When every trainer of the group
+        has reported ``barrier_id``, the driver returns (and keeps) the snapshot taken at it."""
+
+    def executors(self) -> dict[str, ExecutorReport]:
+        """Live executors (heartbeat within the lease time) and their last reports."""
+
+    def status(self) -> dict[str, Any]:
+        """Counts per state, failed-task report, whether all tasks are done, whether the job failed."""

@@ -1,0 +1,369 @@
+"""The central data driver, in process: task table, leases, retries, claim ledger, barriers, snapshots.
+
+:class:`DataDriver` implements :class:`~primus_dagster.data.driver.api.DriverAPI`. It is pure logic
+(no I/O but :meth:`DataDriver.save` / :meth:`DataDriver.load`), takes its clock as an argument and
+is thread-safe (one re-entrant lock; :class:`~.server.DriverServer` serves it over Flight).
+
+Task states: ``new`` (known, not queued) → ``pending`` (queued; at most ``pending_window`` tasks are
+promoted from new, always the chronologically first) → ``running`` (leased to one executor until
+``deadline``) → ``succeeded`` | ``failed``. Every API call first runs :meth:`expire`: a running task
+whose lease passed goes back to pending; an expiry or a :meth:`fail` counts as a failure and the
+task is ``failed`` after ``max_attempts`` failures. The job fails when failed / total tasks exceeds
+``failed_task_threshold``.
+
+Exactly-once. Let ``B`` be the set of all batches ``(task_id, first_row)`` of all tasks; a task's
+batches are deterministic, so a re-run yields the same ids.
+
+* *Live*: a reader yields a batch only when :meth:`DataDriver.claim` answers True (the first claim of
+  that id; the ledger only grows): at most once. A task is re-leased until it succeeds (or the job
+  fails), skipping only claimed batches, and readers yield every batch they win: at least once.
+* *Barrier*: each trainer reports the batches it has *consumed* (trained on) since its last barrier;
+  when all ``trainers`` reported barrier ``k`` the driver takes snapshot ``S_k`` holding the consumed
+  set ``C`` and the task table, and the trainers checkpoint: checkpoint ``k`` has trained on exactly ``C``.
+* *Restore* from ``S_k``: the claim ledger becomes ``C`` (claims made after the barrier are forgotten:
+  they fed a model that is discarded, or sat in reader queues); running tasks become pending
+  (attempts kept); a succeeded task stays succeeded only when fully consumed (``len(consumed) ==
+  batches`` and consumed rows ``== rows``, as counted by :meth:`complete` over the task's WHOLE
+  output), else it becomes pending. So every batch of ``B − C`` belongs to a new or pending task (or
+  a failed one, tolerated below the threshold), which is leased again with ``Lease.claimed_rows = C ∩
+  task`` (skipped), and a batch of ``C`` served anyway is refused by :meth:`claim`. By the live
+  argument each batch of ``B − C`` is then claimed exactly once and no batch of ``C`` ever: after
+  restore the set of batches that will be claimed is exactly ``B − C``, and checkpoint + restored run
+  train on ``C ⊎ (B − C) = B``, nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import threading
+import time
+from typing import Any, Callable, Iterable, TypeVar
+
+from primus_dagster.data.driver.api import ExecutorReport, Lease
+from primus_dagster.data.driver.barrier import BarrierTracker
+from primus_dagster.data.driver.delivery import DeliveryWatch
+from primus_dagster.data.driver.records import (
+    FAILED,
+    NEW,
+    PENDING,
+    RUNNING,
+    STATES,
+    SUCCEEDED,
+    JobFailedError,
+    TaskRecord,
+)
+from primus_dagster.data.driver.snapshot import SnapshotMixin
+from primus_dagster.data.tasks import BatchId, DataTask
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _count(rows: Any) -> int:
+    return 0 if rows is None else len(rows)
+
+OrderKey = tuple[str, str, str]
+
+
+def _api(method: F) -> F:
+    """Run under the driver's lock, after expiring overdue leases."""
+
+    @functools.wraps(method)
+    def wrapper(self: "DataDriver", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._expire_locked()
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class DataDriver(SnapshotMixin):
+    """The task table and ledgers of one data job (see the module docstring).
+
+    Example::
+
+        driver = DataDriver(lease_s=30, trainers=2, clock=fake_clock)
+        driver.add_tasks(plan.tasks)
+        leases = driver.lease("exec-1", max_tasks=2)
+        driver.heartbeat(ExecutorReport("exec-1", "grpc://127.0.0.1:9000", running=[...]))
+        driver.raise_if_failed()
+    """
+
+    def __init__(self, max_attempts: int = 3, failed_task_threshold: float = 0.05, lease_s: float = 60.0,
+                 trainers: int = 1, clock: Callable[[], float] = time.monotonic, *, pending_window: int = 1024):
+        if max_attempts < 1 or not 0 <= failed_task_threshold <= 1 or lease_s <= 0 or trainers < 1:
+            raise ValueError(f"bad driver config: max_attempts={max_attempts}, failed_task_threshold="
+                             f"{failed_task_threshold}, lease_s={lease_s}, trainers={trainers}")
+        self.max_attempts = max_attempts
+        self.failed_task_threshold = failed_task_threshold
+        self.lease_s = float(lease_s)
+        self.trainers = trainers
+        self.pending_window = max(1, pending_window)
+        self.source_versions: dict[str, Any] = {}
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._tasks: dict[str, TaskRecord] = {}
+        self._counts = dict.fromkeys(STATES, 0)
+        self._new: list[OrderKey] = []  # heaps of DataTask.order_key (last item: task id)
+        self._pending: list[OrderKey] = []
+        self._deadlines: list[tuple[float, int, str]] = []  # (deadline, attempt, task id); lazily updated
+        self._failed_ids: set[str] = set()
+        self._executors: dict[str, tuple[ExecutorReport, float]] = {}
+        self._barriers = BarrierTracker()
+        self._delivery = DeliveryWatch()
+        self._stats = {"rows": 0, "batches": 0, "claimed_batches": 0, "consumed_batches": 0, "consumed_done": 0}
+
+    # -- task table -------------------------------------------------------------------------
+    def _set_state(self, rec: TaskRecord, state: str) -> None:
+        self._counts[rec.state] -= 1
+        self._counts[state] += 1
+        rec.state = state
+        if state == FAILED:
+            self._failed_ids.add(rec.task.task_id)
+
+    def _insert(self, rec: TaskRecord) -> None:
+        self._tasks[rec.task.task_id] = rec
+        self._counts[rec.state] += 1
+        if rec.state == NEW:
+            heapq.heappush(self._new, rec.task.order_key)
+        elif rec.state == PENDING:
+            heapq.heappush(self._pending, rec.task.order_key)
+        elif rec.state == FAILED:
+            self._failed_ids.add(rec.task.task_id)
+        stats = self._stats  # non-zero only for restored records
+        stats["claimed_batches"] += 0 if rec.claimed is None else len(rec.claimed)
+        stats["consumed_batches"] += 0 if rec.consumed is None else len(rec.consumed)
+        if rec.state == SUCCEEDED:
+            stats["rows"], stats["batches"] = stats["rows"] + rec.rows, stats["batches"] + rec.batches
+            stats["consumed_done"] += rec.consumed_done
+
+    def _get(self, task_id: str) -> TaskRecord:
+        if (rec := self._tasks.get(task_id)) is None:
+            raise KeyError(f"unknown data task {task_id!r}")
+        return rec
+
+    @_api
+    def add_tasks(self, tasks: Iterable[DataTask]) -> int:
+        """Register tasks (idempotent by task id: known ids are ignored); returns how many were new."""
+        before = len(self._tasks)
+        for task in tasks:
+            if task.task_id not in self._tasks:
+                self._insert(TaskRecord(task))
+        return len(self._tasks) - before
+
+    def _promote(self) -> None:
+        """Queue new tasks: keep ``pending_window`` queued, and never leave an earlier new task behind."""
+        new, pending = self._new, self._pending
+        while new and (len(pending) < self.pending_window or new[0] < pending[0]):
+            key = heapq.heappop(new)
+            rec = self._tasks[key[-1]]
+            if rec.state == NEW:
+                self._set_state(rec, PENDING)
+                heapq.heappush(pending, key)
+
+    def _next_pending(self) -> TaskRecord | None:
+        while True:
+            self._promote()
+            if not self._pending:
+                return None
+            rec = self._tasks[heapq.heappop(self._pending)[-1]]
+            if rec.state == PENDING:  # stale heap entries (e.g. a late complete()) are skipped
+                return rec
+
+    def _retry_or_fail(self, rec: TaskRecord, error: str) -> None:
+        rec.failures, rec.error = rec.failures + 1, error
+        if rec.failures >= self.max_attempts:
+            self._set_state(rec, FAILED)
+        else:
+            self._set_state(rec, PENDING)
+            heapq.heappush(self._pending, rec.task.order_key)
+
+    # -- executors --------------------------------------------------------------------------
+    @_api
+    def lease(self, executor_id: str, max_tasks: int = 1) -> list[Lease]:
+        """Up to ``max_tasks`` tasks in chronological order, now running for ``executor_id``."""
+        report = self._executors.get(executor_id, (ExecutorReport(executor_id, ""), 0.0))[0]
+        self._executors[executor_id] = (report, self._clock())  # seen (alive) now
+        if self._job_failed():
+            return []
+        out: list[Lease] = []
+        deadline = self._clock() + self.lease_s
+        while len(out) < max_tasks:
+            rec = self._next_pending()
+            if rec is None:
+                break
+            self._set_state(rec, RUNNING)
+            rec.attempts += 1
+            rec.owner = executor_id
+            rec.deadline = deadline
+            heapq.heappush(self._deadlines, (deadline, rec.attempts, rec.task.task_id))
+            claimed = () if rec.claimed is None else rec.claimed.to_tuple()
+            out.append(Lease(task=rec.task, attempt=rec.attempts, deadline=deadline, claimed_rows=claimed))
+        return out
+
+    @_api
+    def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:
+        """Extend the leases of ``report.running`` it still owns; returns ``{"cancel": [task ids it lost],
+        "done": bool, "failed": bool, "deadline": float}``."""
+        now = self._clock()
+        self._executors[report.executor_id] = (report, now)
+        deadline = now + self.lease_s
+        cancel: list[str] = []
+        for task_id in report.running:
+            rec = self._tasks.get(task_id)
+            if rec is None or rec.state != RUNNING or rec.owner != report.executor_id:
+                cancel.append(task_id)
+            else:
+                rec.deadline = deadline  # the heap entry is moved lazily by _expire_locked
+        return {"cancel": cancel, "done": self._done(), "failed": self._job_failed(), "deadline": deadline}
+
+    @_api
+    def complete(self, executor_id: str, task_id: str, rows: int, batches: int) -> None:
+        """The task's output is fully served; ``rows``/``batches`` count its WHOLE output, batches
+        skipped because they were already claimed included. A late completion by an executor that
+        lost the lease is accepted too (same deterministic output); one for a failed task is ignored."""
+        rec = self._get(task_id)
+        if rec.state in (SUCCEEDED, FAILED):
+            return
+        self._set_state(rec, SUCCEEDED)
+        rec.owner, rec.rows, rec.batches = executor_id, int(rows), int(batches)
+        stats = self._stats
+        stats["rows"], stats["batches"] = stats["rows"] + rec.rows, stats["batches"] + rec.batches
+        stats["consumed_done"] += rec.consumed_done
+        self._delivery.completed(executor_id, task_id, _count(rec.claimed), rec.batches)
+
+    def _reopen_undelivered(self, now: float) -> list[str]:
+        """Completed tasks with unclaimed batches whose executor died: pending again."""
+        dead = {eid for eid, (_, seen) in self._executors.items() if seen < now - self.lease_s}
+        reopened = self._delivery.orphans(dead) if dead else []
+        for task_id in reopened:
+            rec = self._tasks[task_id]
+            stats = self._stats
+            stats["rows"], stats["batches"] = stats["rows"] - rec.rows, stats["batches"] - rec.batches
+            rec.error = f"executor {rec.owner} died before all batches were claimed; reopened"
+            self._set_state(rec, PENDING)
+            heapq.heappush(self._pending, rec.task.order_key)
+        return reopened
+
+    @_api
+    def fail(self, executor_id: str, task_id: str, error: str) -> None:
+        """Attempt failed: back to pending, or failed after ``max_attempts`` failures. Ignored when
+        ``executor_id`` no longer holds the task (its lost lease was already counted)."""
+        rec = self._get(task_id)
+        if rec.state == RUNNING and rec.owner == executor_id:
+            self._retry_or_fail(rec, f"{error} (executor {executor_id}, attempt {rec.attempts})")
+
+    @_api
+    def executors(self) -> dict[str, ExecutorReport]:
+        """Executors heard from (lease or heartbeat) within ``lease_s``, with their last reports."""
+        horizon = self._clock() - self.lease_s
+        return {eid: report for eid, (report, seen) in self._executors.items() if seen >= horizon}
+
+    def expire(self) -> list[str]:
+        """Return overdue running tasks to pending (or failed); returns their ids. Also run by every call."""
+        with self._lock:
+            return self._expire_locked()
+
+    def _expire_locked(self) -> list[str]:
+        now = self._clock()
+        expired: list[str] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, attempt, task_id = heapq.heappop(heap)
+            rec = self._tasks[task_id]
+            if rec.state != RUNNING or rec.attempts != attempt:
+                continue  # finished, or an older attempt's entry
+            if rec.deadline > now:  # extended by a heartbeat: re-file under the new deadline
+                heapq.heappush(heap, (rec.deadline, attempt, task_id))
+                continue
+            self._retry_or_fail(rec, f"lease expired: executor {rec.owner} sent no heartbeat for "
+                                     f"{self.lease_s:g}s (attempt {attempt})")
+            expired.append(task_id)
+        if self._delivery:
+            expired += self._reopen_undelivered(now)
+        return expired
+
+    # -- readers and trainers ---------------------------------------------------------------
+    @_api
+    def claim(self, trainer_id: str, batch: BatchId) -> bool:
+        """True for the first claim of ``(task_id, first_row)`` (yield it), False after (drop it)."""
+        rec = self._get(batch.task_id)
+        first = rec.claim(batch.first_row)
+        self._stats["claimed_batches"] += first
+        if first and rec.state == SUCCEEDED:
+            self._delivery.claimed(batch.task_id, _count(rec.claimed), rec.batches)
+        return first
+
+    def claim_many(self, trainer_id: str, batches: Iterable[BatchId]) -> list[bool]:
+        """:meth:`claim` for several batches under one lock (one RPC over Flight)."""
+        with self._lock:
+            return [self.claim(trainer_id, b) for b in batches]
+
+    def _consume(self, batch: BatchId) -> None:
+        rec = self._tasks[batch.task_id]
+        was_done = rec.consumed_done
+        claimed_before = rec.claimed is not None and batch.first_row in rec.claimed
+        if rec.consume(batch):
+            self._stats["consumed_batches"] += 1
+            self._stats["claimed_batches"] += not claimed_before
+            self._stats["consumed_done"] += int(rec.consumed_done) - int(was_done)
+
+    @_api
+    def barrier(self, trainer_id: str, consumed: list[BatchId], barrier_id: int) -> dict[str, Any] | None:
+        """Record ``consumed`` (idempotent); when all ``trainers`` reported ``barrier_id`` the snapshot is
+        taken and returned, to this and every later call for that barrier (poll with ``consumed=[]``)."""
+        for batch in consumed:
+            self._get(batch.task_id)  # all known, or nothing recorded
+        for batch in consumed:
+            self._consume(batch)
+        if barrier_id == self._barriers.last:
+            return self._barriers.get()
+        if not self._barriers.arrive(trainer_id, barrier_id, self.trainers):
+            return None
+        snapshot = self._snapshot_locked(barrier_id)
+        self._barriers.keep(barrier_id, snapshot)
+        return snapshot
+
+    def barrier_snapshot(self) -> dict[str, Any] | None:
+        """The snapshot of the last completed barrier (None before the first)."""
+        with self._lock:
+            return self._barriers.get()
+
+    # -- status -----------------------------------------------------------------------------
+    def _job_failed(self) -> bool:
+        total = len(self._tasks)
+        return total > 0 and len(self._failed_ids) / total > self.failed_task_threshold
+
+    def _done(self) -> bool:
+        busy = self._counts[NEW] + self._counts[PENDING] + self._counts[RUNNING]
+        return bool(self._tasks) and busy == 0 and not self._job_failed()
+
+    def failure_report(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """One row per failed task (the first ``limit``): ``{"task_id", "uri", "attempts", "failures", "error"}``."""
+        with self._lock:
+            return [self._tasks[t].failure_row() for t in sorted(self._failed_ids)[:limit]]
+
+    @_api
+    def status(self) -> dict[str, Any]:
+        """``{"counts": {state: n}, "total", "done", "failed", "failed_tasks": [report rows],
+        "rows", "batches", "claimed_batches", "consumed_batches", "consumed_done", "barrier_id",
+        "executors", "source_versions"}``; ``done``: every task finished (failures within the
+        threshold tolerated); ``consumed_done``: succeeded tasks whose every batch was consumed;
+        ``failed_tasks``: the first 100 rows of :meth:`failure_report` (``counts["failed"]``: all)."""
+        horizon = self._clock() - self.lease_s
+        return {"counts": dict(self._counts), "total": len(self._tasks), "done": self._done(),
+                "failed": self._job_failed(), "failed_tasks": self.failure_report(100), **self._stats,
+                "barrier_id": self._barriers.last,
+                "executors": sum(seen >= horizon for _, seen in self._executors.values()),
+                "source_versions": dict(self.source_versions)}
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`JobFailedError` (with the failed-task report) when the job failed."""
+        with self._lock:
+            if self._job_failed():
+                raise JobFailedError(self.failure_report(), len(self._tasks), self.failed_task_threshold)
+
+    def task_info(self, task_id: str) -> dict[str, Any]:
+        """State, attempts, owner, error, counts and ledgers of one task."""
+        with self._lock:
+            return self._get(task_id).describe()

@@ -1,0 +1,180 @@
+"""The data executor as an OS process: command line, ``main`` and a ``Popen`` helper.
+
+Command line::
+
+    python -m primus_dagster.data.executor --driver grpc://127.0.0.1:7000 --executor-id data-0 \\
+        --job-spec job.yaml --data-root /data [--token T | env PRIMUS_DATA_TOKEN=T] \\
+        [--trainers 2] [--executor-index 0] [--host 127.0.0.1] [--port 0] [--slow-ms-per-batch 5]
+
+Once its dataset server listens, the process prints one line to stdout::
+
+    PRIMUS_EXECUTOR_READY {"executor_id": "data-0", "address": "grpc://127.0.0.1:PORT"}
+
+It exits 0 when the driver says the job is done and its buffers are drained, or after SIGTERM
+(serving what is buffered for up to ``--drain-s``); 1 when the driver stayed unreachable.
+Pass the token through the environment (``PRIMUS_DATA_TOKEN``) to keep it out of ``ps``.
+
+Example::
+
+    proc = start_executor_process(ExecutorConfig(driver=url, executor_id="data-0",
+                                                 job_spec="job.yaml", data_root="/data"), token="s3cret")
+    address = wait_ready(proc, timeout=30)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from primus_dagster.data.driver.api import DriverAPI
+from primus_dagster.data.executor.core import DataExecutor
+from primus_dagster.spec import load_job_spec
+
+TOKEN_ENV = "PRIMUS_DATA_TOKEN"
+READY_PREFIX = "PRIMUS_EXECUTOR_READY "
+
+
+@dataclass
+class ExecutorConfig:
+    """Everything one executor process needs (the token travels separately, see module docstring)."""
+
+    driver: str
+    executor_id: str
+    job_spec: str
+    data_root: str = "."
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise: str | None = None
+    executor_index: int | None = None
+    trainers: int | None = None
+    kafka_bootstrap: str | None = None
+    slow_ms_per_batch: float = 0.0
+    heartbeat_s: float | None = None
+    drain_s: float = 10.0
+    linger_s: float = 2.0
+    log_level: str = "WARNING"
+
+    def argv(self) -> list[str]:
+        """Command-line arguments (without the token)."""
+        out = ["--driver", self.driver, "--executor-id", self.executor_id, "--job-spec", self.job_spec,
+               "--data-root", self.data_root, "--host", self.host, "--port", str(self.port),
+               "--slow-ms-per-batch", str(self.slow_ms_per_batch), "--drain-s", str(self.drain_s),
+               "--linger-s", str(self.linger_s), "--log-level", self.log_level]
+        optional = {"--advertise": self.advertise, "--executor-index": self.executor_index,
+                    "--trainers": self.trainers, "--kafka-bootstrap": self.kafka_bootstrap,
+                    "--heartbeat-s": self.heartbeat_s}
+        for flag, value in optional.items():
+            if value is not None:
+                out += [flag, str(value)]
+        return out
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ExecutorConfig, str | None]:
+    """The config and the token (``--token`` or ``$PRIMUS_DATA_TOKEN``)."""
+    p = argparse.ArgumentParser(prog="python -m primus_dagster.data.executor", description=__doc__.split("\n")[0])
+    p.add_argument("--driver", required=True, help="driver Flight location, e.g. grpc://127.0.0.1:7000")
+    p.add_argument("--executor-id", required=True)
+    p.add_argument("--job-spec", required=True, help="JobSpec YAML path")
+    p.add_argument("--data-root", default=".", help="where relative source paths resolve")
+    p.add_argument("--token", default=None, help=f"shared secret (prefer ${TOKEN_ENV})")
+    p.add_argument("--host", default="127.0.0.1", help="dataset server bind address")
+    p.add_argument("--port", type=int, default=0, help="dataset server port (0: a free one)")
+    p.add_argument("--advertise", default=None, help="host to advertise to trainers (default: --host)")
+    p.add_argument("--executor-index", type=int, default=None, help="forward-shuffle index (default: from the id)")
+    p.add_argument("--trainers", type=int, default=None, help="trainer count (default: pools.training.replicas)")
+    p.add_argument("--kafka-bootstrap", default=None)
+    p.add_argument("--slow-ms-per-batch", type=float, default=0.0, help="test/bench hook: sleep per served batch")
+    p.add_argument("--heartbeat-s", type=float, default=None, help="default: data.lease / 4")
+    p.add_argument("--drain-s", type=float, default=10.0, help="after SIGTERM, serve buffered batches this long")
+    p.add_argument("--linger-s", type=float, default=2.0, help="wait this long for open streams to end")
+    p.add_argument("--log-level", default="WARNING")
+    ns = p.parse_args(argv)
+    token = ns.token or os.environ.get(TOKEN_ENV) or None
+    fields = {k: v for k, v in vars(ns).items() if k != "token"}
+    return ExecutorConfig(**fields), token
+
+
+def connect_driver(location: str, token: str | None = None) -> DriverAPI:
+    """A :class:`DriverAPI` client for the driver served at ``location``."""
+    from primus_dagster.data.driver.server import DriverClient
+
+    return DriverClient(location, token=token)  # type: ignore[call-arg,no-any-return]
+
+
+def build_executor(config: ExecutorConfig, driver: DriverAPI, token: str | None = None) -> DataExecutor:
+    """The in-process :class:`DataExecutor` a process with ``config`` runs."""
+    job = load_job_spec(config.job_spec)
+    return DataExecutor(
+        driver, job, config.executor_id, config.data_root, executor_index=config.executor_index,
+        trainers=config.trainers, token=token, host=config.host, port=config.port, advertise=config.advertise,
+        kafka_bootstrap=config.kafka_bootstrap, heartbeat_s=config.heartbeat_s,
+        slow_ms_per_batch=config.slow_ms_per_batch,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one executor until the driver is done or SIGTERM; see the module docstring."""
+    config, token = parse_args(argv)
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    executor = build_executor(config, connect_driver(config.driver, token), token)
+    stop = {"requested": False}
+
+    def on_signal(signum: int, frame: Any) -> None:  # only a flag: the main loop does the work
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    executor.start()
+    print(READY_PREFIX + json.dumps({"executor_id": config.executor_id, "address": executor.location}), flush=True)
+    while not executor.finished() and not stop["requested"] and executor.fatal is None:
+        time.sleep(0.05)
+    executor.close(drain_s=config.drain_s if stop["requested"] else 0.0, linger_s=config.linger_s)
+    if executor.fatal:
+        logging.getLogger(__name__).error("%s: %s", config.executor_id, executor.fatal)
+        return 1
+    return 0
+
+
+def start_executor_process(config: ExecutorConfig, token: str | None = None, *, python: str = sys.executable,
+                           env: dict[str, str] | None = None, stderr: Any = None,
+                           cwd: str | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m primus_dagster.data.executor`` with ``config``; stdout is a pipe
+    (read the ready line with :func:`wait_ready`), the token goes through the environment."""
+    child_env = dict(os.environ if env is None else env)
+    if token:
+        child_env[TOKEN_ENV] = token
+    else:
+        child_env.pop(TOKEN_ENV, None)
+    return subprocess.Popen([python, "-m", "primus_dagster.data.executor", *config.argv()], env=child_env,
+                            stdout=subprocess.PIPE, stderr=stderr, cwd=cwd, text=True)
+
+
+def wait_ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The dataset-server address an executor process announced; RuntimeError if it exited first."""
+    import selectors
+
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(READY_PREFIX):
+                return str(json.loads(line[len(READY_PREFIX):])["address"])
+    code = proc.poll()
+    raise RuntimeError(f"executor process {proc.pid} did not become ready in {timeout:g}s (exit code {code})")

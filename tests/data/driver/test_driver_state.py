@@ -1,0 +1,258 @@
+"""DataDriver state machine: hand-out order, leases, expiry, retries, job failure, claims, barriers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from primus_dagster.data.driver import DataDriver, ExecutorReport, JobFailedError
+from primus_dagster.data.tasks import BatchId
+
+
+def test_transitions_new_pending_running_succeeded(clock, task_factory):
+    driver = DataDriver(clock=clock)
+    tasks = [task_factory(i) for i in range(3)]
+    assert driver.add_tasks(tasks) == 3
+    assert driver.status()["counts"] == {"new": 3, "pending": 0, "running": 0, "succeeded": 0, "failed": 0}
+    [lease] = driver.lease("exec-0")
+    assert lease.task == tasks[0] and lease.attempt == 1 and lease.claimed_rows == ()
+    assert lease.deadline == clock.now + 60.0
+    info = driver.task_info(tasks[0].task_id)
+    assert info["state"] == "running" and info["owner"] == "exec-0"
+    counts = driver.status()["counts"]
+    assert counts["running"] == 1 and counts["pending"] + counts["new"] == 2
+    driver.complete("exec-0", tasks[0].task_id, rows=4096, batches=4)
+    assert driver.task_info(tasks[0].task_id)["state"] == "succeeded"
+    for lease in driver.lease("exec-0", max_tasks=5):
+        driver.complete("exec-0", lease.task.task_id, rows=10, batches=1)
+    status = driver.status()
+    assert status["done"] and not status["failed"]
+    assert status["counts"]["succeeded"] == 3 and status["rows"] == 4116 and status["batches"] == 6
+    assert driver.lease("exec-0") == []
+
+
+def test_add_tasks_is_idempotent(clock, task_factory):
+    driver = DataDriver(clock=clock)
+    assert driver.add_tasks([task_factory(0), task_factory(1)]) == 2
+    [lease] = driver.lease("e")
+    assert driver.add_tasks([task_factory(0), task_factory(1), task_factory(2)]) == 1
+    assert driver.status()["total"] == 3
+    assert driver.task_info(lease.task.task_id)["state"] == "running"
+
+
+@pytest.mark.parametrize("window", [1, 2, 1024])
+def test_leases_in_chronological_order(clock, task_factory, window):
+    driver = DataDriver(clock=clock, pending_window=window)
+    tasks = [task_factory(i, hour=i // 2, stream="s" + str(i % 2)) for i in range(12)]
+    shuffled = tasks[:]
+    random.Random(7).shuffle(shuffled)
+    driver.add_tasks(shuffled[:8])
+    first = [driver.lease("e")[0].task for _ in range(3)]
+    assert first == sorted(shuffled[:8], key=lambda t: t.order_key)[:3]
+    driver.add_tasks(shuffled[8:])  # later arrivals, some earlier than queued ones: still first
+    rest = [lease.task for lease in driver.lease("e", max_tasks=100)]
+    remaining = sorted(set(tasks) - set(first), key=lambda t: t.order_key)
+    assert rest == remaining
+    assert driver.status()["counts"]["pending"] == 0
+
+
+def test_lease_expiry_retries_then_fails(clock, task_factory):
+    driver = DataDriver(max_attempts=3, lease_s=10, failed_task_threshold=1.0, clock=clock)
+    task = task_factory(0)
+    driver.add_tasks([task])
+    for attempt in (1, 2, 3):
+        [lease] = driver.lease(f"exec-{attempt}")
+        assert lease.attempt == attempt
+        clock.advance(9.9)
+        assert driver.expire() == []
+        clock.advance(0.2)
+        assert driver.expire() == [task.task_id]
+        info = driver.task_info(task.task_id)
+        assert info["failures"] == attempt and "lease expired" in info["error"] and f"exec-{attempt}" in info["error"]
+        assert info["state"] == ("failed" if attempt == 3 else "pending")
+    assert driver.lease("exec-9") == []
+    assert driver.status()["counts"]["failed"] == 1
+
+
+def test_expiry_runs_on_every_call(clock, task_factory):
+    driver = DataDriver(lease_s=5, clock=clock)
+    driver.add_tasks([task_factory(0)])
+    [first] = driver.lease("a")
+    clock.advance(6)
+    [again] = driver.lease("b")  # the lease call itself expired a's lease
+    assert again.task == first.task and again.attempt == 2
+
+
+def test_heartbeat_extends_and_cancels_lost_tasks(clock, task_factory):
+    driver = DataDriver(lease_s=10, clock=clock)
+    driver.add_tasks([task_factory(0), task_factory(1)])
+    [a] = driver.lease("a")
+    [b] = driver.lease("b")
+    for _ in range(5):
+        clock.advance(8)
+        reply = driver.heartbeat(ExecutorReport("a", "grpc://a:1", running=[a.task.task_id], metrics={"cpu": 0.5}))
+        assert reply["cancel"] == [] and reply["deadline"] == clock.now + 10 and not reply["done"]
+    assert driver.task_info(a.task.task_id)["state"] == "running"
+    assert driver.task_info(b.task.task_id)["state"] == "pending"  # b never heartbeated
+    # a reports b's task and an unknown one: not its own, cancel them
+    reply = driver.heartbeat(ExecutorReport("a", "grpc://a:1", running=[a.task.task_id, b.task.task_id, "nope"]))
+    assert reply["cancel"] == [b.task.task_id, "nope"]
+    [b2] = driver.lease("c")
+    assert b2.task == b.task
+    reply = driver.heartbeat(ExecutorReport("b", "grpc://b:1", running=[b.task.task_id]))
+    assert reply["cancel"] == [b.task.task_id]  # b lost it to c
+    assert driver.executors()["a"].address == "grpc://a:1"
+    assert set(driver.executors()) == {"a", "b", "c"}
+    clock.advance(11)
+    assert "a" not in driver.executors()
+
+
+def test_fail_retries_until_max_attempts_and_keeps_error(clock, task_factory):
+    driver = DataDriver(max_attempts=3, failed_task_threshold=1.0, clock=clock)
+    task = task_factory(0)
+    driver.add_tasks([task])
+    for attempt in (1, 2, 3):
+        [lease] = driver.lease("e")
+        driver.fail("other", task.task_id, "ignored: not the owner")
+        assert driver.task_info(task.task_id)["state"] == "running"
+        driver.fail("e", task.task_id, f"boom {attempt}")
+        driver.fail("e", task.task_id, "a repeated report is ignored")
+    info = driver.task_info(task.task_id)
+    assert info["state"] == "failed" and info["failures"] == 3 and info["attempts"] == 3
+    assert "boom 3" in info["error"]
+
+
+def test_job_fails_past_threshold_with_report(clock, task_factory):
+    driver = DataDriver(max_attempts=1, failed_task_threshold=0.1, clock=clock)
+    tasks = [task_factory(i) for i in range(10)]
+    driver.add_tasks(tasks)
+    leases = driver.lease("e", max_tasks=10)
+    driver.fail("e", leases[0].task.task_id, "SourceReadError: corrupt footer")
+    assert not driver.status()["failed"]  # 1/10 is not more than 10 %
+    driver.raise_if_failed()
+    driver.fail("e", leases[1].task.task_id, "PermissionError: denied")
+    status = driver.status()
+    assert status["failed"] and not status["done"]
+    report = {row["task_id"]: row for row in status["failed_tasks"]}
+    assert set(report) == {tasks[0].task_id, tasks[1].task_id}
+    row = report[tasks[0].task_id]
+    assert row["uri"] == tasks[0].read.uri and row["attempts"] == 1 and "corrupt footer" in row["error"]
+    with pytest.raises(JobFailedError) as caught:
+        driver.raise_if_failed()
+    assert tasks[1].read.uri in str(caught.value) and "denied" in str(caught.value)
+    assert len(caught.value.report) == 2
+    driver.add_tasks([task_factory(99)])
+    assert driver.lease("e") == []  # no hand-out once the job failed
+    assert driver.heartbeat(ExecutorReport("e", ""))["failed"]
+
+
+def test_done_tolerates_failures_within_threshold(clock, task_factory):
+    driver = DataDriver(max_attempts=1, failed_task_threshold=0.5, clock=clock)
+    driver.add_tasks([task_factory(0), task_factory(1)])
+    a, b = driver.lease("e", max_tasks=2)
+    driver.fail("e", a.task.task_id, "x")
+    driver.complete("e", b.task.task_id, 1, 1)
+    assert driver.status()["done"] and not driver.status()["failed"]
+
+
+def test_complete_edge_cases(clock, task_factory):
+    driver = DataDriver(lease_s=5, max_attempts=1, failed_task_threshold=1.0, clock=clock)
+    t0, t1 = task_factory(0), task_factory(1)
+    driver.add_tasks([t0, t1])
+    [lease] = driver.lease("a")
+    clock.advance(6)
+    driver.expire()  # max_attempts=1: t0 failed
+    driver.complete("a", t0.task_id, 1, 1)  # late completion of a failed task: ignored
+    assert driver.task_info(t0.task_id)["state"] == "failed"
+    [lease] = driver.lease("b")
+    driver.complete("late", t1.task_id, 8, 2)  # another executor finished it: accepted
+    driver.complete("b", t1.task_id, 8, 2)  # idempotent
+    assert driver.task_info(t1.task_id)["state"] == "succeeded" and driver.status()["rows"] == 8
+    with pytest.raises(KeyError, match="unknown data task"):
+        driver.complete("a", "missing", 1, 1)
+
+
+def test_claim_dedup_and_claimed_rows_on_relase(clock, task_factory):
+    driver = DataDriver(lease_s=5, clock=clock)
+    task = task_factory(0)
+    driver.add_tasks([task])
+    [lease] = driver.lease("a")
+    assert driver.claim("t0", BatchId(task.task_id, 0, 100))
+    assert not driver.claim("t1", BatchId(task.task_id, 0, 100))  # served twice: dropped
+    assert driver.claim_many("t0", [BatchId(task.task_id, 200, 100), BatchId(task.task_id, 100, 100),
+                                    BatchId(task.task_id, 200, 100)]) == [True, True, False]
+    clock.advance(6)
+    [again] = driver.lease("b")
+    assert again.attempt == 2 and again.claimed_rows == (0, 100, 200)
+    assert driver.status()["claimed_batches"] == 3
+    with pytest.raises(KeyError):
+        driver.claim("t0", BatchId("missing", 0, 1))
+
+
+def test_barrier_waits_for_every_trainer(clock, task_factory):
+    driver = DataDriver(trainers=2, clock=clock)
+    task = task_factory(0)
+    driver.add_tasks([task])
+    driver.lease("e")
+    b0, b1 = BatchId(task.task_id, 0, 10), BatchId(task.task_id, 10, 10)
+    assert driver.claim("t0", b0) and driver.claim("t1", b1)
+    assert driver.barrier("t0", [b0], barrier_id=1) is None
+    assert driver.barrier("t0", [], barrier_id=1) is None  # polling: still waiting for t1
+    with pytest.raises(ValueError, match="still waiting"):
+        driver.barrier("t0", [], barrier_id=2)
+    snap = driver.barrier("t1", [b1], barrier_id=1)
+    assert snap is not None and snap["barrier_id"] == 1
+    [entry] = snap["tasks"]
+    assert entry["consumed"] == [0, 10] and entry["consumed_rows"] == 20 and entry["state"] == "running"
+    assert driver.barrier("t0", [], barrier_id=1) == snap  # every later caller of barrier 1
+    assert driver.barrier_snapshot() == snap
+    with pytest.raises(ValueError, match="not newer"):
+        driver.barrier("t0", [], barrier_id=0)
+    assert driver.barrier("t0", [], barrier_id=2) is None
+    assert driver.status()["barrier_id"] == 1 and driver.status()["consumed_batches"] == 2
+    with pytest.raises(KeyError):
+        driver.barrier("t1", [BatchId("missing", 0, 1)], barrier_id=2)
+
+
+def test_consumed_done_counts(clock, task_factory):
+    driver = DataDriver(clock=clock)
+    task = task_factory(0)
+    driver.add_tasks([task])
+    driver.lease("e")
+    batches = [BatchId(task.task_id, r, 50) for r in (0, 50)]
+    driver.barrier("t0", batches[:1], 1)
+    driver.complete("e", task.task_id, rows=100, batches=2)
+    assert driver.status()["consumed_done"] == 0
+    driver.barrier("t0", batches[1:], 2)
+    assert driver.status()["consumed_done"] == 1 and driver.task_info(task.task_id)["consumed_done"]
+
+
+def test_bad_config_rejected():
+    with pytest.raises(ValueError, match="bad driver config"):
+        DataDriver(max_attempts=0)
+
+
+def test_completed_task_reopened_when_its_executor_dies_before_delivery(clock, task_factory):
+    """Flight DoGet has no acknowledgement: a batch handed to the stream can be lost when the
+    executor is killed right after ``complete``. The driver reopens such a task once the owner
+    misses its heartbeats, and the re-lease skips what readers did claim."""
+    driver = DataDriver(lease_s=5, clock=clock)
+    lost, delivered = task_factory(0), task_factory(1)
+    driver.add_tasks([lost, delivered])
+    leases = driver.lease("a", max_tasks=2)
+    assert len(leases) == 2
+    driver.claim("t0", BatchId(lost.task_id, 0, 100))  # batch 100 never reaches a reader
+    driver.complete("a", lost.task_id, rows=200, batches=2)
+    for first_row in (0, 100):
+        driver.claim("t0", BatchId(delivered.task_id, first_row, 100))
+    driver.complete("a", delivered.task_id, rows=200, batches=2)
+    driver.heartbeat(ExecutorReport("b", "grpc://b"))
+    clock.advance(4)
+    driver.heartbeat(ExecutorReport("b", "grpc://b"))
+    assert driver.status()["done"]  # executor a is still alive: its batch may be in flight
+    clock.advance(2)  # a is silent for more than lease_s: dead
+    [again] = driver.lease("b")
+    assert again.task.task_id == lost.task_id and again.claimed_rows == (0,)
+    assert driver.task_info(delivered.task_id)["state"] == "succeeded"
+    assert "died before all batches were claimed" in driver.task_info(lost.task_id)["error"]
