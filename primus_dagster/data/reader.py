@@ -10,6 +10,11 @@ from the Arrow buffers without per-row Python work -- and queued by its kind (``
 (and, when executors are discovered through the driver, the driver says the job is done) and its
 queues are empty.
 
+An executor on this host (loopback address) that offers it serves through shared memory: the
+stream then carries only descriptors and the batch is read zero-copy from the executor's slot,
+which stays reserved while the trainer holds the batch (``primus_dagster.data.executor.shm``);
+``shm=False`` or ``$PRIMUS_SHM=0`` keeps every batch in the Flight stream.
+
 Queues are bounded (``prefetch`` batches each): a full queue stops its fetchers, which stops the
 Flight stream, which fills the executor's buffer, which blocks its task runners. Because one
 executor stream carries both kinds, asking only for ``kind="stream"`` while the ``batch`` queue is
@@ -30,101 +35,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from primus_dagster.data.driver.api import DriverAPI
 from primus_dagster.data.executor.server import bearer_options
-from primus_dagster.data.executor.wire import BatchMeta, encode_ticket, from_wire
+from primus_dagster.data.executor.shm import shm_enabled
+from primus_dagster.data.executor.shm_client import ShmClient, ShmError, connect_shm
+from primus_dagster.data.executor.wire import encode_ticket, from_wire, split_meta
 from primus_dagster.data.tasks import BatchId
+from primus_dagster.data.train_batch import TrainBatch, to_train_batch
 
 log = logging.getLogger(__name__)
-_CANONICAL = ("sample_id", "ts", "label", "dense", "source", "kind")
-
-
-@dataclass
-class TrainBatch:
-    """One claimed batch as arrays: ``dense`` float32 [B, n] (a zero-copy view when the Arrow values
-    have no nulls), ``sparse`` name -> int64 [B] (null -> 0), ``label`` float32 [B] (null -> NaN),
-    ``ts`` int64 [B] (µs since the epoch, UTC), ``sample_id`` int64 [B] (null -> -1; None when the
-    source has no ids). Arrays are numpy or torch (``framework``); views over Arrow memory are
-    read-only: clone before writing into them."""
-
-    dense: Any
-    sparse: dict[str, Any]
-    label: Any
-    ts: Any
-    sample_id: Any | None
-    batch_id: BatchId
-    kind: str
-    stream: str
-    source: str
-    record_batch: pa.RecordBatch = field(repr=False)
-
-    @property
-    def rows(self) -> int:
-        return self.batch_id.rows
-
-    def sparse_matrix(self) -> Any:
-        """The sparse ids as one int64 [B, F] matrix (column order of ``sparse``; one copy)."""
-        columns = list(self.sparse.values())
-        if not columns:
-            return np.zeros((self.rows, 0), dtype=np.int64)
-        if isinstance(columns[0], np.ndarray):
-            return np.stack(columns, axis=1)
-        import torch
-
-        return torch.stack(columns, dim=1)
-
-
-def _numpy(array: pa.Array, fill: Any = None) -> np.ndarray:
-    if array.null_count and fill is not None:
-        array = pc.fill_null(array, pa.scalar(fill, array.type))
-    return array.to_numpy(zero_copy_only=False)
-
-
-def _dense(array: pa.Array) -> np.ndarray:
-    width = array.type.list_size
-    values = array.values.slice(array.offset * width, len(array) * width)
-    out = values.to_numpy(zero_copy_only=False).reshape(len(array), width)
-    if array.null_count:  # a null list: its row is NaN
-        out = out.copy()
-        out[array.is_null().to_numpy(zero_copy_only=False)] = np.nan
-    return out
-
-
-def _torch(array: np.ndarray) -> Any:
-    import torch
-
-    with warnings.catch_warnings():  # Arrow memory is read-only; torch warns once about that
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)
-
-
-def to_train_batch(batch: pa.RecordBatch, meta: BatchMeta, framework: str = "torch") -> TrainBatch:
-    """Arrays of a canonical batch; every sparse id column (int64, not a canonical column) is a feature."""
-    names = batch.schema.names
-    dense = _dense(batch.column(names.index("dense")))
-    label = _numpy(batch.column(names.index("label")))
-    ts = batch.column(names.index("ts")).view(pa.int64()).to_numpy(zero_copy_only=False)
-    sid = batch.column(names.index("sample_id")) if "sample_id" in names else None
-    sample_id = None if sid is None or sid.null_count == len(sid) else _numpy(sid, -1)
-    sparse = {name: _numpy(batch.column(i), 0) for i, name in enumerate(names)
-              if name not in _CANONICAL and pa.types.is_integer(batch.schema.field(i).type)}
-    if framework == "torch":
-        dense, label, ts = _torch(dense), _torch(label), _torch(ts)
-        sample_id = None if sample_id is None else _torch(sample_id)
-        sparse = {k: _torch(v) for k, v in sparse.items()}
-    elif framework != "numpy":
-        raise ValueError(f"framework must be 'torch' or 'numpy', got {framework!r}")
-    return TrainBatch(dense, sparse, label, ts, sample_id, meta.batch_id, meta.kind, meta.stream, meta.source, batch)
 
 
 @dataclass
@@ -166,14 +92,16 @@ class RemoteReader:
     """Reads trainer ``trainer_id``'s batches from every data executor (see module docstring).
 
     ``executors``: a list of Flight locations, a callable returning the current ones, or None
-    (then the addresses in ``driver.executors()``, refreshed every ``refresh_s``).
+    (then the addresses in ``driver.executors()``, refreshed every ``refresh_s``). ``shm``: read the
+    batches of executors on this host through shared memory when they offer it (default: unless
+    ``$PRIMUS_SHM=0``; see ``primus_dagster.data.executor.shm``).
     """
 
     def __init__(self, driver: DriverAPI, trainer_id: int,
                  executors: Sequence[str] | Callable[[], Iterable[str]] | None = None, *,
                  token: str | None = None, queues: Sequence[str] = ("batch", "stream"), prefetch: int = 4,
                  choose_queue: ChooseQueue | None = None, framework: str = "torch", refresh_s: float = 0.5,
-                 max_retries: int = 5):
+                 max_retries: int = 5, shm: bool | None = None):
         self.driver = driver
         self.trainer_id = trainer_id
         self.claimant = f"trainer-{trainer_id}"  # the trainer id the driver sees (claims, barriers)
@@ -183,6 +111,7 @@ class RemoteReader:
         self.framework = framework
         self.refresh_s = refresh_s
         self.max_retries = max_retries
+        self.shm = shm_enabled() if shm is None else shm
         self._static = not callable(executors) and executors is not None
         fixed = list(executors) if self._static else []  # type: ignore[arg-type]
         self._list: Callable[[], Iterable[str]] = (
@@ -197,8 +126,10 @@ class RemoteReader:
         self._error: BaseException | None = None
         self._consumed: list[BatchId] = []
         self.stats = {"received": 0, "dropped": 0, "yielded": 0, "rows": 0}
-        self._listed: set[str] = self._discover() or set()
+        # Set before the first fetcher starts: a fetcher that fails at once reads them.
+        self._listed: set[str] = set()
         self._discovery_done = self._static
+        self._listed = self._discover() or set()
         self._refresher = None if self._static else threading.Thread(
             target=self._refresh_loop, name=f"reader-{trainer_id}-discovery", daemon=True)
         if self._refresher is not None:
@@ -254,8 +185,11 @@ class RemoteReader:
         try:
             while not self._closing:
                 client = fl.connect(location)
+                shm = None
                 try:
-                    stream = client.do_get(fl.Ticket(encode_ticket(self.trainer_id)), bearer_options(self.token))
+                    options = bearer_options(self.token)
+                    shm = connect_shm(location, client, options) if self.shm else None
+                    stream = client.do_get(fl.Ticket(encode_ticket(self.trainer_id, shm=shm is not None)), options)
                     self._streams[location] = stream
                     while not self._closing:
                         try:
@@ -263,13 +197,15 @@ class RemoteReader:
                         except StopIteration:
                             return  # the executor has no more work for us
                         attempts = 0
-                        self._handle(chunk.data, chunk.app_metadata)
+                        self._handle(chunk.data, chunk.app_metadata, shm)
                     return
                 except fl.FlightUnauthenticatedError as exc:
                     self._fail(PermissionError(f"executor {location} rejected the token: {exc}"))
                     return
                 except (fl.FlightUnavailableError, fl.FlightCancelledError, fl.FlightTimedOutError,
-                        fl.FlightInternalError) as exc:
+                        fl.FlightInternalError, ShmError) as exc:
+                    if shm is not None:
+                        shm.sweep()  # the executor died: remove the slot files nobody will map
                     attempts += 1
                     if self._closing or not self._retry(location, attempts):
                         log.info("reader %s: executor %s gone: %s", self.trainer_id, location, exc)
@@ -277,6 +213,8 @@ class RemoteReader:
                     time.sleep(min(2.0, 0.1 * 2 ** attempts))
                 finally:
                     self._streams.pop(location, None)
+                    if shm is not None:
+                        shm.close()
                     client.close()
         except BaseException as exc:  # noqa: BLE001 - surfaced to the consumer
             self._fail(exc)
@@ -291,10 +229,15 @@ class RemoteReader:
                 self._error = exc
             self._cond.notify_all()
 
-    def _handle(self, data: pa.RecordBatch | None, raw_meta: pa.Buffer | None) -> None:
+    def _handle(self, data: pa.RecordBatch | None, raw_meta: pa.Buffer | None, shm: ShmClient | None) -> None:
         if data is None:
             return
-        batch, meta = from_wire(data, raw_meta)
+        meta, desc = split_meta(raw_meta)
+        if desc is not None:
+            if shm is None:
+                raise ValueError(f"batch {meta.batch_id.key()} arrived in shared memory on a plain stream")
+            data = shm.read(desc)
+        batch, meta = from_wire(data, meta)
         with self._cond:
             self.stats["received"] += 1
         if meta.kind not in self._queues:

@@ -38,6 +38,7 @@ class TrainerBuffers(Generic[T]):
         self._queues: list[deque[T]] = [deque() for _ in range(trainers)]
         self._cond = threading.Condition()
         self.high_water = 0  # the largest fill any one buffer ever reached
+        self.waiting = 0  # puts blocked on a full buffer right now (backpressure)
         self._closed = False
 
     def fills(self) -> list[int]:
@@ -52,17 +53,25 @@ class TrainerBuffers(Generic[T]):
         closed) while waiting.
         """
         with self._cond:
-            while True:
-                if self._closed or (abort is not None and abort()):
-                    return None
-                target = shuffle.choose([len(q) for q in self._queues])
-                queue = self._queues[target]
-                if len(queue) < self.capacity:
-                    queue.append(item)
-                    self.high_water = max(self.high_water, len(queue))
-                    self._cond.notify_all()
-                    return target
-                self._cond.wait(poll_s)
+            waiting = False
+            try:
+                while True:
+                    if self._closed or (abort is not None and abort()):
+                        return None
+                    target = shuffle.choose([len(q) for q in self._queues])
+                    queue = self._queues[target]
+                    if len(queue) < self.capacity:
+                        queue.append(item)
+                        self.high_water = max(self.high_water, len(queue))
+                        self._cond.notify_all()
+                        return target
+                    if not waiting:
+                        waiting = True
+                        self.waiting += 1
+                    self._cond.wait(poll_s)
+            finally:
+                if waiting:
+                    self.waiting -= 1
 
     def get(self, trainer: int, finished: Callable[[], bool] | None = None,
             timeout: float | None = None, poll_s: float = 0.1) -> T | None:

@@ -1,15 +1,15 @@
 """The data executor: task runners, per-trainer buffers, heartbeats and the dataset server.
 
-A :class:`DataExecutor` runs ``task_runners`` threads. Each leases a task from the driver
-(only when a buffer it may fill has room), reads it through the source's adapter (a join task:
-left batches labelled from the right events, see ``reading``), numbers the
-output rows to give every batch its ``BatchId(task_id, first_row, rows)`` (the same on every
-re-run), skips the batches the lease says are already claimed, and puts the rest into the
-trainer buffer its stream's shuffle picks (blocking while full: backpressure). A task is
-*completed* at the driver once every one of its batches has been handed to a ``DoGet`` stream
-(so an executor that dies with batches still buffered leaves its tasks to be re-leased);
-a read error *fails* it (with the file/URI in the message). A heartbeat thread reports every
-``lease/4`` with metrics and cancels tasks the driver says this executor lost.
+A :class:`DataExecutor` runs ``task_runners`` threads. Each leases a task from the driver (only
+when a buffer it may fill has room and no other runner is waiting for room), reads it through
+the source's adapter (a join task: left batches labelled from the right events, see
+``reading``), numbers the output rows to give every batch its ``BatchId(task_id, first_row,
+rows)`` (the same on every re-run), skips the batches the lease says are already claimed, and
+puts the rest into the trainer buffer its stream's shuffle picks (blocking while full:
+backpressure). A task is *completed* at the driver once every one of its batches has been handed
+to a ``DoGet`` stream (so an executor that dies with batches still buffered leaves its tasks to
+be re-leased); a read error *fails* it (with the file/URI in the message). A heartbeat thread
+reports every ``lease/4`` with metrics and cancels tasks the driver says this executor lost.
 
 Example::
 
@@ -81,7 +81,7 @@ class DataExecutor:
                  task_runners: int | None = None, buffer_batches: int | None = None,
                  token: str | None = None, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
                  kafka_bootstrap: str | None = None, heartbeat_s: float | None = None,
-                 slow_ms_per_batch: float = 0.0, poll_s: float = 0.05, serve: bool = True):
+                 slow_ms_per_batch: float = 0.0, poll_s: float = 0.05, serve: bool = True, shm: bool = True):
         self.driver = driver
         self.job = job
         self.executor_id = executor_id
@@ -96,7 +96,7 @@ class DataExecutor:
         self.targets = sorted({t for s in self.shuffles.values() for t in s.targets()})
         self.buffers: TrainerBuffers[Item] = TrainerBuffers(self.trainers, buffer_batches or job.data.buffer_batches)
         self.server = (DatasetServer(self, host=host, port=port, token=token, slow_ms_per_batch=slow_ms_per_batch,
-                                     advertise=advertise) if serve else None)
+                                     advertise=advertise, shm=shm) if serve else None)
         self.location = self.server.location if self.server else f"inproc://{executor_id}"
         self._lock = threading.Condition()
         self._tasks: dict[str, _TaskRun] = {}
@@ -192,8 +192,8 @@ class DataExecutor:
                 self._lock.wait(0.1)
             return self._schema
 
-    def next_for(self, trainer: int) -> Item | None:
-        return self.buffers.get(trainer, finished=self._no_more_work.is_set)
+    def next_for(self, trainer: int, timeout: float | None = None) -> Item | None:
+        return self.buffers.get(trainer, finished=self._no_more_work.is_set, timeout=timeout)
 
     def take(self, trainer: int, timeout: float | None = None) -> Item | None:
         """In-process consumption (no Flight): the next batch for ``trainer``, marked served."""
@@ -219,7 +219,10 @@ class DataExecutor:
         backoff = self.poll_s
         try:
             while not self._stop.is_set():
-                if self.buffers.fill_ratio(self.targets) >= 1.0:  # no room: let other executors take tasks
+                # No room, or another runner already waits for room (this executor has more work
+                # than its trainers take): leave the next task to an executor that can serve it
+                # sooner, instead of holding it leased (a slow executor would hoard tasks).
+                if self.buffers.waiting or self.buffers.fill_ratio(self.targets) >= 1.0:
                     self._stop.wait(self.poll_s)
                     continue
                 try:
@@ -231,7 +234,10 @@ class DataExecutor:
                     if self._driver_says_done():
                         break
                     self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 1.0)
+                    # Idle: back off, but not far. Every reader waits for every executor's streams
+                    # to end, i.e. for the last idle runner to see the driver done (a 1 s cap put
+                    # up to a second of dead time at the end of each job).
+                    backoff = min(backoff * 2, 0.25)
                     continue
                 backoff = self.poll_s
                 for lease in leases:

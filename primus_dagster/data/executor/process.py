@@ -4,7 +4,7 @@ Command line::
 
     python -m primus_dagster.data.executor --driver grpc://127.0.0.1:7000 --executor-id data-0 \\
         --job-spec job.yaml --data-root /data [--token T | env PRIMUS_DATA_TOKEN=T] \\
-        [--trainers 2] [--executor-index 0] [--host 127.0.0.1] [--port 0] [--slow-ms-per-batch 5]
+        [--trainers 2] [--executor-index 0] [--host 127.0.0.1] [--port 0] [--slow-ms-per-batch 5] [--no-shm]
 
 Once its dataset server listens, the process prints one line to stdout::
 
@@ -24,6 +24,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import json
 import logging
 import os
@@ -34,12 +36,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import pyarrow as pa
+
 from primus_dagster.data.driver.api import DriverAPI
 from primus_dagster.data.executor.core import DataExecutor
-from primus_dagster.spec import load_job_spec
+from primus_dagster.spec import JobSpec, load_job_spec
 
 TOKEN_ENV = "PRIMUS_DATA_TOKEN"
 READY_PREFIX = "PRIMUS_EXECUTOR_READY "
+POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 @dataclass
@@ -61,6 +66,7 @@ class ExecutorConfig:
     drain_s: float = 10.0
     linger_s: float = 2.0
     log_level: str = "WARNING"
+    shm: bool = True  # offer the shared-memory path to readers on this host (see ``shm``)
 
     def argv(self) -> list[str]:
         """Command-line arguments (without the token)."""
@@ -74,7 +80,7 @@ class ExecutorConfig:
         for flag, value in optional.items():
             if value is not None:
                 out += [flag, str(value)]
-        return out
+        return out if self.shm else [*out, "--no-shm"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[ExecutorConfig, str | None]:
@@ -96,6 +102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ExecutorConfig, str |
     p.add_argument("--drain-s", type=float, default=10.0, help="after SIGTERM, serve buffered batches this long")
     p.add_argument("--linger-s", type=float, default=2.0, help="wait this long for open streams to end")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--no-shm", dest="shm", action="store_false",
+                   help="serve over Flight only (no shared-memory path for readers on this host)")
     ns = p.parse_args(argv)
     token = ns.token or os.environ.get(TOKEN_ENV) or None
     fields = {k: v for k, v in vars(ns).items() if k != "token"}
@@ -116,13 +124,38 @@ def build_executor(config: ExecutorConfig, driver: DriverAPI, token: str | None 
         driver, job, config.executor_id, config.data_root, executor_index=config.executor_index,
         trainers=config.trainers, token=token, host=config.host, port=config.port, advertise=config.advertise,
         kafka_bootstrap=config.kafka_bootstrap, heartbeat_s=config.heartbeat_s,
-        slow_ms_per_batch=config.slow_ms_per_batch,
+        slow_ms_per_batch=config.slow_ms_per_batch, shm=config.shm,
     )
+
+
+def warm_up(job: JobSpec) -> None:
+    """Import the adapters of the job's source types before announcing readiness, so the first
+    task does not pay for (and steady-state measurements do not include) those imports."""
+    for source_type in sorted({source.type for _, source in job.dataset.all_sources()}):
+        importlib.import_module(f"primus_dagster.data.sources.{source_type}")
+    # pyarrow imports pandas (about 0.15 CPU-s) the first time it converts Python objects, which
+    # every adapter's normaliser does: pay that here too.
+    pa.array(["warm-up"])
+
+
+def use_jemalloc() -> None:
+    """Allocate Arrow memory with jemalloc unless ``$ARROW_DEFAULT_MEMORY_POOL`` chose a pool.
+
+    Arrow's default (mimalloc) gives freed pages back to the kernel at once; an executor allocates
+    and frees a batch's worth of memory per batch, so it paid for faulting in and zeroing fresh
+    (huge) pages over and over: 0.1-0.4 CPU-s per executor in ``bench/serve.py``, varying run to
+    run. jemalloc keeps them for reuse. :func:`start_executor_process` sets the variable for the
+    child, so that every allocation uses jemalloc; here, for an executor started otherwise, at
+    least those made through pyarrow's Python API (reads, casts) do.
+    """
+    if not os.environ.get(POOL_ENV) and "jemalloc" in pa.supported_memory_backends():
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one executor until the driver is done or SIGTERM; see the module docstring."""
     config, token = parse_args(argv)
+    use_jemalloc()
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     executor = build_executor(config, connect_driver(config.driver, token), token)
@@ -133,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    warm_up(executor.job)
+    gc.freeze()  # imports are permanent: keep the collector from re-scanning them while serving
     executor.start()
     print(READY_PREFIX + json.dumps({"executor_id": config.executor_id, "address": executor.location}), flush=True)
     while not executor.finished() and not stop["requested"] and executor.fatal is None:
@@ -150,6 +185,8 @@ def start_executor_process(config: ExecutorConfig, token: str | None = None, *, 
     """Start ``python -m primus_dagster.data.executor`` with ``config``; stdout is a pipe
     (read the ready line with :func:`wait_ready`), the token goes through the environment."""
     child_env = dict(os.environ if env is None else env)
+    if "jemalloc" in pa.supported_memory_backends():
+        child_env.setdefault(POOL_ENV, "jemalloc")  # see use_jemalloc
     if token:
         child_env[TOKEN_ENV] = token
     else:

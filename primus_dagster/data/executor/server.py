@@ -5,6 +5,10 @@ with its :class:`~primus_dagster.data.executor.wire.BatchMeta` as Flight ``app_m
 until the executor has no more work for that trainer (then the stream ends cleanly). With a
 token, every call must carry ``authorization: Bearer <token>``.
 
+A reader on the same host may ask for ``{"trainer": i, "shm": true}`` after ``DoAction("shm-info")``:
+then the batches lie in shared-memory slots and the stream only carries their descriptors
+(see ``shm``); a server started with ``shm=False`` (or ``$PRIMUS_SHM=0``) refuses ``shm-info``.
+
 The server only talks to a :class:`BatchFeed` (the executor), so it holds no task logic.
 
 Example::
@@ -18,15 +22,18 @@ Example::
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any, Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from primus_dagster.data.executor.wire import decode_ticket
+from primus_dagster.data.executor.shm import SHM_ACTION, ShmDir, Slot, SlotPool, shm_enabled
+from primus_dagster.data.executor.wire import parse_ticket, with_shm
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +51,9 @@ class BatchFeed(Protocol):
     def wait_schema(self, timeout: float | None = None) -> pa.Schema | None:
         """The wire schema of this executor's batches; None when no batch will ever come."""
 
-    def next_for(self, trainer: int) -> Served | None:
-        """Block for ``trainer``'s next batch; None once there is no more work for it."""
+    def next_for(self, trainer: int, timeout: float | None = None) -> Served | None:
+        """Block for ``trainer``'s next batch; None once there is no more work for it (or after
+        ``timeout`` seconds)."""
 
     def served(self, item: Served) -> None:
         """``item`` was handed to the transport."""
@@ -79,17 +87,30 @@ class DatasetServer(fl.FlightServerBase):
     """Flight server streaming a :class:`BatchFeed`'s per-trainer buffers (see module docstring)."""
 
     def __init__(self, feed: BatchFeed, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 slow_ms_per_batch: float = 0.0, advertise: str | None = None):
+                 slow_ms_per_batch: float = 0.0, advertise: str | None = None, shm: bool = True,
+                 shm_slots: int = 32, shm_inflight: int = 4):
         if token is None and host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("dataset server listens on %s without a token: anyone who reaches it can read batches", host)
         middleware = {"auth": _BearerAuthFactory(token)} if token else None
         super().__init__(f"grpc://{host}:{port}", middleware=middleware)
         self.feed = feed
         self.slow_s = max(0.0, slow_ms_per_batch) / 1000.0
+        # The slowdown models a slow executor, not a slow stream: its streams take turns sleeping,
+        # so the executor serves at most one batch per ``slow_s`` whatever its number of streams.
+        self._slow_lock = threading.Lock()
         self.location = f"grpc://{advertise or host}:{self.port}"
         self._lock = threading.Lock()
         self.active_streams = 0
         self.batches_sent = 0
+        self.shm_batches_sent = 0
+        self.shm_slots, self.shm_inflight = shm_slots, shm_inflight
+        self._closing = threading.Event()
+        self.shm: ShmDir | None = None
+        if shm and shm_enabled():
+            try:
+                self.shm = ShmDir()
+            except OSError as exc:
+                log.warning("dataset server: no shared-memory path (%s); serving over Flight only", exc)
 
     def _stream(self, trainer: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         with self._lock:
@@ -101,7 +122,8 @@ class DatasetServer(fl.FlightServerBase):
                 if item is None:
                     return
                 if self.slow_s:
-                    time.sleep(self.slow_s)
+                    with self._slow_lock:
+                        time.sleep(self.slow_s)
                 pending = item
                 yield item.wire, item.raw_meta
                 # Flight asks for the next message only after writing this one.
@@ -115,15 +137,98 @@ class DatasetServer(fl.FlightServerBase):
             with self._lock:
                 self.active_streams -= 1
 
+    def _shm_stream(self, trainer: int, schema: pa.Schema,
+                    context: fl.ServerCallContext) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """Like ``_stream``, with the batches in shared-memory slots (see ``shm``)."""
+        assert self.shm is not None
+        pool = SlotPool(self.shm, self.shm_slots, self.shm_inflight)
+        empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+        sent: deque[tuple[Slot, int, Served]] = deque()  # in the reader's hands, maybe not received yet
+        stop = lambda: self._closing.is_set() or context.is_cancelled()  # noqa: E731
+        pending = None
+
+        def reap() -> None:  # served: what the reader received, in order
+            while sent and pool.received(sent[0][0], sent[0][1]):
+                self.feed.served(sent.popleft()[2])
+
+        with self._lock:
+            self.active_streams += 1
+        try:
+            while True:
+                reap()
+                if sent:  # keep reaping while waiting: a task completes once its batches are received
+                    item = self.feed.next_for(trainer, timeout=0.005)
+                    if item is None:
+                        if stop():
+                            return
+                        time.sleep(0.001)  # (next_for returns at once when the feed has ended)
+                        continue
+                else:
+                    item = self.feed.next_for(trainer)
+                    if item is None:
+                        break
+                pending = item
+                if self.slow_s:
+                    with self._slow_lock:
+                        time.sleep(self.slow_s)
+                if not pool.wait(lambda: pool.inflight() < pool.max_inflight, stop):
+                    return
+                put = pool.put(item.wire)
+                if put is None:  # no free slot (the trainer holds them all) or no space: inline
+                    yield item.wire, item.raw_meta
+                    pending = None
+                    self.feed.served(item)
+                else:
+                    desc, slot = put
+                    sent.append((slot, desc["seq"], item))
+                    pending = None
+                    yield empty, with_shm(item.raw_meta, desc)
+                with self._lock:
+                    self.batches_sent += 1
+                    self.shm_batches_sent += put is not None
+        finally:
+            reap()
+            back = [item for _, _, item in sent]  # not received: the reader will never see them
+            if pending is not None:
+                back.append(pending)
+            for item in reversed(back):
+                self.feed.unserved(item, trainer)
+            log.info("shm stream %d (trainer %d): %d batches in shared memory, %d inline, %d slots, %d given back",
+                     pool.stream, trainer, pool.shm_batches, pool.inline_batches, len(pool.slots), len(back))
+            pool.close()
+            with self._lock:
+                self.active_streams -= 1
+
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         try:
-            trainer = decode_ticket(ticket.ticket, self.feed.trainers)
+            trainer, shm = parse_ticket(ticket.ticket, self.feed.trainers)
         except ValueError as exc:
             raise fl.FlightServerError(str(exc)) from None
+        if shm and self.shm is None:
+            raise fl.FlightServerError("this executor serves no shared memory (ask shm-info first)")
         schema = self.feed.wait_schema()
         if schema is None:
             return fl.GeneratorStream(pa.schema([]), iter(()))
+        if shm:
+            return fl.GeneratorStream(schema, self._shm_stream(trainer, schema, context))
         return fl.GeneratorStream(schema, self._stream(trainer))
+
+    def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
+        if action.type != SHM_ACTION:
+            raise fl.FlightServerError(f"unknown action {action.type!r}")
+        if self.shm is None:
+            raise fl.FlightServerError("this executor serves no shared memory")
+        return iter([json.dumps(self.shm.info()).encode()])
+
+    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+        return [(SHM_ACTION, "the shared-memory directory and probe nonce, for readers on this host")]
+
+    def shutdown(self) -> None:
+        """End every stream, stop the server, remove the shared-memory directory."""
+        self._closing.set()
+        super().shutdown()
+        if self.shm is not None:
+            self.shm.close()
 
     def idle(self) -> bool:
         with self._lock:

@@ -2,7 +2,7 @@
 
 A trainer asks an executor for its batches with a Flight ``DoGet`` whose ticket is JSON::
 
-    {"trainer": 0}
+    {"trainer": 0}                  # or {"trainer": 0, "shm": true}: shared-memory batches (``shm``)
 
 The executor answers with one Arrow IPC stream. Every record batch travels with Flight
 ``app_metadata`` (JSON, UTF-8) naming it::
@@ -14,7 +14,9 @@ The batch itself is the canonical batch *without* its ``source`` and ``kind`` co
 are constant per batch, ride in the metadata, and Flight streams cannot carry dictionary
 columns batch by batch. Any other dictionary column is decoded to its value type.
 :func:`from_wire` restores the canonical columns on the reader side (cheap: one-value
-dictionaries).
+dictionaries). On a shared-memory stream a batch travels as a 0-row batch whose metadata adds
+``"shm": {"slot", "file", "seq", "length"}`` (where the real batch lies, see ``shm``);
+:func:`split_meta` separates the two.
 
 Example::
 
@@ -54,36 +56,61 @@ class BatchMeta:
         return BatchId(self.task_id, self.first_row, self.rows)
 
 
-def encode_ticket(trainer: int) -> bytes:
-    """The DoGet ticket for ``trainer``.
+def encode_ticket(trainer: int, shm: bool = False) -> bytes:
+    """The DoGet ticket for ``trainer`` (asking for shared-memory batches with ``shm``).
 
     >>> encode_ticket(3)
     b'{"trainer": 3}'
+    >>> encode_ticket(3, shm=True)
+    b'{"trainer": 3, "shm": true}'
     """
-    return json.dumps({"trainer": int(trainer)}).encode()
+    data: dict[str, Any] = {"trainer": int(trainer)}
+    if shm:
+        data["shm"] = True
+    return json.dumps(data).encode()
+
+
+def parse_ticket(raw: bytes, trainers: int) -> tuple[int, bool]:
+    """The trainer a ticket names and whether it asks for shared memory; ValueError for malformed
+    tickets or unknown trainers."""
+    try:
+        data = json.loads(raw.decode())
+        trainer = data["trainer"]
+        shm = data.get("shm", False)
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ValueError(f'bad ticket {raw[:80]!r}: expected JSON {{"trainer": <int>}} ({exc})') from None
+    if not isinstance(trainer, int) or isinstance(trainer, bool) or not 0 <= trainer < trainers:
+        raise ValueError(f"bad ticket: trainer {trainer!r} is not in 0..{trainers - 1}")
+    if not isinstance(shm, bool):
+        raise ValueError(f"bad ticket: shm must be true or false, got {shm!r}")
+    return trainer, shm
 
 
 def decode_ticket(raw: bytes, trainers: int) -> int:
     """The trainer a ticket names; ValueError for malformed tickets or unknown trainers."""
-    try:
-        data = json.loads(raw.decode())
-        trainer = data["trainer"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f'bad ticket {raw[:80]!r}: expected JSON {{"trainer": <int>}} ({exc})') from None
-    if not isinstance(trainer, int) or isinstance(trainer, bool) or not 0 <= trainer < trainers:
-        raise ValueError(f"bad ticket: trainer {trainer!r} is not in 0..{trainers - 1}")
-    return trainer
+    return parse_ticket(raw, trainers)[0]
 
 
 def encode_meta(meta: BatchMeta) -> bytes:
     return json.dumps(asdict(meta), separators=(",", ":")).encode()
 
 
-def decode_meta(raw: bytes | pa.Buffer | None) -> BatchMeta:
+def with_shm(raw_meta: bytes, shm: dict[str, Any]) -> bytes:
+    """``raw_meta`` (an :func:`encode_meta` object) with the ``shm`` descriptor added."""
+    return raw_meta[:-1] + b',"shm":' + json.dumps(shm, separators=(",", ":")).encode() + b"}"
+
+
+def split_meta(raw: bytes | pa.Buffer | None) -> tuple[BatchMeta, dict[str, Any] | None]:
+    """The batch metadata and its shared-memory descriptor (None for a batch sent inline)."""
     if raw is None:
         raise ValueError("a batch arrived without its app_metadata (is the server a primus data executor?)")
     data: dict[str, Any] = json.loads(bytes(raw).decode())
-    return BatchMeta(**data)
+    shm = data.pop("shm", None)
+    return BatchMeta(**data), shm
+
+
+def decode_meta(raw: bytes | pa.Buffer | None) -> BatchMeta:
+    return split_meta(raw)[0]
 
 
 def _constant(batch: pa.RecordBatch, name: str) -> str | None:
@@ -115,18 +142,21 @@ def to_wire(batch: pa.RecordBatch, batch_id: BatchId, stream: str,
     return wire, BatchMeta(batch_id.task_id, batch_id.first_row, batch_id.rows, stream, kind, source)
 
 
-def _one_value(value: str, n: int) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value]))
+def _one_value(value: str, zeros: pa.Array) -> pa.DictionaryArray:
+    # All-zero indices into a one-entry dictionary: valid by construction, so skip validation.
+    return pa.DictionaryArray.from_arrays(zeros, pa.array([value]), safe=False)
 
 
-def from_wire(wire: pa.RecordBatch, raw_meta: bytes | pa.Buffer | None) -> tuple[pa.RecordBatch, BatchMeta]:
-    """The canonical batch (``source``/``kind`` restored) and its metadata."""
-    meta = decode_meta(raw_meta)
+def from_wire(wire: pa.RecordBatch,
+              raw_meta: bytes | pa.Buffer | BatchMeta | None) -> tuple[pa.RecordBatch, BatchMeta]:
+    """The canonical batch (``source``/``kind`` restored) and its metadata (raw, or decoded)."""
+    meta = raw_meta if isinstance(raw_meta, BatchMeta) else decode_meta(raw_meta)
     if meta.rows != wire.num_rows:
         raise ValueError(f"batch {meta.task_id}@{meta.first_row}: metadata says {meta.rows} rows, got {wire.num_rows}")
     n = wire.num_rows
     dict_type = pa.dictionary(pa.int32(), pa.string())
-    arrays = list(wire.columns) + [_one_value(meta.source, n), _one_value(meta.kind, n)]
+    zeros = pa.array(np.zeros(n, dtype=np.int32))  # shared by both (arrays are immutable)
+    arrays = list(wire.columns) + [_one_value(meta.source, zeros), _one_value(meta.kind, zeros)]
     fields = list(wire.schema) + [pa.field("source", dict_type, nullable=False),
                                   pa.field("kind", dict_type, nullable=False)]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), meta
