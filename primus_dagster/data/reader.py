@@ -43,10 +43,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from primus_dagster.data.driver.api import DriverAPI
-from primus_dagster.data.executor.server import bearer_options
 from primus_dagster.data.executor.shm import shm_enabled
 from primus_dagster.data.executor.shm_client import ShmClient, ShmError, connect_shm
 from primus_dagster.data.executor.wire import encode_ticket, from_wire, split_meta
+from primus_dagster.data.flight_auth import bearer_options
 from primus_dagster.data.tasks import BatchId
 from primus_dagster.data.train_batch import TrainBatch, to_train_batch
 

@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
@@ -38,6 +37,7 @@ from primus_dagster.data.driver.wire import (
     report_from_dict,
     report_to_dict,
 )
+from primus_dagster.data.flight_auth import BearerTokenMiddlewareFactory
 from primus_dagster.data.tasks import DataTask
 
 __all__ = ["DriverServer", "DriverClient", "DriverUnavailableError"]
@@ -81,21 +81,6 @@ HANDLERS: dict[str, Handler] = {
 assert set(HANDLERS) == set(ACTIONS)
 
 
-class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
-    """Rejects every call without ``authorization: Bearer <token>``."""
-
-    def __init__(self, token: str) -> None:
-        super().__init__()
-        self._expected = f"Bearer {token}".encode()
-
-    def start_call(self, info: Any, headers: dict[str, list[Any]]) -> None:
-        for value in headers.get("authorization", []):
-            raw = value if isinstance(value, bytes) else str(value).encode()
-            if hmac.compare_digest(raw, self._expected):
-                return None
-        raise flight.FlightUnauthenticatedError("data driver: missing or wrong token (authorization: Bearer <token>)")
-
-
 class DriverServer(flight.FlightServerBase):
     """Serves a :class:`DataDriver` over Flight ``DoAction`` (see the module docstring).
 
@@ -115,7 +100,7 @@ class DriverServer(flight.FlightServerBase):
         self._token = token
         if token is None and host not in LOOPBACK:
             log.warning("data driver listens on %s without a token: anyone who reaches it can lease and claim", host)
-        middleware = {} if token is None else {"auth": _TokenMiddlewareFactory(token)}
+        middleware = {} if token is None else {"auth": BearerTokenMiddlewareFactory(token, "data driver")}
         super().__init__(f"grpc://{self._netloc(host, port)}", middleware=middleware)
         self._dedup: OrderedDict[str, bytes] = OrderedDict()
         self._dedup_entries = dedup_entries

@@ -22,8 +22,9 @@ from primus_dagster.data.executor.process import (
     start_executor_process,
     wait_ready,
 )
-from primus_dagster.data.executor.server import DatasetServer, bearer_options
+from primus_dagster.data.executor.server import DatasetServer
 from primus_dagster.data.executor.wire import BatchMeta, decode_ticket, encode_ticket, from_wire, to_wire
+from primus_dagster.data.flight_auth import bearer_options
 
 __all__ = [
     "READY_PREFIX", "TOKEN_ENV", "BatchMeta", "DataExecutor", "DatasetServer", "ExecutorConfig", "Item",

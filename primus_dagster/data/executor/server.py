@@ -21,19 +21,19 @@ Example::
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Iterator, Protocol
+from typing import Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from primus_dagster.data.executor.shm import SHM_ACTION, ShmDir, Slot, SlotPool, shm_enabled
 from primus_dagster.data.executor.wire import parse_ticket, with_shm
+from primus_dagster.data.flight_auth import BearerTokenMiddlewareFactory
 
 log = logging.getLogger(__name__)
 
@@ -62,27 +62,6 @@ class BatchFeed(Protocol):
         """``item`` was taken but its stream broke before it was handed over: take it back."""
 
 
-class _BearerAuthFactory(fl.ServerMiddlewareFactory):
-    """Rejects calls whose ``authorization`` header is not ``Bearer <token>``."""
-
-    def __init__(self, token: str):
-        super().__init__()
-        self._expected = f"Bearer {token}".encode()
-
-    def start_call(self, info: Any, headers: dict[str, list[Any]]) -> None:
-        for value in headers.get("authorization", []):
-            raw = value if isinstance(value, bytes) else str(value).encode()
-            if hmac.compare_digest(raw, self._expected):
-                return None
-        raise fl.FlightUnauthenticatedError("missing or wrong bearer token for the dataset server")
-
-
-def bearer_options(token: str | None, timeout: float | None = None) -> fl.FlightCallOptions:
-    """Call options carrying ``authorization: Bearer <token>`` (or none)."""
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    return fl.FlightCallOptions(headers=headers, timeout=timeout)
-
-
 class DatasetServer(fl.FlightServerBase):
     """Flight server streaming a :class:`BatchFeed`'s per-trainer buffers (see module docstring)."""
 
@@ -91,7 +70,7 @@ class DatasetServer(fl.FlightServerBase):
                  shm_slots: int = 32, shm_inflight: int = 4):
         if token is None and host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("dataset server listens on %s without a token: anyone who reaches it can read batches", host)
-        middleware = {"auth": _BearerAuthFactory(token)} if token else None
+        middleware = {"auth": BearerTokenMiddlewareFactory(token, "dataset server")} if token else None
         super().__init__(f"grpc://{host}:{port}", middleware=middleware)
         self.feed = feed
         self.slow_s = max(0.0, slow_ms_per_batch) / 1000.0

@@ -8,8 +8,7 @@ producer-assigned event times of an ordered stream and for LogAppendTime topics)
 broker's ``offsets_for_times`` is not used: the embedded tansu broker ignores timestamps there.
 
 Reads use ``assign`` + ``seek`` (no consumer group, no commits), decode JSON in bulk with
-``pyarrow.json`` and isolate undecodable records by bisection; they are counted, never fatal.
-Install the ``crc32c`` package: kafka-python's pure-Python CRC check is the read bottleneck.
+``pyarrow.json`` and isolate undecodable records by bisection (counted, never fatal).
 """
 
 from __future__ import annotations
@@ -397,6 +396,3 @@ class KafkaSource(SourceAdapter):
         for consumer in consumers:
             if consumer is not None:
                 consumer.close()
-
-
-__all__ = ["KafkaConfigError", "KafkaSource", "json_schema"]
