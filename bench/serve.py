@@ -137,11 +137,11 @@ def run_dataloader(files: list[str], columns: list[str], rows: int, workers: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=int, default=4)
-    parser.add_argument("--rows-per-hour", type=int, default=250_000)
+    parser.add_argument("--hours", type=int, default=16)
+    parser.add_argument("--rows-per-hour", type=int, default=500_000)
     parser.add_argument("--files-per-hour", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="executor processes = DataLoader workers")
-    parser.add_argument("--batch-rows", type=int, default=8192)
+    parser.add_argument("--batch-rows", type=int, default=65536)
     parser.add_argument("--dataloader-rows", type=int, default=200_000,
                         help="rows the (slow) DataLoader baseline reads; its rate does not depend on it")
     parser.add_argument("--transport", choices=("shm", "flight"), default="shm",
