@@ -49,3 +49,13 @@ def bench_dir(name: str) -> Path:
     path = Path(".primus") / "bench" / name
     path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
+
+
+def vm_hwm() -> int:
+    """Peak RSS of this process image (``VmHWM``). Not ``ru_maxrss``: Linux carries that across
+    fork+exec, so a child would report its parent's peak."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")

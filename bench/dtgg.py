@@ -60,7 +60,7 @@ from primus_dagster.data.graph import ListingCache, Planner
 from primus_dagster.data.sources import SourceContext, TimeWindow
 from primus_dagster.spec import DatasetSpec, parse_job_spec
 
-from _common import emit
+from _common import emit, vm_hwm
 
 START = datetime(2026, 11, 1, tzinfo=timezone.utc)
 SOURCES = ("impressions", "clicks")
@@ -219,14 +219,6 @@ def naive_plan(dataset: DatasetSpec, window: TimeWindow,
 def metastore(dataset: DatasetSpec) -> MetastoreFS:
     source = dataset.streams[0].sources[0]
     return fsspec.core.url_to_fs(source.path, **source.storage_options)[0]
-
-
-def vm_hwm() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def calibrate(seconds: float, calls: int = 300) -> float:

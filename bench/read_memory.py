@@ -14,22 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
 
-from _common import bench_dir, emit, one_source_job
-
-
-def _vm_hwm() -> int:
-    """Peak RSS of this process image. Not ru_maxrss: Linux carries that across fork+exec, so a
-    child would inherit the parent's peak (here: the parent that generated the data)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from _common import bench_dir, emit, one_source_job, vm_hwm
 
 
 def child(kind: str, root: str) -> None:
@@ -46,7 +35,7 @@ def child(kind: str, root: str) -> None:
         for batch in adapter.read(task):
             rows += batch.num_rows
             arrow += batch.nbytes
-    peak = _vm_hwm()
+    peak = vm_hwm()
     print(json.dumps({"rows": rows, "arrow_bytes": arrow, "peak_rss_bytes": peak, "rss_before_read": rss_before}))
 
 
