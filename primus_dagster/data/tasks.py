@@ -61,9 +61,9 @@ class DataTask:
     def to_dict(self) -> dict[str, Any]:
         return {
             "task_id": self.task_id, "stream": self.stream, "kind": self.kind,
-            "partition": self.partition.isoformat(), "read": json.loads(self.read.to_json()),
-            "right_reads": [json.loads(r.to_json()) for r in self.right_reads],
-            "join": None if self.join is None else self.join.__dict__,
+            "partition": self.partition.isoformat(), "read": self.read.to_dict(),
+            "right_reads": [r.to_dict() for r in self.right_reads],
+            "join": None if self.join is None else dict(self.join.__dict__),
             "size_bytes": self.size_bytes, "meta": self.meta,
         }
 
@@ -72,8 +72,8 @@ class DataTask:
         return cls(
             task_id=data["task_id"], stream=data["stream"], kind=data["kind"],
             partition=datetime.fromisoformat(data["partition"]),
-            read=ReadTask.from_json(json.dumps(data["read"])),
-            right_reads=tuple(ReadTask.from_json(json.dumps(r)) for r in data.get("right_reads", [])),
+            read=ReadTask.from_dict(data["read"]),
+            right_reads=tuple(ReadTask.from_dict(r) for r in data.get("right_reads", [])),
             join=None if data.get("join") is None else JoinInfo(**data["join"]),
             size_bytes=int(data.get("size_bytes", 0)), meta=dict(data.get("meta") or {}),
         )

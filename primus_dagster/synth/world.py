@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -36,10 +36,6 @@ _DIRECT_EFFECTS = ((3, 0.25), (4, -0.15))  # (dense index, logit weight) of the 
 _TREND_BLOCK = 512  # hours of trend innovations drawn per random stream
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _duration(value: Any) -> timedelta:
-    return parse_duration(value)
 
 
 @dataclass
@@ -97,7 +93,7 @@ class WorldConfig:
 
     def __post_init__(self) -> None:
         for name in ("stream_label_window", "mean_click_delay", "max_label_delay"):
-            setattr(self, name, _duration(getattr(self, name)))
+            setattr(self, name, parse_duration(getattr(self, name)))
         checks = [
             (self.users >= 1 and self.items >= 1 and self.topics >= 1, "users, items and topics must be >= 1"),
             (self.latent_dim >= 1, "latent_dim must be >= 1"),

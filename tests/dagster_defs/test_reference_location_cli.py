@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from primus_dagster.kafka_broker import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -71,14 +72,8 @@ print(json.dumps({{k: getattr(v, "value", None) for k, v in meta.items()}}, defa
         assert meta[version_key] not in (None, "", {})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_dagster_dev_serves_the_code_location(world_env: dict[str, str]) -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([DAGSTER, "dev", "-p", str(port), "-h", "127.0.0.1"], cwd=REPO, env=world_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -5,43 +5,14 @@ Kept apart from :mod:`.state` so the state machine reads on its own; nothing her
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Any, Callable
+from typing import Any
 
 from primus_dagster.data.driver.ledger import RowSet
-from primus_dagster.data.sources.base import ReadTask
 from primus_dagster.data.tasks import BatchId, DataTask
 
 NEW, PENDING, RUNNING, SUCCEEDED, FAILED = "new", "pending", "running", "succeeded", "failed"
 STATES: tuple[str, ...] = (NEW, PENDING, RUNNING, SUCCEEDED, FAILED)
 SNAPSHOT_FORMAT = "primus-data-driver/1"
-
-
-_READ_FIELDS = tuple(f.name for f in fields(ReadTask))
-
-
-def _read_payload(read: ReadTask) -> dict[str, Any]:
-    data = {name: getattr(read, name) for name in _READ_FIELDS}
-    data["partition"] = read.partition.isoformat()
-    return data
-
-
-def fast_payload(task: DataTask) -> dict[str, Any]:
-    """``task.to_dict()`` without its ``asdict`` deep copies and JSON round trips (~6x faster; a
-    4 M task snapshot spends most of its time here). :func:`payload_encoder` checks it against ``to_dict``."""
-    return {"task_id": task.task_id, "stream": task.stream, "kind": task.kind,
-            "partition": task.partition.isoformat(), "read": _read_payload(task.read),
-            "right_reads": [_read_payload(r) for r in task.right_reads],
-            "join": None if task.join is None else dict(task.join.__dict__),
-            "size_bytes": task.size_bytes, "meta": task.meta}
-
-
-def payload_encoder(sample: DataTask | None) -> Callable[[DataTask], dict[str, Any]]:
-    """:func:`fast_payload` when it agrees with ``DataTask.to_dict`` on ``sample``, else ``to_dict``
-    (so a field added to DataTask is never silently dropped from snapshots)."""
-    if sample is not None and fast_payload(sample) == sample.to_dict():
-        return fast_payload
-    return DataTask.to_dict
 
 
 class JobFailedError(RuntimeError):
@@ -124,8 +95,8 @@ class TaskRecord:
                 "consumed": [] if self.consumed is None else self.consumed.to_list(),
                 "consumed_rows": self.consumed_rows, "consumed_done": self.consumed_done}
 
-    def to_snapshot(self, encode: Callable[[DataTask], dict[str, Any]] = DataTask.to_dict) -> dict[str, Any]:
-        return {"task": encode(self.task), "state": self.state, "attempts": self.attempts,
+    def to_snapshot(self) -> dict[str, Any]:
+        return {"task": self.task.to_dict(), "state": self.state, "attempts": self.attempts,
                 "failures": self.failures, "error": self.error, "rows": self.rows, "batches": self.batches,
                 "consumed": [] if self.consumed is None else self.consumed.to_list(),
                 "consumed_rows": self.consumed_rows}

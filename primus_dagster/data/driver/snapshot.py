@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from primus_dagster.data.driver.records import SNAPSHOT_FORMAT, TaskRecord, payload_encoder
+from primus_dagster.data.driver.records import SNAPSHOT_FORMAT, TaskRecord
 
 
 def save_snapshot(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
@@ -47,12 +47,11 @@ class SnapshotMixin:
     """Snapshot methods of :class:`~.state.DataDriver` (kept here to keep the state machine short)."""
 
     def _snapshot_locked(self, barrier_id: int | None) -> dict[str, Any]:
-        encode = payload_encoder(next((r.task for r in self._tasks.values()), None))
         return {"format": SNAPSHOT_FORMAT, "barrier_id": barrier_id,
                 "source_versions": json.loads(json.dumps(self.source_versions)),
                 "config": {"max_attempts": self.max_attempts, "failed_task_threshold": self.failed_task_threshold,
                            "lease_s": self.lease_s, "trainers": self.trainers},
-                "tasks": [rec.to_snapshot(encode) for rec in self._tasks.values()]}
+                "tasks": [rec.to_snapshot() for rec in self._tasks.values()]}
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-serialisable state: tasks (payload, state, attempts, failures, error, rows, batches,

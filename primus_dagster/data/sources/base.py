@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
@@ -120,16 +120,22 @@ class ReadTask:
         span = "" if (self.start == 0 and self.stop is None) else f"#{self.start}-{self.stop}"
         return f"{self.source}/{self.partition:%Y%m%dT%H}/{self.uri}{span}"
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready fields (no deep copy: every field is a scalar; snapshots hold millions)."""
+        return {"source": self.source, "partition": self.partition.isoformat(), "uri": self.uri,
+                "start": self.start, "stop": self.stop, "size_bytes": self.size_bytes, "rows": self.rows,
+                "version": self.version}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReadTask":
+        return cls(**{**data, "partition": datetime.fromisoformat(data["partition"])})
+
     def to_json(self) -> str:
-        data = asdict(self)
-        data["partition"] = self.partition.isoformat()
-        return json.dumps(data, sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "ReadTask":
-        data = json.loads(text)
-        data["partition"] = datetime.fromisoformat(data["partition"])
-        return cls(**data)
+        return cls.from_dict(json.loads(text))
 
 
 @dataclass

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
 from primus_dagster.data.driver.ledger import RowSet
-from primus_dagster.data.driver.records import fast_payload, payload_encoder
 from primus_dagster.data.tasks import DataTask, JoinInfo
 
 
@@ -25,13 +25,12 @@ def test_rowset_is_a_sorted_set():
     assert 10_000 not in rows and rows.to_tuple() == tuple(sorted(set(values) | {1, 5}))
 
 
-def test_fast_payload_matches_to_dict(task_factory):
+def test_task_payload_round_trips(task_factory):
     left = task_factory(1, pad="x", nested={"a": [1, 2]})
     joined = DataTask(task_id="join:1", stream="clicks", kind="stream", partition=left.partition,
                       read=left.read, right_reads=(task_factory(2).read, replace(task_factory(3).read, stop=9)),
                       join=JoinInfo("impressions", "clicks", "request_id", 3600.0), size_bytes=7, meta={"k": 1})
     for task in (left, joined):
-        assert fast_payload(task) == task.to_dict()
-        assert DataTask.from_dict(fast_payload(task)) == task
-    assert payload_encoder(joined) is fast_payload
-    assert payload_encoder(None) is DataTask.to_dict
+        assert json.loads(json.dumps(task.to_dict())) == task.to_dict()
+        assert DataTask.from_dict(task.to_dict()) == task
+        assert DataTask.from_json(task.to_json()) == task

@@ -6,9 +6,13 @@ Imported by the test modules of this folder (pytest puts it on sys.path).
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
+
+from primus_dagster.data.sources import SourceReadError
 
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
 DENSE = [f"d{i}" for i in range(13)]
@@ -48,3 +52,15 @@ def assert_same_rows(canonical: pa.Table, native: pa.Table) -> None:
     np.testing.assert_array_equal(dense, np.stack([want.column(d).to_numpy() for d in DENSE], axis=1))
     for name in SPARSE:
         assert got.column(name).to_pylist() == want.column(name).to_pylist()
+
+
+def assert_corrupt_file_fails_alone(source, partition, written: pa.Table) -> None:
+    """Corrupt the second file of a two-file partition: its read names the file, the first still reads."""
+    good, bad = source.split(partition)
+    Path(bad.uri).write_bytes(b"PAR1" + b"\x00garbage" * 50)
+    with pytest.raises(SourceReadError, match=bad.uri) as info:
+        list(source.read(bad))
+    assert info.value.uri == bad.uri
+    rows = read_all(source, [good])
+    assert rows.num_rows == good.rows
+    assert set(rows.column("sample_id").to_pylist()) < set(written.column("sample_id").to_pylist())

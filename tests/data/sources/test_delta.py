@@ -23,7 +23,7 @@ from primus_dagster.data.sources.delta import (
 )
 from primus_dagster.spec.sources import DeltaSourceSpec
 
-from native_testkit import DENSE, SPARSE, T0, assert_same_rows, read_all
+from native_testkit import DENSE, SPARSE, T0, assert_corrupt_file_fails_alone, assert_same_rows, read_all
 from native_testkit import native_rows as base_rows
 
 
@@ -159,14 +159,8 @@ def test_reader_protocol_check() -> None:
 def test_corrupt_file_fails_alone_and_names_the_file(hourly) -> None:
     path, written = hourly
     source = DeltaSource(make_spec(str(path)), SourceContext())
-    good, bad = source.split(source.partition(T0))
-    Path(bad.uri).write_bytes(b"PAR1" + b"\x00garbage" * 50)
-    with pytest.raises(SourceReadError, match=bad.uri) as info:
-        list(source.read(bad))
-    assert info.value.uri == bad.uri
-    rows = read_all(source, [good])
-    assert rows.num_rows == good.rows and set(rows.column("sample_id").to_pylist()) < set(
-        written[0].column("sample_id").to_pylist())
+    assert_corrupt_file_fails_alone(source, source.partition(T0), written[0])
+    _, bad = source.split(source.partition(T0))
     Path(bad.uri).unlink()
     with pytest.raises(SourceReadError, match="vacuumed"):
         list(source.read(bad))

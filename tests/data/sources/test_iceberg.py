@@ -21,7 +21,6 @@ from pyiceberg.transforms import DayTransform, HourTransform
 
 from primus_dagster.data.sources.base import (
     SourceContext,
-    SourceReadError,
     TimeWindow,
 )
 from primus_dagster.data.sources.iceberg import (
@@ -32,7 +31,7 @@ from primus_dagster.data.sources.iceberg import (
 )
 from primus_dagster.spec.sources import IcebergSourceSpec
 
-from native_testkit import DENSE, SPARSE, T0, assert_same_rows, native_rows, read_all
+from native_testkit import DENSE, SPARSE, T0, assert_corrupt_file_fails_alone, assert_same_rows, native_rows, read_all
 
 _files = itertools.count()
 
@@ -195,14 +194,7 @@ def test_missing_table_names_identifier_and_catalog(tmp_path: Path) -> None:
 def test_corrupt_file_fails_alone_and_names_the_file(hourly) -> None:
     spec, ctx, table, written = hourly
     source = IcebergSource(spec, ctx)
-    good, bad = source.split(source.partition(T0))
-    Path(bad.uri).write_bytes(b"PAR1" + b"\x00garbage" * 50)
-    with pytest.raises(SourceReadError, match=bad.uri) as info:
-        list(source.read(bad))
-    assert info.value.uri == bad.uri
-    rows = read_all(source, [good])
-    assert rows.num_rows == good.rows
-    assert set(rows.column("sample_id").to_pylist()) < set(written[0].column("sample_id").to_pylist())
+    assert_corrupt_file_fails_alone(source, source.partition(T0), written[0])
 
 
 def test_rebatch_cuts_exact_sizes() -> None:
