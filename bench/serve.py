@@ -53,7 +53,7 @@ from _common import COLUMNS, bench_dir, emit
 JOB = f"""
 name: bench-serve
 data: {{buffer_batches: 8, lease: 30s}}
-pools: {{data: {{replicas: {{workers}}, max_replicas: 8, task_runners: 2}}, training: {{replicas: 1}}}}
+pools: {{data: {{replicas: {{workers}}, max_replicas: 8, task_runners: {{runners}}}}, training: {{replicas: 1}}}}
 dataset:
   start: 2026-11-01
   streams:
@@ -142,6 +142,7 @@ def main() -> None:
     parser.add_argument("--files-per-hour", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="executor processes = DataLoader workers")
     parser.add_argument("--batch-rows", type=int, default=65536)
+    parser.add_argument("--task-runners", type=int, default=1, help="reading threads per executor")
     parser.add_argument("--dataloader-rows", type=int, default=200_000,
                         help="rows the (slow) DataLoader baseline reads; its rate does not depend on it")
     parser.add_argument("--transport", choices=("shm", "flight"), default="shm",
@@ -153,7 +154,7 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     job_path = root / "job.yaml"
-    job_path.write_text(JOB.replace("{workers}", str(args.workers)).replace("{batch_rows}", str(args.batch_rows)))
+    job_path.write_text(JOB.replace("{workers}", str(args.workers)).replace("{batch_rows}", str(args.batch_rows)).replace("{runners}", str(args.task_runners)))
     job = load_job_spec(job_path)
     context = SourceContext(str(root))
     start = job.dataset.start

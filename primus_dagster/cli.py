@@ -6,6 +6,7 @@
     primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
     primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
     primus-dagster broker --detach | --status | --stop
+    primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json]
     primus-dagster demo
 """
 
@@ -110,6 +111,39 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from primus_dagster.data.sources import TimeWindow
+    from primus_dagster.training.job import TrainingJob, run_training_job
+    from primus_dagster.training.tracking import MlflowTracker
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("primus_dagster")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    job = load_job_spec(args.spec)
+    start = _parse_time(args.start) if args.start else job.dataset.start
+
+    def progress(p: dict) -> None:
+        print(f"[{p['phase']}] step {p['step']:,}  samples {p['samples']:,}  loss {p['loss']:.4f}  "
+              f"train-AUC {p['train_auc']:.4f}  {p['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+
+    tracker = MlflowTracker(args.tracking_uri or job.tracking.tracking_uri, job.tracking.experiment)
+    result = run_training_job(TrainingJob(
+        job, args.spec, args.data_root, TimeWindow.hours_from(start, args.hours), kafka_bootstrap=args.kafka_bootstrap,
+        executors=args.executors, run_key=args.run_key, tracker=tracker, record_samples=args.record_samples,
+        progress=progress, evaluate=not args.no_eval, slow_ms_per_batch=args.slow_executors_ms))
+    meta = result.metadata()
+    if args.json:
+        print(json.dumps(meta, default=str))
+    else:
+        for key, value in meta.items():
+            print(f"{key:>20}: {value}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from primus_dagster.dagster_defs.demo import run_demo
 
@@ -165,6 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     if add_arguments is not None:
         add_arguments(p)
     p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("train", help="train the job's model on a window (resumes its MLflow run if unfinished)")
+    p.add_argument("spec")
+    p.add_argument("--start", help="window start (ISO, UTC); default: the dataset start")
+    p.add_argument("--hours", type=int, default=24, help="window length in hours")
+    p.add_argument("--data-root", default=paths.data_root())
+    p.add_argument("--kafka-bootstrap", default=None)
+    p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
+    p.add_argument("--run-key", default=None, help="MLflow run to start or resume; default: <job>/<window>")
+    p.add_argument("--record-samples", default=None, help="append the sample ids of every step to this file")
+    p.add_argument("--no-eval", action="store_true", help="skip the next-hour evaluation")
+    p.add_argument("--slow-executors-ms", type=float, default=0.0, help="fault injection: executors sleep per batch")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("demo", help="the main job on embedded defaults (see README)")
     p.add_argument("--spec", default="examples/job.yaml")

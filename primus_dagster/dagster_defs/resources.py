@@ -11,12 +11,17 @@ Example::
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
 from primus_dagster import paths
 from primus_dagster.data.sources import SourceContext
+from primus_dagster.spec import JobSpec
+
+if TYPE_CHECKING:
+    from primus_dagster.training.tracking import MlflowTracker
 
 KAFKA_ENV = "PRIMUS_KAFKA_BOOTSTRAP_SERVERS"
 
@@ -56,9 +61,35 @@ class PrimusStorageResource(ConfigurableResource):
         return SourceContext(data_root=self.data_root, kafka_bootstrap_servers=bootstrap)
 
 
+class MlflowResource(ConfigurableResource):
+    """MLflow tracking for training assets: ``tracking_uri`` overrides the job spec's (default: the
+    spec's, else SQLite under the project home); ``experiment`` likewise."""
+
+    tracking_uri: str | None = Field(default=None, description="e.g. http://mlflow:5000 or sqlite:///…")
+    experiment: str | None = Field(default=None)
+
+    def tracker(self, job: JobSpec) -> "MlflowTracker":
+        from primus_dagster.training.tracking import MlflowTracker
+
+        return MlflowTracker(self.tracking_uri or job.tracking.tracking_uri, self.experiment or job.tracking.experiment)
+
+
+class ExecutorPoolResource(ConfigurableResource):
+    """The executor pool a training asset runs its job on. Today: local processes (data executors
+    started next to the trainer); ``data_executors`` overrides the spec's ``pools.data.replicas``."""
+
+    data_executors: int | None = Field(default=None, ge=1, description="Data executor processes.")
+
+    def executors(self, job: JobSpec) -> int:
+        return self.data_executors or job.pools.data.replicas or 1
+
+
 def default_resources() -> dict[str, ConfigurableResource]:
-    """Embedded defaults: project-local data root, Kafka from env or the embedded broker."""
+    """Embedded defaults: project-local data root, Kafka from env or the embedded broker, MLflow
+    from the spec (else SQLite under the project home), local executor processes."""
     return {
         "storage": PrimusStorageResource(data_root=str(paths.data_root())),
         "kafka": KafkaResource(broker_state_file=str(paths.broker_state_file())),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(),
     }

@@ -55,8 +55,10 @@ class DataTask:
 
     @property
     def order_key(self) -> tuple[str, str, str]:
-        """Chronological hand-out order: partition time, then stream, then task id."""
-        return (self.partition.isoformat(), self.stream, self.task_id)
+        """Chronological hand-out order: partition time (or ``meta["order_at"]``, an ISO time: a
+        lagged batch task is handed out beside the stream of its training time), then stream, then
+        task id."""
+        return (self.meta.get("order_at") or self.partition.isoformat(), self.stream, self.task_id)
 
     def to_dict(self) -> dict[str, Any]:
         return {

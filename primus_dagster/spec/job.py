@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.dataset import DatasetSpec
-from primus_dagster.spec.durations import PositiveDuration
+from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration
 
 
 class PoolSpec(StrictModel):
@@ -128,9 +128,26 @@ class TrainingSpec(StrictModel):
     learning_rate: float = Field(default=1e-3, gt=0)
     checkpoint_every_steps: int = Field(default=500, ge=1)
     priority_weights: dict[Literal["batch", "stream"], float] = Field(
-        default_factory=lambda: {"batch": 1.0, "stream": 1.0}
+        default_factory=lambda: {"batch": 1.0, "stream": 1.0},
+        description="w_i of the mixture data prioritisation p_i = w_i * sigmoid(q_i) (mode mixed).",
     )
     auc_tolerance: float = Field(default=0.005, ge=0, description="Max AUC drop vs the previous partition.")
+    batch_lag: NonNegativeDuration = Field(
+        default="0h", description="Batch data of a training window comes from the window shifted back by this "
+        "(MTRM: the batch sources' label delay, e.g. 24h: the stream of today with the complete batch of yesterday).")
+    partition: Literal["hour", "day"] = Field(default="day", description="Granularity of the training asset.")
+    eval_hours: int = Field(default=1, ge=1, description="Held-out hours after the window for next-hour AUC.")
+    threads: int = Field(default=1, ge=1, description="torch intra-op threads per training executor.")
+    seed: int = Field(default=0, ge=0, description="Seeds model initialisation and the prioritisation's sampling.")
+
+    @model_validator(mode="after")
+    def _mtrm_needs_both_kinds(self) -> "TrainingSpec":
+        # MTRM's memory tower learns batch data and its serving (adapt) tower learns the stream:
+        # with one kind only, one tower would never train.
+        if self.model.type == "mtrm" and self.mode in ("batch", "stream"):
+            raise ValueError(f"model type 'mtrm' needs batch and stream data: mode {self.mode!r} trains only one "
+                             "of its towers; use mode 'mixed' or 'batch_then_stream', or model type 'single'")
+        return self
 
 
 class TrackingSpec(StrictModel):

@@ -147,7 +147,7 @@ def test_reference_code_location_loads() -> None:
 
     Definitions.validate_loadable(definitions.defs)
     keys = {k.to_user_string() for k in definitions.defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka"}
+    assert keys == {"impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka", "ctr_demo_model"}
 
 
 def test_build_definitions_from_a_path() -> None:

@@ -1,0 +1,188 @@
+"""Training checkpoints on disk: model + optimizer state, data progress and source versions.
+
+A checkpoint is one directory holding
+
+* ``model.pt``      -- ``torch.save({"model": model_state, "optimizer": optimizer_state})``
+* ``progress.json`` -- everything else, human-readable: ``format``, ``step``, ``samples``,
+  ``phase``, the data driver's barrier snapshot, the source versions (Delta version, Iceberg
+  snapshot, Kafka offsets) and ``extra`` (window, metrics, mode, ...)
+
+:func:`save_checkpoint` writes a temp sibling directory and renames it into place, so a reader
+never sees a half-written checkpoint. Uploading / finding checkpoints in MLflow lives in
+:mod:`primus_dagster.training.tracking`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointError", "checkpoint_name", "checkpoint_step",
+           "load_checkpoint", "save_checkpoint"]
+
+CHECKPOINT_FORMAT = 1
+MODEL_FILE = "model.pt"
+PROGRESS_FILE = "progress.json"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory with a missing, corrupt or unsupported file (named in the message)."""
+
+
+@dataclass
+class Checkpoint:
+    """One training checkpoint (see the module docstring for the files it becomes).
+
+    ``data_snapshot``, ``source_versions`` and ``extra`` must be JSON-serialisable (and come
+    back as JSON does: tuples as lists, non-string dict keys as strings).
+
+    Example::
+
+        ckpt = Checkpoint(step=500, samples=512_000, model_state=model.state_dict(),
+                          optimizer_state=optimizer.state_dict(), data_snapshot=reader.barrier(1),
+                          source_versions={"delta": 7, "kafka": {"0": 1234}}, phase="batch")
+        save_checkpoint(ckpt, run_dir / checkpoint_name(ckpt.step))
+        model.load_state_dict(load_checkpoint(run_dir / checkpoint_name(500)).model_state)
+    """
+
+    step: int
+    samples: int
+    model_state: dict[str, Any]
+    optimizer_state: dict[str, Any]
+    data_snapshot: dict[str, Any] | None = None
+    source_versions: dict[str, Any] = field(default_factory=dict)
+    phase: str = "batch"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory / artifact name of the checkpoint at ``step``: ``step-000000123`` (sorts by step)."""
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return f"step-{step:09d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a :func:`checkpoint_name` (``"step-000000123"`` -> 123); None for other names."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _progress(ckpt: Checkpoint) -> dict[str, Any]:
+    return {"format": CHECKPOINT_FORMAT, "step": int(ckpt.step), "samples": int(ckpt.samples),
+            "phase": ckpt.phase, "data_snapshot": ckpt.data_snapshot,
+            "source_versions": ckpt.source_versions, "extra": ckpt.extra}
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path:
+    """Write ``ckpt`` to ``directory`` atomically and return it (as an absolute :class:`Path`).
+
+    Both files are written and fsynced in a temp sibling directory, which is then renamed to
+    ``directory``. An existing checkpoint there is first renamed aside and removed after the
+    swap; a crash between the two renames leaves it as ``.<name>.old-*`` next to the target.
+    """
+    target = Path(directory).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        progress = json.dumps(_progress(ckpt), indent=2, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint step {ckpt.step}: data_snapshot / source_versions / extra "
+                              f"must be JSON-serialisable: {exc}") from exc
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    old: Path | None = None
+    try:
+        with open(tmp / MODEL_FILE, "wb") as fh:
+            torch.save({"model": ckpt.model_state, "optimizer": ckpt.optimizer_state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        with open(tmp / PROGRESS_FILE, "w", encoding="utf-8") as fh:
+            fh.write(progress + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, old)  # onto an empty directory: allowed by rename(2)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not target.exists():
+            os.replace(old, target)  # put the previous checkpoint back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _read_progress(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (not a checkpoint directory?)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: corrupt JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a checkpoint progress file (a JSON {type(data).__name__})")
+    if data.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: unsupported checkpoint format {data.get('format')!r} "
+                              f"(expected {CHECKPOINT_FORMAT})")
+    missing = [key for key in ("step", "samples", "phase") if key not in data]
+    if missing:
+        raise CheckpointError(f"{path}: missing keys {missing}")
+    return data
+
+
+def _read_model(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (not a checkpoint directory?)")
+    try:
+        # weights_only=True (no arbitrary unpickling) loads model state dicts and torch.optim
+        # state dicts (Adam: tensors, ints, floats, bools, tuples, None) -- see test_checkpoint.
+        states = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a corrupt file
+        raise CheckpointError(f"{path}: corrupt or unreadable torch file: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(states, dict) or not {"model", "optimizer"} <= set(states):
+        raise CheckpointError(f"{path}: expected a dict with 'model' and 'optimizer' states")
+    return states
+
+
+def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
+    """The :class:`Checkpoint` saved in ``directory``; :class:`CheckpointError` naming the file
+    when ``progress.json`` or ``model.pt`` is missing or corrupt. Tensors are loaded on the CPU."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: no such checkpoint directory")
+    progress = _read_progress(root / PROGRESS_FILE)
+    states = _read_model(root / MODEL_FILE)
+    return Checkpoint(step=int(progress["step"]), samples=int(progress["samples"]),
+                      model_state=states["model"], optimizer_state=states["optimizer"],
+                      data_snapshot=progress.get("data_snapshot"),
+                      source_versions=dict(progress.get("source_versions") or {}),
+                      phase=str(progress["phase"]), extra=dict(progress.get("extra") or {}))

@@ -1,0 +1,76 @@
+"""Next-hour evaluation: score the model on the hours right after its training window.
+
+The held-out data is read in this process through the source adapters (no data plane: it is a
+few hours). Labels come from the ``batch`` streams when those hours are there -- complete labels,
+the honest measure -- and otherwise from the ``stream`` sources, whose labels are incomplete
+(clicks later than the stream's label window are missing), which :attr:`HeldOut.labels` says.
+
+Example::
+
+    held = evaluate_window(job, context, model, window.end, window.end + timedelta(hours=1))
+    held.result.auc if held else "no data after the window yet"
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterator
+
+from torch import nn
+
+from primus_dagster.data.executor.reading import task_batches
+from primus_dagster.data.graph import Planner
+from primus_dagster.data.sources import SourceAdapter, SourceContext, TimeWindow, make_adapter
+from primus_dagster.data.tasks import DataTask
+from primus_dagster.spec import JobSpec
+from primus_dagster.training.evaluation import EvalResult, evaluate
+from primus_dagster.training.features import Features, features_from_arrow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeldOut:
+    """An evaluation on held-out hours: the result and which labels it used (batch | stream)."""
+
+    result: EvalResult
+    labels: str
+    window: TimeWindow
+
+
+def held_out_features(job: JobSpec, context: SourceContext, tasks: list[DataTask]) -> Iterator[Features]:
+    """The canonical batches of ``tasks`` as :class:`Features`, read in this process."""
+    adapters: dict[str, SourceAdapter] = {}
+
+    def adapter_for(name: str) -> SourceAdapter:
+        if name not in adapters:
+            adapters[name] = make_adapter(job.dataset.source(name), context)
+        return adapters[name]
+
+    for task in tasks:
+        for batch in task_batches(task, adapter_for):
+            if batch.num_rows:
+                yield features_from_arrow(batch, kind=task.kind)
+
+
+def evaluate_window(job: JobSpec, context: SourceContext, model: nn.Module, start: datetime,
+                    end: datetime, *, max_rows: int | None = 2_000_000) -> HeldOut | None:
+    """Evaluate ``model`` on ``[start, end)``; None when no source has data there yet."""
+    window = TimeWindow(start, end)
+    tasks = list(Planner(job.dataset, context, threads=job.data.planner_threads).plan(window).tasks)
+    for labels in ("batch", "stream"):
+        chosen = [t for t in tasks if t.kind == labels]
+        if not chosen:
+            continue
+        if labels == "stream":
+            log.warning("no batch data after the window yet: evaluating on the stream's incomplete labels")
+        try:
+            result = evaluate(model, held_out_features(job, context, chosen), max_rows=max_rows)
+        except ValueError as exc:  # no rows
+            log.warning("held-out evaluation on %s: %s", window, exc)
+            return None
+        return HeldOut(result, labels, window)
+    log.warning("no data after the window (%s) to evaluate on", window)
+    return None

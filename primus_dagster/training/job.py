@@ -1,0 +1,303 @@
+"""A whole training job: plan -> data plane -> reader -> trainer -> checkpoints -> evaluation.
+
+:func:`run_training_job` trains the job's model on one data window:
+
+1. DTGG plans the window; the tasks' source versions (Delta version, Iceberg snapshot, Kafka
+   offsets) are recorded.
+2. The MLflow run for ``run_key`` is started -- or resumed: a run with that key that did not
+   finish (a killed trainer leaves it RUNNING) continues from its latest checkpoint.
+3. Each phase of the mode (``modes``) runs its tasks through a local data plane (driver +
+   executor processes); the trainer consumes the reader's batches (``mixed``: the mixture
+   prioritisation picks the queue). Every ``checkpoint_every_steps`` steps, between reader
+   batches, the reader reports its consumed batches at a barrier and the checkpoint stores
+   model, optimizer, counters, the driver's barrier snapshot and the source versions.
+4. The model is evaluated on the hours after the window (next-hour AUC / log loss) and logged
+   with ``mlflow.pytorch``.
+
+Example::
+
+    result = run_training_job(TrainingJob(job, "job.yaml", "/data", TimeWindow(t0, t0 + 24h)))
+    result.evaluation.auc, result.run_id, result.model_uri
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from primus_dagster.data.driver import DataDriver
+from primus_dagster.data.graph import Planner
+from primus_dagster.data.local import LocalDataPlane
+from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.data.tasks import DataTask
+from primus_dagster.data.versions import source_versions
+from primus_dagster.spec import JobSpec
+from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from primus_dagster.training.features import features_from_batch
+from primus_dagster.training.held_out import HeldOut, evaluate_window
+from primus_dagster.training.models import build_model, model_summary
+from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
+from primus_dagster.training.priority import MixturePriority
+from primus_dagster.training.sample_log import SampleLog
+from primus_dagster.training.tracking import MlflowTracker
+from primus_dagster.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+class NoTrainingDataError(RuntimeError):
+    """The window has no ready data for the job (which partitions were not ready, and why)."""
+
+
+@dataclass
+class TrainingJob:
+    """What to run: the job spec (and its file, which executor processes load), where the data is,
+    the window; ``executors``: data executors (default ``pools.data.replicas``); ``run_key``: the
+    MLflow run to start or resume (default ``<job>/<window>``)."""
+
+    job: JobSpec
+    job_path: str | Path
+    data_root: str | Path
+    window: TimeWindow
+    kafka_bootstrap: str | None = None
+    executors: int | None = None
+    run_key: str | None = None
+    tracker: MlflowTracker | None = None
+    record_samples: str | Path | None = None  # append (step, sample ids) per trained batch (tests, audits)
+    progress: Callable[[dict[str, Any]], None] | None = None
+    evaluate: bool = True
+    slow_ms_per_batch: float = 0.0  # fault injection: every executor sleeps this long per batch (tests)
+
+    def key(self) -> str:
+        return self.run_key or f"{self.job.name}/{self.window.start:%Y-%m-%dT%H}/{self.window.end:%Y-%m-%dT%H}"
+
+
+@dataclass
+class TrainingResult:
+    """What a job produced (also the training asset's metadata, see :meth:`metadata`)."""
+
+    run_id: str
+    run_url: str
+    model_uri: str | None
+    window: TimeWindow
+    stats: dict[str, Any]
+    evaluation: HeldOut | None
+    source_versions: dict[str, Any]
+    checkpoints: list[int] = field(default_factory=list)
+    resumed_from_step: int | None = None
+    wall_s: float = 0.0
+
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mlflow_run_id": self.run_id, "mlflow_run_url": self.run_url, "model_uri": self.model_uri or "",
+            "window_start": self.window.start.isoformat(), "window_end": self.window.end.isoformat(),
+            "samples": self.stats.get("samples", 0), "steps": self.stats.get("step", 0),
+            "samples_per_s": self.stats.get("samples_per_s", 0.0), "wall_s": round(self.wall_s, 2),
+            "checkpoints": len(self.checkpoints), "resumed_from_step": self.resumed_from_step,
+            "source_versions": self.source_versions,
+        }
+        if self.evaluation is not None:
+            out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
+            out["eval_labels"] = self.evaluation.labels
+            out["eval_window"] = f"{self.evaluation.window.start.isoformat()}/{self.evaluation.window.end.isoformat()}"
+        return out
+
+
+def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow) -> list[DataTask]:
+    """The tasks a training window reads, in hand-out order: the stream tasks of ``window`` and the
+    batch tasks of ``window`` shifted back by ``training.batch_lag`` (handed out beside the stream
+    hours they are lagged to). Raises :class:`NoTrainingDataError` naming what was not ready."""
+    lag = job.training.batch_lag
+    kinds = {k for p in phases(job.training.mode) for k in p.kinds}
+    planner = Planner(job.dataset, context, threads=job.data.planner_threads)
+    plan = planner.plan(window)
+    tasks = [t for t in plan.tasks if t.kind in kinds and (t.kind == "stream" or not lag)]
+    not_ready = list(plan.not_ready)
+    if lag and "batch" in kinds:
+        batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
+        not_ready += batch_plan.not_ready
+        tasks += [replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
+                  for t in batch_plan.tasks if t.kind == "batch"]
+    tasks.sort(key=lambda t: t.order_key)
+    if not tasks:
+        missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
+        raise NoTrainingDataError(f"job {job.name}: no ready data in window {window} "
+                                  f"(batch lag {lag}; {missing or 'no sources of the mode'})")
+    return tasks
+
+
+def _params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
+    t, m = job.training, job.training.model
+    return {"job": job.name, "mode": t.mode, "model": m.type, "embedding_dim": m.embedding_dim,
+            "hash_buckets": m.hash_buckets, "memory_hidden": m.memory_hidden, "adapt_hidden": m.adapt_hidden,
+            "batch_size": t.batch_size, "learning_rate": t.learning_rate, "seed": t.seed,
+            "priority_weights": t.priority_weights, "batch_lag": str(t.batch_lag), "window_start": window.start.isoformat(),
+            "window_end": window.end.isoformat(), "data_executors": executors}
+
+
+class _Run:
+    """State of one run of :func:`run_training_job` (model built at the first batch: its input
+    widths come from the data)."""
+
+    def __init__(self, cfg: TrainingJob, tracker: MlflowTracker, tasks: list[DataTask]):
+        self.cfg, self.tracker, self.tasks = cfg, tracker, tasks
+        self.spec = cfg.job.training
+        self.versions = source_versions(tasks)
+        self.trainer: Trainer | None = None
+        self.pending: Checkpoint | None = None  # loaded, applied when the model exists
+        self.checkpoints: list[int] = []
+        self.next_checkpoint = self.spec.checkpoint_every_steps
+        self.samples_log = SampleLog(cfg.record_samples) if cfg.record_samples else None
+        self.workdir = Path(tempfile.mkdtemp(prefix="primus-train-"))
+        self._last_progress = 0.0
+
+    def ensure_trainer(self, n_dense: int, n_sparse: int) -> Trainer:
+        if self.trainer is None:
+            model = build_model(self.spec.model, n_dense, n_sparse, seed=self.spec.seed)
+            self.trainer = Trainer(model, self.spec)
+            self.tracker.set_tags({"primus.model": str(model_summary(model))})
+            if self.pending is not None:
+                ck = self.pending
+                self.trainer.restore(ck.model_state, ck.optimizer_state, step=ck.step, samples=ck.samples,
+                                     samples_by_kind=ck.extra.get("samples_by_kind"))
+                self.next_checkpoint = ck.step + self.spec.checkpoint_every_steps
+        return self.trainer
+
+    def checkpoint(self, phase: Phase, snapshot: dict[str, Any] | None, *, phase_done: bool) -> None:
+        trainer = self.trainer
+        if trainer is None:
+            return
+        model_state, optimizer_state = trainer.state()
+        stats = trainer.stats()
+        ck = Checkpoint(step=trainer.step, samples=trainer.counters.samples, model_state=model_state,
+                        optimizer_state=optimizer_state, data_snapshot=snapshot, source_versions=self.versions,
+                        phase=phase.name,
+                        extra={"phase_done": phase_done, "samples_by_kind": dict(trainer.counters.samples_by_kind),
+                               "mode": self.spec.mode, "window": [self.cfg.window.start.isoformat(),
+                                                                  self.cfg.window.end.isoformat()],
+                               "n_dense": trainer.model.n_dense, "n_sparse": trainer.model.n_sparse,
+                               "stats": stats})
+        directory = save_checkpoint(ck, self.workdir / "checkpoint")
+        self.tracker.log_checkpoint(directory, trainer.step)
+        self.tracker.log_metrics({"checkpoint_step": trainer.step}, trainer.step)
+        self.checkpoints.append(trainer.step)
+        self.next_checkpoint = trainer.step + self.spec.checkpoint_every_steps
+        log.info("checkpoint at step %d (%s, phase %s%s)", trainer.step, f"{ck.samples} samples", phase.name,
+                 ", done" if phase_done else "")
+
+    def report(self, phase: Phase, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.trainer is None or (not force and now - self._last_progress < 2.0):
+            return
+        self._last_progress = now
+        stats = self.trainer.stats()
+        metrics = {"loss": stats["loss"], "samples_per_s": stats["samples_per_s"], "samples": stats["samples"],
+                   "train_auc": self.trainer.recent_auc()}
+        self.tracker.log_metrics(metrics, self.trainer.step)
+        if self.cfg.progress is not None:
+            self.cfg.progress({"phase": phase.name, **stats, "train_auc": metrics["train_auc"]})
+
+
+def _driver_for(cfg: TrainingJob, run: _Run, phase: Phase, resume: Checkpoint | None) -> DataDriver:
+    data = cfg.job.data
+    if resume is not None and resume.phase == phase.name and resume.data_snapshot is not None:
+        driver = DataDriver.restore(resume.data_snapshot)
+        log.info("phase %s: data progress restored from the checkpoint at step %d", phase.name, resume.step)
+    else:
+        driver = DataDriver(max_attempts=data.max_attempts, failed_task_threshold=data.failed_task_threshold,
+                            lease_s=data.lease.total_seconds(), trainers=1)
+        driver.add_tasks(phase_tasks(run.tasks, phase))
+    driver.source_versions = dict(run.versions)
+    return driver
+
+
+def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, executors: int) -> None:
+    spec = cfg.job.training
+    chooser = MixturePriority(spec.priority_weights, seed=spec.seed) if phase.prioritised else None
+    token = secrets.token_hex(16)
+    slow = dict.fromkeys(range(executors), cfg.slow_ms_per_batch) if cfg.slow_ms_per_batch else None
+    with LocalDataPlane(cfg.job_path, cfg.data_root, driver=driver, executors=executors, trainers=1, token=token,
+                        kafka_bootstrap=cfg.kafka_bootstrap, slow_ms_per_batch=slow) as plane:
+        with plane.reader(0, choose_queue=chooser) as reader:
+            for batch in reader:
+                feats = features_from_batch(batch)
+                trainer = run.ensure_trainer(feats.dense.shape[1], feats.sparse.shape[1])
+                trainer.train(feats)
+                if run.samples_log is not None:
+                    run.samples_log.append(trainer.step, feats.sample_id)
+                run.report(phase)
+                if trainer.step >= run.next_checkpoint:
+                    snapshot = reader.barrier(trainer.step, wait_s=30)
+                    run.checkpoint(phase, snapshot, phase_done=False)
+        plane.driver.raise_if_failed()
+    run.report(phase, force=True)
+    run.checkpoint(phase, None, phase_done=True)
+
+
+def run_training_job(cfg: TrainingJob) -> TrainingResult:
+    """Train ``cfg.job``'s model on ``cfg.window`` (see module docstring)."""
+    started = time.perf_counter()
+    job, spec = cfg.job, cfg.job.training
+    torch.set_num_threads(spec.threads)
+    context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
+    tasks = plan_training_tasks(job, context, cfg.window)
+    executors = cfg.executors or job.pools.data.replicas or 1
+    tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
+    tracker.start(cfg.key(), params=_params(job, cfg.window, executors), tags={"primus.job": job.name})
+    run = _Run(cfg, tracker, tasks)
+    status = "FAILED"
+    try:
+        resume = _load_resume(tracker, run)
+        all_phases = phases(spec.mode)
+        first = 0
+        if resume is not None:
+            first = phase_index(spec.mode, resume.phase) + (1 if resume.extra.get("phase_done") else 0)
+        for phase in all_phases[first:]:
+            driver = _driver_for(cfg, run, phase, resume)
+            _run_phase(cfg, run, phase, driver, executors)
+        if run.trainer is None and resume is not None:  # everything was done before the restart
+            run.ensure_trainer(int(resume.extra["n_dense"]), int(resume.extra["n_sparse"]))
+        if run.trainer is None:
+            raise NoTrainingDataError(f"job {job.name}: the window {cfg.window} produced no batches")
+        evaluation = None
+        if cfg.evaluate:
+            evaluation = evaluate_window(job, context, run.trainer.model, cfg.window.end,
+                                         cfg.window.end + timedelta(hours=spec.eval_hours))
+            if evaluation is not None:
+                tracker.log_metrics({f"eval_{k}": float(v) for k, v in evaluation.result.to_dict().items()
+                                     if isinstance(v, (int, float))}, run.trainer.step)
+                tracker.set_tags({"primus.eval_labels": evaluation.labels})
+        model_uri = tracker.log_model(run.trainer.model)
+        status = "FINISHED"
+        return TrainingResult(run_id=tracker.run_id, run_url=tracker.run_url, model_uri=model_uri,
+                              window=cfg.window, stats=run.trainer.stats(), evaluation=evaluation,
+                              source_versions=run.versions, checkpoints=run.checkpoints,
+                              resumed_from_step=None if resume is None else resume.step,
+                              wall_s=time.perf_counter() - started)
+    finally:
+        tracker.finish(status)
+        if run.samples_log is not None:
+            run.samples_log.close()
+        shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _load_resume(tracker: MlflowTracker, run: _Run) -> Checkpoint | None:
+    if not tracker.resumed:
+        return None
+    directory = tracker.latest_checkpoint(run.workdir / "resume")
+    if directory is None:
+        return None
+    checkpoint = load_checkpoint(directory)
+    run.pending = checkpoint
+    log.info("resuming run %s from its checkpoint at step %d (phase %s)", tracker.run_id, checkpoint.step,
+             checkpoint.phase)
+    return checkpoint

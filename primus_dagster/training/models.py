@@ -1,0 +1,232 @@
+"""Recommendation models: hashed sparse embeddings, the single-tower baseline and MTRM.
+
+The model protocol (every model built by :func:`build_model` follows it)::
+
+    model.n_dense, model.n_sparse                   # input widths
+    model(dense, sparse, kind) -> logits [B]        # training output for samples of ``kind``
+    model.predict(dense, sparse) -> logits [B]      # serving output
+
+``dense`` is float32 [B, n_dense] (missing -> 0), ``sparse`` int64 [B, n_sparse] raw ids (any int64,
+negative ones included; the model hashes them), ``kind`` is ``"batch"`` (complete, delayed labels) or
+``"stream"`` (fresh, partially labelled). Outputs are logits: apply ``torch.sigmoid`` for a CTR.
+
+* :class:`SingleTower` -- DLRM-style baseline; ``kind`` is ignored and ``predict == forward``.
+* :class:`MTRM` -- mixture training recommendation model (Primus, ATC'25): a memory tower learns
+  ``batch`` samples, an adapt tower learns ``stream`` samples and also reads the memory tower's hidden
+  state (detached: no gradient flows into the memory tower); serving uses the adapt tower.
+
+Example::
+
+    model = build_model(ModelSpec(type="mtrm"), n_dense=13, n_sparse=5, seed=0)
+    loss = F.binary_cross_entropy_with_logits(model(f.dense, f.sparse, f.kind), f.label)
+    ctr = torch.sigmoid(model.predict(f.dense, f.sparse))
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from primus_dagster.spec.job import ModelSpec
+
+_P = (1 << 31) - 1  # Mersenne prime modulus of the hash; products of 22-bit limbs and 31-bit salts fit int64
+_LIMBS = ((0, 22), (22, 22), (44, 20))  # (shift, bits): a bijection of int64 onto three non-negative limbs
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _salt(feature: int, k: int) -> int:
+    """A fixed salt in [1, P-1] for coefficient ``k`` of feature ``feature`` (no RNG involved)."""
+    return 1 + _splitmix64(feature * 8 + k) % (_P - 1)
+
+
+class HashedEmbedding(nn.Module):
+    """``n_features`` sparse features hashed into one shared table of ``buckets`` rows of size ``dim``.
+
+    The id of feature f is split into three limbs l_j and hashed with per-feature salts:
+    ``bucket = ((a0_f*l0 + a1_f*l1 + a2_f*l2 + b_f) mod (2^31-1)) mod buckets`` -- all int64,
+    non-negative, no overflow, negative ids included. Dense gradients (``sparse=False``: DDP + Adam).
+
+    Example::
+
+        emb = HashedEmbedding(n_features=5, buckets=100_000, dim=16)
+        out = emb(torch.tensor([[7, -3, 2**40, 0, 1]]))     # [1, 5 * 16]
+    """
+
+    def __init__(self, n_features: int, buckets: int, dim: int):
+        super().__init__()
+        if n_features < 0 or buckets < 1 or dim < 1:
+            raise ValueError(f"need n_features >= 0, buckets >= 1, dim >= 1; got {n_features}, {buckets}, {dim}")
+        self.n_features, self.buckets, self.dim = n_features, buckets, dim
+        self.table = nn.Embedding(buckets, dim, sparse=False)
+        nn.init.normal_(self.table.weight, mean=0.0, std=0.01)
+        salts = torch.tensor([[_salt(f, k) for f in range(n_features)] for k in range(4)], dtype=torch.int64)
+        self.register_buffer("salts", salts.reshape(4, n_features), persistent=False)  # rows: a0, a1, a2, b
+
+    def bucket_ids(self, sparse: torch.Tensor) -> torch.Tensor:
+        """Bucket index in [0, buckets) of every id: LongTensor [B, F] -> LongTensor [B, F]."""
+        if sparse.dim() != 2 or sparse.shape[1] != self.n_features:
+            raise ValueError(f"sparse ids must be [B, {self.n_features}], got {list(sparse.shape)}")
+        ids = sparse.to(torch.int64)
+        h = self.salts[3].expand_as(ids)
+        for k, (shift, bits) in enumerate(_LIMBS):
+            limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
+            h = h + limb * self.salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
+        return torch.remainder(torch.remainder(h, _P), self.buckets)
+
+    def forward(self, sparse: torch.Tensor) -> torch.Tensor:
+        """LongTensor [B, F] raw ids -> float [B, F * dim]."""
+        return self.table(self.bucket_ids(sparse)).reshape(sparse.shape[0], self.n_features * self.dim)
+
+
+def _mlp(in_dim: int, hidden: list[int]) -> tuple[nn.Sequential, int]:
+    """Linear + ReLU per hidden size; returns the MLP and its output width."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        in_dim = width
+    return nn.Sequential(*layers), in_dim
+
+
+def _check_inputs(model: nn.Module, dense: torch.Tensor, sparse: torch.Tensor) -> None:
+    if dense.dim() != 2 or dense.shape[1] != model.n_dense:
+        raise ValueError(f"dense must be [B, {model.n_dense}], got {list(dense.shape)}")
+    if sparse.dim() != 2 or sparse.shape[1] != model.n_sparse or sparse.shape[0] != dense.shape[0]:
+        raise ValueError(f"sparse must be [{dense.shape[0]}, {model.n_sparse}], got {list(sparse.shape)}")
+
+
+class _DLRMTower(nn.Module):
+    """Bottom MLP on dense (-> embedding_dim) ++ hashed embeddings [++ aux] -> top MLP -> logit."""
+
+    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int, aux_dim: int = 0):
+        super().__init__()
+        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim)
+        self.bottom = nn.Sequential(nn.Linear(n_dense, spec.embedding_dim), nn.ReLU()) if n_dense else None
+        width = (spec.embedding_dim if n_dense else 0) + n_sparse * spec.embedding_dim + aux_dim
+        self.top, width = _mlp(width, list(spec.adapt_hidden))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, aux: torch.Tensor | None = None) -> torch.Tensor:
+        parts = [self.embedding(sparse)]
+        if self.bottom is not None:
+            parts.insert(0, self.bottom(dense))
+        if aux is not None:
+            parts.append(aux)
+        return self.head(self.top(torch.cat(parts, dim=1))).squeeze(-1)
+
+
+class _MemoryTower(nn.Module):
+    """Hashed embeddings ++ dense -> MLP (memory_hidden) -> h_mem -> logit."""
+
+    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
+        super().__init__()
+        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim)
+        self.mlp, self.hidden_dim = _mlp(n_dense + n_sparse * spec.embedding_dim, list(spec.memory_hidden))
+        self.head = nn.Linear(self.hidden_dim, 1)
+
+    def hidden(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([dense, self.embedding(sparse)], dim=1))
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden(dense, sparse)).squeeze(-1)
+
+
+class SingleTower(nn.Module):
+    """DLRM-style baseline: one tower learns every kind; ``predict == forward``.
+
+    Example::
+
+        model = SingleTower(ModelSpec(type="single"), n_dense=13, n_sparse=5)
+        logits = model(dense, sparse, "batch")            # [B]
+    """
+
+    model_type = "single"
+
+    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
+        super().__init__()
+        if n_dense < 0 or n_sparse < 0 or n_dense + n_sparse == 0:
+            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
+        self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
+        self.tower = _DLRMTower(spec, n_dense, n_sparse)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
+        _check_inputs(self, dense, sparse)
+        return self.tower(dense, sparse)
+
+    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.forward(dense, sparse, "batch")
+
+
+class MTRM(nn.Module):
+    """Mixture training recommendation model: ``memory`` tower (batch) + ``adapt`` tower (stream, serving).
+
+    ``forward(.., "batch")`` -> memory head logits (gradients reach the memory tower only);
+    ``forward(.., "stream")`` -> adapt head logits on the detached memory state ``h_aux`` (gradients
+    reach the adapt tower only); ``predict`` -> the adapt tower.
+
+    Example::
+
+        model = MTRM(ModelSpec(type="mtrm"), n_dense=13, n_sparse=5)
+        loss = F.binary_cross_entropy_with_logits(model(dense, sparse, "stream"), label)
+        ctr = torch.sigmoid(model.predict(dense, sparse))
+    """
+
+    model_type = "mtrm"
+
+    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
+        super().__init__()
+        if n_dense < 0 or n_sparse < 0 or n_dense + n_sparse == 0:
+            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
+        self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
+        self.memory = _MemoryTower(spec, n_dense, n_sparse)
+        self.adapt = _DLRMTower(spec, n_dense, n_sparse, aux_dim=self.memory.hidden_dim)
+
+    def memory_state(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """h_aux [B, memory_hidden[-1]]: the memory tower's hidden state, without gradient."""
+        with torch.no_grad():
+            return self.memory.hidden(dense, sparse)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
+        _check_inputs(self, dense, sparse)
+        if kind == "batch":
+            return self.memory(dense, sparse)
+        if kind == "stream":
+            return self.adapt(dense, sparse, self.memory_state(dense, sparse))
+        raise ValueError(f"MTRM got samples of kind {kind!r}; expected 'batch' or 'stream'")
+
+    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.forward(dense, sparse, "stream")
+
+
+def build_model(spec: ModelSpec, n_dense: int, n_sparse: int, seed: int = 0) -> nn.Module:
+    """The model of ``spec.type``, initialised deterministically from ``seed`` (global RNG untouched).
+
+    Example::
+
+        model = build_model(job.training.model, n_dense=13, n_sparse=5, seed=job.training.seed)
+    """
+    classes = {"single": SingleTower, "mtrm": MTRM}
+    if spec.type not in classes:
+        raise ValueError(f"unknown model type {spec.type!r}; expected one of {sorted(classes)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return classes[spec.type](spec, n_dense, n_sparse)
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def model_summary(model: nn.Module) -> dict:
+    """Parameter counts, e.g. ``{"type": "mtrm", "params": N, "memory_params": M, "adapt_params": A, ...}``."""
+    summary = {"type": getattr(model, "model_type", type(model).__name__), "params": _count(model),
+               "n_dense": getattr(model, "n_dense", None), "n_sparse": getattr(model, "n_sparse", None)}
+    if isinstance(model, MTRM):
+        summary.update(memory_params=_count(model.memory), adapt_params=_count(model.adapt))
+    return summary

@@ -1,0 +1,266 @@
+"""MLflow tracking of a training job: params, per-step metrics, checkpoints as artifacts, the model.
+
+Everything goes through an ``mlflow.MlflowClient`` bound to one tracking URI, so trackers of
+different stores can live in one process. The one exception is ``mlflow.pytorch.log_model``,
+which resolves its store from MLflow's global tracking URI: :func:`use_tracking_uri` sets it for
+that call only (under a lock) and restores the previous value and ``$MLFLOW_TRACKING_URI``.
+
+A run is identified by a ``run_key`` (tag ``primus.run_key``): restarting a job with the same key
+resumes its unfinished run -- a process killed mid-run leaves it RUNNING -- and
+:meth:`MlflowTracker.latest_checkpoint` fetches the checkpoint to continue from.
+
+The default store is ``sqlite:///<primus_home()>/mlflow/mlflow.db`` with artifacts in
+``<primus_home()>/mlflow/artifacts`` (``mlflow ui --backend-store-uri <that uri>`` shows it).
+MLflow's telemetry is off unless ``$MLFLOW_DISABLE_TELEMETRY`` says otherwise (offline clusters).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402 - after the telemetry default
+import mlflow.pytorch  # noqa: E402
+import torch  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking._tracking_service import utils as _tracking_utils  # noqa: E402
+
+from primus_dagster.paths import primus_home  # noqa: E402
+from primus_dagster.training.checkpoint import checkpoint_name, checkpoint_step  # noqa: E402
+
+__all__ = ["RUN_KEY_TAG", "MlflowTracker", "default_tracking_uri", "use_tracking_uri"]
+
+log = logging.getLogger(__name__)
+
+RUN_KEY_TAG = "primus.run_key"
+CHECKPOINTS = "checkpoints"
+_MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+_GLOBAL = threading.RLock()  # guards MLflow's process-global tracking URI
+
+
+def default_tracking_uri() -> str:
+    """``sqlite:///<primus_home()>/mlflow/mlflow.db`` (the folder is created)."""
+    folder = primus_home() / "mlflow"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _artifact_root(tracking_uri: str) -> str | None:
+    """``<db folder>/artifacts`` for a sqlite store (``<primus_home()>/mlflow/artifacts`` for the
+    default one); None (MLflow's default) for servers and file stores."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+    if not db or db == ":memory:":
+        return None
+    root = Path(db).absolute().parent / "artifacts"
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+@contextmanager
+def use_tracking_uri(uri: str) -> Iterator[None]:
+    """Make ``uri`` MLflow's global tracking URI inside the block (for fluent APIs such as
+    ``mlflow.pytorch.load_model("models:/...")``); restores the previous one and
+    ``$MLFLOW_TRACKING_URI`` afterwards. Blocks of different threads are serialised.
+
+    Example::
+
+        with use_tracking_uri(tracker.tracking_uri):
+            model = mlflow.pytorch.load_model(model_uri)
+    """
+    with _GLOBAL:
+        previous = getattr(_tracking_utils, "_tracking_uri", None)
+        previous_env = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(uri)
+        try:
+            yield
+        finally:
+            _tracking_utils.set_tracking_uri(previous)  # None: back to "not set" (unsets the env var)
+            if previous_env is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = previous_env
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class MlflowTracker:
+    """One MLflow run of a training job, resumable by ``run_key`` (see the module docstring).
+
+    ``tracking_uri`` None -> :func:`default_tracking_uri`. The experiment is created when missing
+    (with ``artifact_location``, default ``<sqlite db folder>/artifacts``) and restored when deleted.
+
+    Example::
+
+        tracker = MlflowTracker(None, "primus")
+        tracker.start("job-42", {"lr": 1e-3, "mode": "mixed"})
+        if tracker.resumed and (local := tracker.latest_checkpoint()) is not None:
+            ckpt = load_checkpoint(local)
+        tracker.log_metrics({"loss": 0.41, "auc": 0.77}, step=500)
+        tracker.log_checkpoint(save_checkpoint(ckpt, work / checkpoint_name(500)), step=500)
+        model_uri = tracker.log_model(model)
+        tracker.finish()
+    """
+
+    def __init__(self, tracking_uri: str | None, experiment: str, *, artifact_location: str | None = None) -> None:
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.experiment = experiment
+        self.client = mlflow.MlflowClient(self.tracking_uri)
+        self.experiment_id = self._experiment(artifact_location or _artifact_root(self.tracking_uri))
+        self.run_id: str | None = None
+        self.resumed = False
+
+    def _experiment(self, artifact_location: str | None) -> str:
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is None:
+            try:
+                return self.client.create_experiment(self.experiment, artifact_location=artifact_location)
+            except MlflowException:  # created concurrently by another process
+                found = self.client.get_experiment_by_name(self.experiment)
+                if found is None:
+                    raise
+        if found.lifecycle_stage == "deleted":
+            self.client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+
+    # ------------------------------------------------------------------ the run
+    @property
+    def run_url(self) -> str:
+        """Where the run is shown: ``<tracking uri>/#/experiments/<exp>/runs/<run>`` for an MLflow
+        server (http/https); for other stores the same ``<tracking uri>#/experiments/...`` locator
+        (open it with ``mlflow ui --backend-store-uri <tracking uri>``)."""
+        run_id = self._require_run()
+        base = self.tracking_uri
+        if base.startswith(("http://", "https://")):
+            base = base.rstrip("/") + "/"
+        return f"{base}#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def _require_run(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("no MLflow run: call MlflowTracker.start() first")
+        return self.run_id
+
+    def _resumable(self, run_key: str) -> Any:
+        """The most recent run with ``run_key`` when it is not FINISHED (else None)."""
+        if "'" in run_key:
+            raise ValueError(f"run_key must not contain a single quote: {run_key!r}")
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0] if runs and runs[0].info.status != "FINISHED" else None
+
+    def start(self, run_key: str, params: Mapping[str, Any], tags: Mapping[str, Any] | None = None,
+              resume: bool = True) -> str:
+        """Open the run for ``run_key`` and return its id.
+
+        With ``resume``, the most recent run tagged ``primus.run_key == run_key`` is reused when
+        it is not FINISHED (RUNNING after a killed process, FAILED or KILLED): it is set RUNNING
+        again and only its missing params are logged (MLflow params are immutable; a differing
+        value is kept and a warning logged). Otherwise a new run named ``run_key`` is created.
+        Params are stringified (cut at 6000 characters); ``tags`` are set in both cases.
+        """
+        values = {str(k): str(v)[:_MAX_PARAM_LEN] for k, v in params.items()}
+        found = self._resumable(run_key) if resume else None
+        if found is not None:
+            self.run_id, self.resumed = found.info.run_id, True
+            self.client.update_run(self.run_id, status="RUNNING")
+            old = found.data.params
+            differing = sorted(k for k in values if k in old and old[k] != values[k])
+            if differing:
+                log.warning("MLflow run %s (run_key %s) resumed with different params %s; keeping the logged ones",
+                            self.run_id, run_key, {k: (old[k], values[k]) for k in differing})
+            values = {k: v for k, v in values.items() if k not in old}
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=run_key, tags={RUN_KEY_TAG: run_key})
+            self.run_id, self.resumed = run.info.run_id, False
+        for chunk in _chunks([Param(k, v) for k, v in values.items()], 100):
+            self.client.log_batch(self.run_id, params=chunk)
+        if tags:
+            self.set_tags(tags)
+        return self.run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log ``metrics`` at ``step`` (NaN values are skipped)."""
+        run_id = self._require_run()
+        now = int(time.time() * 1000)
+        entries = [Metric(str(k), float(v), now, int(step)) for k, v in metrics.items() if not math.isnan(float(v))]
+        for chunk in _chunks(entries, 1000):
+            self.client.log_batch(run_id, metrics=chunk)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set run tags (values stringified)."""
+        run_id = self._require_run()
+        for chunk in _chunks([RunTag(str(k), str(v)) for k, v in tags.items()], 100):
+            self.client.log_batch(run_id, tags=chunk)
+
+    # ------------------------------------------------------------------ checkpoints
+    def log_checkpoint(self, directory: str | os.PathLike[str], step: int) -> str:
+        """Upload the checkpoint folder as artifacts ``checkpoints/<checkpoint_name(step)>``; that path."""
+        run_id = self._require_run()
+        if not Path(directory).is_dir():
+            raise FileNotFoundError(f"{directory}: no such checkpoint directory")
+        artifact_path = f"{CHECKPOINTS}/{checkpoint_name(step)}"
+        self.client.log_artifacts(run_id, str(directory), artifact_path)
+        return artifact_path
+
+    def checkpoint_steps(self) -> list[int]:
+        """The steps of the checkpoints logged in the current run, ascending."""
+        run_id = self._require_run()
+        steps = (checkpoint_step(Path(info.path).name)
+                 for info in self.client.list_artifacts(run_id, CHECKPOINTS) if info.is_dir)
+        return sorted(step for step in steps if step is not None)
+
+    def latest_checkpoint(self, dest: str | os.PathLike[str] | None = None) -> Path | None:
+        """Download the highest-step checkpoint of the current run into ``dest`` (default: a new
+        temp folder the caller owns) and return its local folder; None when none was logged."""
+        steps = self.checkpoint_steps()
+        if not steps:
+            return None
+        target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="primus-ckpt-"))
+        target.mkdir(parents=True, exist_ok=True)
+        local = self.client.download_artifacts(self._require_run(), f"{CHECKPOINTS}/{checkpoint_name(steps[-1])}",
+                                               str(target))
+        return Path(local)
+
+    # ------------------------------------------------------------------ the model
+    def log_model(self, model: torch.nn.Module, *, name: str = "model",
+                  input_example: dict[str, Any] | None = None) -> str:
+        """Log ``model`` with ``mlflow.pytorch`` into the current run; its ``models:/<id>`` URI.
+
+        Saved as a (cloud)pickle -- MLflow's ``pt2`` format needs tensor-only inputs and our
+        models take ``(dense, sparse, kind)`` -- with ``pip_requirements=["torch"]`` (no slow
+        environment inference) and no signature. ``input_example`` (JSON-able) is stored in the
+        ``MLmodel`` metadata rather than as an MLflow input example, which MLflow would try (and
+        fail) to validate against pyfunc serving. Load it with ``mlflow.pytorch.load_model``
+        inside :func:`use_tracking_uri`.
+        """
+        run_id = self._require_run()
+        params = self.client.get_run(run_id).data.params
+        # Created here rather than by log_model: without an active fluent run MLflow would put the
+        # model into the default experiment, whose artifacts go to ./mlruns of the working dir.
+        logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)
+        metadata = {"primus_input_example": input_example} if input_example is not None else None
+        with use_tracking_uri(self.tracking_uri):
+            info = mlflow.pytorch.log_model(model, name=name, run_id=run_id, model_id=logged.model_id,
+                                            serialization_format="pickle", pip_requirements=["torch"],
+                                            signature=False, metadata=metadata)
+        return info.model_uri
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """End the run with ``status`` (FINISHED, FAILED or KILLED)."""
+        if status not in ("FINISHED", "FAILED", "KILLED"):
+            raise ValueError(f"status must be FINISHED, FAILED or KILLED, got {status!r}")
+        self.client.set_terminated(self._require_run(), status)

@@ -1,0 +1,65 @@
+"""A small training job on the synthetic world, written to a temp dir (shared by the job tests)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.spec import load_job_spec
+from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+
+JOB = """
+name: train-test
+data: {{lease: 5s, buffer_batches: 4}}
+pools: {{data: {{replicas: 2, task_runners: 1}}, training: {{replicas: 1}}}}
+dataset:
+  start: 2026-11-01
+  streams:
+    - name: history
+      window: 3h
+      sources:
+        - name: imp
+          type: parquet
+          kind: batch
+          batch_rows: 500
+          path: parquet/impressions
+          columns: &cols {{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4], sparse: [user_id, item_id, topic_id]}}
+    - name: live
+      window: 1h
+      shuffle: rebalance
+      sources:
+        - {stream_source}
+training:
+  mode: {mode}
+  model: {{type: {model}, embedding_dim: 8, hash_buckets: 4096, memory_hidden: [16], adapt_hidden: [32, 16]}}
+  batch_size: 250
+  learning_rate: 0.003
+  checkpoint_every_steps: {every}
+{extra_training}tracking: {{tracking_uri: "sqlite:///{root}/mlflow.db", experiment: train-test}}
+"""
+
+PARQUET_STREAM = ("{name: events, type: parquet, kind: stream, batch_rows: 500, path: parquet/events, "
+                  "columns: *cols}")
+KAFKA_STREAM = ("{name: events, type: kafka, kind: stream, batch_rows: 500, topic: TOPIC, "
+                "max_records_per_task: 1000, columns: *cols}")
+
+
+def make_job(root: Path, *, mode: str = "mixed", model: str = "mtrm", every: int = 5, hours: int = 3,
+             kafka: str | None = None, topic: str = "train-events", rows_per_hour: int = 1500,
+             extra_training: str = "") -> dict:
+    """Write the job spec and ``hours`` + 2 hours of the world (an evaluation hour, and one more so
+    Kafka's hours are complete); returns paths, the window and the spec."""
+    stream = KAFKA_STREAM.replace("TOPIC", topic) if kafka else PARQUET_STREAM
+    root.mkdir(parents=True, exist_ok=True)
+    job_path = root / "job.yaml"
+    job_path.write_text(JOB.format(mode=mode, model=model, every=every, root=root, stream_source=stream,
+                                   extra_training="".join(f"  {line}\n" for line in extra_training.splitlines())))
+    job = load_job_spec(job_path)
+    context = SourceContext(str(root), kafka)
+    window = None
+    if hours:  # hours=0: the spec only
+        world = SyntheticWorld(WorldConfig(seed=5, rows_per_hour=rows_per_hour, n_dense=5), job.dataset.start)
+        write_world(job, context, world, range(hours + 2), files_per_hour=2, progress=False)
+        window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=hours))
+    return {"root": root, "job_path": job_path, "job": job, "window": window, "context": context, "kafka": kafka}

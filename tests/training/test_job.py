@@ -1,0 +1,128 @@
+"""Training jobs end to end: real executor processes, Flight, the driver, MLflow (SQLite).
+
+The kill test SIGKILLs a running ``primus-dagster train`` (with its executors: the whole process
+group, as when a node dies), restarts it, and checks through the sample log that it resumed
+from the MLflow checkpoint and trained every sample of the window exactly once after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from jobkit import make_job
+
+from primus_dagster.data.graph import Planner
+from primus_dagster.data.sources import make_adapter
+from primus_dagster.training.features import features_from_arrow
+from primus_dagster.training.job import TrainingJob, run_training_job
+from primus_dagster.training.sample_log import read_sample_log
+from primus_dagster.training.tracking import use_tracking_uri
+
+pytestmark = pytest.mark.integration
+
+
+def expected_ids(env: dict) -> Counter:
+    """Sample ids of every task of the window, read through the adapters (independently)."""
+    tasks = Planner(env["job"].dataset, env["context"], threads=2).plan(env["window"]).tasks
+    out: Counter = Counter()
+    for task in tasks:
+        with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
+            for batch in adapter.read(task.read):
+                out.update(batch.column("sample_id").to_pylist())
+    return out
+
+
+def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path: Path) -> None:
+    env = make_job(tmp_path, mode="mixed", model="mtrm", every=5)
+    phases = []
+    result = run_training_job(TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2,
+                                          record_samples=tmp_path / "samples.bin",
+                                          progress=lambda p: phases.append(p["phase"])))
+    expected = expected_ids(env)
+    trained = Counter(int(i) for _, ids in read_sample_log(tmp_path / "samples.bin") for i in ids)
+    assert trained == expected
+    assert result.stats["samples"] == sum(expected.values())
+    assert result.stats["samples_batch"] > 0 and result.stats["samples_stream"] > 0
+    assert set(phases) == {"mixed"}
+    assert result.checkpoints and result.checkpoints[-1] == result.stats["step"]
+    assert result.evaluation is not None and result.evaluation.labels == "batch"
+    assert 0.0 <= result.evaluation.result.auc <= 1.0 and result.evaluation.result.rows > 0  # quality: bench/quality.py
+    meta = result.metadata()
+    assert meta["eval_auc"] == result.evaluation.result.auc and meta["mlflow_run_id"] == result.run_id
+
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert {"loss", "samples_per_s", "eval_auc"} <= set(run.data.metrics)
+    assert [a.path for a in client.list_artifacts(result.run_id, "checkpoints")]
+    with use_tracking_uri(env["job"].tracking.tracking_uri):
+        model = mlflow.pytorch.load_model(result.model_uri)
+    feats = features_from_arrow(next(iter(_some_batch(env))))
+    with torch.no_grad():
+        scores = torch.sigmoid(model.predict(feats.dense, feats.sparse))
+    assert scores.shape == (feats.rows,) and bool(((scores > 0) & (scores < 1)).all())
+
+
+def _some_batch(env: dict):
+    task = next(iter(Planner(env["job"].dataset, env["context"], threads=1).plan(env["window"]).tasks))
+    with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
+        yield from adapter.read(task.read)
+
+
+def test_batch_then_stream_pretrains_on_the_batch_window_then_follows_the_stream(tmp_path: Path) -> None:
+    env = make_job(tmp_path, mode="batch_then_stream", model="mtrm", every=1000)
+    phases: list[str] = []
+    result = run_training_job(TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1,
+                                          evaluate=False, progress=lambda p: phases.append(p["phase"])))
+    assert phases == sorted(phases)  # "batch" ... then "stream" ...
+    assert phases[0] == "batch" and phases[-1] == "stream"
+    assert result.evaluation is None
+    assert len(result.checkpoints) == 2  # the end of each phase
+
+
+def _train_cmd(env: dict, log: Path) -> list[str]:
+    return [sys.executable, "-m", "primus_dagster.cli", "train", str(env["job_path"]), "--hours", "3",
+            "--data-root", str(env["root"]), "--kafka-bootstrap", env["kafka"], "--executors", "2",
+            "--record-samples", str(log), "--no-eval", "--json", "--slow-executors-ms", "40"]
+
+
+def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_path: Path, kafka_broker) -> None:
+    env = make_job(tmp_path, mode="mixed", model="mtrm", every=8, kafka=kafka_broker.bootstrap_servers,
+                   topic="train-kill", rows_per_hour=6000)
+    first = subprocess.Popen(_train_cmd(env, tmp_path / "run1.bin"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killed_after = None
+    deadline = time.monotonic() + 120
+    for line in first.stderr:  # type: ignore[union-attr]
+        if "checkpoint at step" in line and ", done" not in line:
+            os.killpg(first.pid, signal.SIGKILL)  # the trainer and its executors: a dead node
+            killed_after = line
+            break
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+    first.wait(30)
+    assert killed_after is not None and first.returncode == -signal.SIGKILL
+
+    second = subprocess.run(_train_cmd(env, tmp_path / "run2.bin"), capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    meta = json.loads(second.stdout.strip().splitlines()[-1])
+    resumed = meta["resumed_from_step"]
+    assert resumed is not None and resumed > 0
+
+    before = [(s, ids) for s, ids in read_sample_log(tmp_path / "run1.bin")]
+    assert before[-1][0] > 0
+    kept = Counter(int(i) for s, ids in before if s <= resumed for i in ids)
+    after = Counter(int(i) for _, ids in read_sample_log(tmp_path / "run2.bin") for i in ids)
+    expected = expected_ids(env)
+    assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart
+    assert len(set(kept) | set(after)) == len(set(expected))
+    assert meta["samples"] == sum(expected.values())

@@ -1,0 +1,204 @@
+"""MLflow tracking: runs, resume by run key, checkpoints as artifacts, the logged model."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import mlflow
+import mlflow.pytorch
+import pytest
+import torch
+
+from primus_dagster.training.checkpoint import Checkpoint, checkpoint_name, load_checkpoint, save_checkpoint
+from primus_dagster.training.tracking import RUN_KEY_TAG, MlflowTracker, default_tracking_uri, use_tracking_uri
+
+pytestmark = [
+    # SQLAlchemy 2 deprecates a loader strategy MLflow's sqlite store still configures
+    pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated"),
+    # emitted while mlflow.pyfunc (imported lazily by log_model) builds its own chat schemas
+    pytest.mark.filterwarnings("ignore:.*Any type hint is inferred as AnyType:UserWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One sqlite store for the module (creating its tables takes ~1 s); tests use their own experiments."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+@pytest.fixture
+def uri(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)  # anything MLflow writes relative to the working dir shows up here
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+@pytest.fixture
+def exp(request: pytest.FixtureRequest) -> str:
+    return request.node.name
+
+
+def status(tracker: MlflowTracker, run_id: str) -> str:
+    return tracker.client.get_run(run_id).info.status
+
+
+def test_default_tracking_uri_and_artifact_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRIMUS_HOME", str(tmp_path / "home"))
+    expected = tmp_path / "home" / "mlflow"
+    assert default_tracking_uri() == f"sqlite:///{expected / 'mlflow.db'}"
+    assert expected.is_dir()
+    tracker = MlflowTracker(None, "primus")
+    assert tracker.tracking_uri == default_tracking_uri()
+    experiment = tracker.client.get_experiment(tracker.experiment_id)
+    assert experiment.artifact_location == str(expected / "artifacts")
+    run_id = tracker.start("job", {"lr": 0.001})
+    assert Path(tracker.client.get_run(run_id).info.artifact_uri).is_relative_to(expected / "artifacts")
+    tracker.finish()
+
+
+def test_start_log_finish(uri: str, exp: str) -> None:
+    tracker = MlflowTracker(uri, exp)
+    run_id = tracker.start("job-1", {"lr": 0.001, "mode": "mixed", "weights": {"batch": 1.0}}, tags={"owner": "t"})
+    assert (tracker.run_id, tracker.resumed) == (run_id, False)
+    assert tracker.run_url == f"{uri}#/experiments/{tracker.experiment_id}/runs/{run_id}"
+    tracker.log_metrics({"loss": 0.5, "auc": float("nan")}, step=1)
+    tracker.log_metrics({"loss": 0.25}, step=2)
+    tracker.set_tags({"phase": "stream", "window": 3})
+    assert status(tracker, run_id) == "RUNNING"
+    tracker.finish()
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "job-1"
+    assert run.data.params == {"lr": "0.001", "mode": "mixed", "weights": "{'batch': 1.0}"}
+    assert run.data.tags[RUN_KEY_TAG] == "job-1"
+    assert (run.data.tags["owner"], run.data.tags["phase"], run.data.tags["window"]) == ("t", "stream", "3")
+    assert "auc" not in run.data.metrics  # NaN skipped
+    history = tracker.client.get_metric_history(run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
+    with pytest.raises(ValueError, match="status"):
+        tracker.finish("DONE")
+
+
+def test_methods_need_a_started_run(uri: str, exp: str) -> None:
+    tracker = MlflowTracker(uri, exp)
+    with pytest.raises(RuntimeError, match="start"):
+        tracker.log_metrics({"loss": 1.0}, step=0)
+    with pytest.raises(ValueError, match="single quote"):
+        tracker.start("it's", {})
+
+
+@pytest.mark.parametrize("left", ["RUNNING", "KILLED", "FAILED"])
+def test_resume_an_unfinished_run(uri: str, exp: str, left: str) -> None:
+    first = MlflowTracker(uri, exp)
+    run_id = first.start("job-2", {"lr": 0.001, "batch_size": 64})
+    first.log_metrics({"loss": 0.5}, step=10)
+    if left != "RUNNING":  # RUNNING: the process was killed without finishing the run
+        first.finish(left)
+    second = MlflowTracker(uri, exp)  # a restarted job
+    assert second.start("job-2", {"lr": 0.5, "batch_size": 64, "threads": 2}) == run_id
+    assert second.resumed
+    run = second.client.get_run(run_id)
+    assert run.info.status == "RUNNING"
+    assert run.data.params == {"lr": "0.001", "batch_size": "64", "threads": "2"}  # immutable; missing added
+    assert run.data.metrics == {"loss": 0.5}
+    other = MlflowTracker(uri, exp)
+    assert other.start("job-3", {}) != run_id  # another key: another run
+
+
+def test_finished_run_or_no_resume_starts_a_new_run(uri: str, exp: str) -> None:
+    tracker = MlflowTracker(uri, exp)
+    finished = tracker.start("job-4", {"lr": 0.001})
+    tracker.finish()
+    again = MlflowTracker(uri, exp)
+    fresh = again.start("job-4", {"lr": 0.002})
+    assert fresh != finished and not again.resumed
+    assert again.client.get_run(fresh).data.params == {"lr": "0.002"}
+    # fresh is RUNNING, but resume=False still starts another run; the newest one is resumed later
+    newest = MlflowTracker(uri, exp).start("job-4", {}, resume=False)
+    assert newest not in (finished, fresh)
+    assert MlflowTracker(uri, exp).start("job-4", {}) == newest
+
+
+def tiny_checkpoint(step: int) -> Checkpoint:
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    return Checkpoint(step=step, samples=step * 2, model_state=model.state_dict(),
+                      optimizer_state=optimizer.state_dict(), data_snapshot={"barrier_id": step},
+                      source_versions={"delta": step}, phase="batch", extra={})
+
+
+def test_checkpoints_as_artifacts(uri: str, exp: str, store: Path, tmp_path: Path) -> None:
+    tracker = MlflowTracker(uri, exp)
+    tracker.start("job-5", {})
+    assert tracker.latest_checkpoint() is None
+    for step in (12, 5):  # logged out of order: the highest step wins, not the latest upload
+        local = save_checkpoint(tiny_checkpoint(step), tmp_path / "work" / checkpoint_name(step))
+        assert tracker.log_checkpoint(local, step) == f"checkpoints/{checkpoint_name(step)}"
+    assert tracker.checkpoint_steps() == [5, 12]
+    assert (store / "artifacts").is_dir()  # <sqlite db folder>/artifacts
+
+    resumed = MlflowTracker(uri, exp)
+    resumed.start("job-5", {})
+    local = resumed.latest_checkpoint(tmp_path / "download")
+    assert local is not None and local.name == checkpoint_name(12)
+    assert local.is_relative_to(tmp_path / "download")
+    ckpt = load_checkpoint(local)
+    assert (ckpt.step, ckpt.samples, ckpt.data_snapshot) == (12, 24, {"barrier_id": 12})
+    temp = resumed.latest_checkpoint()
+    assert temp is not None and load_checkpoint(temp).step == 12
+    with pytest.raises(FileNotFoundError):
+        resumed.log_checkpoint(tmp_path / "nowhere", 13)
+    assert not any(Path.cwd().iterdir())  # nothing leaked into the working dir
+
+
+class TwoInputModel(torch.nn.Module):
+    """Like the project's models: forward(dense, sparse, kind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(3, 1)
+        self.embed = torch.nn.EmbeddingBag(10, 1, mode="sum")
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
+        return self.dense(dense) + self.embed(sparse) + (1.0 if kind == "stream" else 0.0)
+
+
+@pytest.mark.integration
+def test_log_model_round_trip(uri: str, exp: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    monkeypatch.setattr("mlflow.tracking._tracking_service.utils._tracking_uri", "sqlite:///elsewhere.db")
+    tracker = MlflowTracker(uri, exp)
+    run_id = tracker.start("job-6", {"lr": 0.001})
+    model = TwoInputModel().eval()
+    started = time.monotonic()
+    model_uri = tracker.log_model(model, input_example={"dense": [[1.0, 2.0, 3.0]], "kind": "batch"})
+    assert time.monotonic() - started < 10
+    assert model_uri.startswith("models:/")
+    assert mlflow.get_tracking_uri() == "sqlite:///elsewhere.db"  # the global URI was restored
+    assert status(tracker, run_id) == "RUNNING"  # logging the model did not end the run
+    logged = tracker.client.get_logged_model(model_uri.removeprefix("models:/"))
+    assert logged.experiment_id == tracker.experiment_id and logged.source_run_id == run_id
+
+    with use_tracking_uri(tracker.tracking_uri):
+        loaded = mlflow.pytorch.load_model(model_uri)
+        metadata = mlflow.models.Model.load(model_uri).metadata
+    assert metadata == {"primus_input_example": {"dense": [[1.0, 2.0, 3.0]], "kind": "batch"}}
+    dense, sparse = torch.randn(4, 3), torch.randint(0, 10, (4, 2))
+    with torch.no_grad():
+        assert torch.allclose(loaded(dense, sparse, "stream"), model(dense, sparse, "stream"))
+    assert not any(Path.cwd().iterdir())  # no ./mlruns of the default experiment
+    tracker.finish()
+
+
+def test_use_tracking_uri_restores_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///from-env.db")
+    monkeypatch.setattr("mlflow.tracking._tracking_service.utils._tracking_uri", None)
+    inner = f"sqlite:///{tmp_path / 'inner.db'}"
+    with use_tracking_uri(inner):
+        assert mlflow.get_tracking_uri() == inner
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///from-env.db"
+    assert mlflow.get_tracking_uri() == "sqlite:///from-env.db"
