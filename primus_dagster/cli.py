@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job on embedded defaults (see README)")
     p.add_argument("--spec", default="examples/job.yaml")
     p.add_argument("--rows-per-hour", type=int, default=2000)
-    p.add_argument("--hours", type=int, default=24, help="hours of the first day to generate and materialise")
+    p.add_argument("--hours", type=int, default=24, help="hours of the first day whose source assets to materialise")
+    p.add_argument("--no-train", action="store_true", help="skip the training asset")
     p.set_defaults(func=_cmd_demo)
     return parser
 

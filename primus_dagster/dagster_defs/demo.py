@@ -1,9 +1,11 @@
 """``make demo``: the reference job on embedded defaults, end to end, leaving nothing running.
 
-Today: start the embedded Kafka-compatible broker, write the synthetic world for the first
-day to every source of the spec, materialise each source asset for every hour of that day
-into the project's Dagster instance (visible in ``dagster dev`` afterwards), print a summary
-and stop the broker.
+Start the embedded Kafka-compatible broker; write two days (and two hours) of the synthetic
+world to every source of the spec; materialise each source asset for the hours of the first day
+into the project's Dagster instance (visible in ``dagster dev`` afterwards); then materialise the
+training asset for the second day -- MTRM in ``batch_then_stream`` mode: pre-trained on the first
+day's complete batch data (``batch_lag: 24h``), then following the second day's Kafka stream,
+checkpointed to MLflow -- and print the AUC table and the MLflow run; stop the broker.
 """
 
 from __future__ import annotations
@@ -18,10 +20,17 @@ from rich.console import Console
 from rich.table import Table
 
 from primus_dagster import paths
-from primus_dagster.dagster_defs.resources import KAFKA_ENV, KafkaResource, PrimusStorageResource
+from primus_dagster.dagster_defs.resources import (
+    KAFKA_ENV,
+    ExecutorPoolResource,
+    KafkaResource,
+    MlflowResource,
+    PrimusStorageResource,
+)
 from primus_dagster.dagster_defs.source_assets import build_source_assets
 from primus_dagster.data.sources import SourceContext
 from primus_dagster.spec import load_job_spec
+from primus_dagster.training.tracking import default_tracking_uri
 
 # Dagster's console logger prints every step event; the demo prints its own progress instead.
 _QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -47,18 +56,49 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         context = SourceContext(data_root, bootstrap)
         world = SyntheticWorld(WorldConfig(rows_per_hour=args.rows_per_hour), job.dataset.start)
-        # One hour more than materialised, so the stream has moved past the last hour (ready).
-        write_world(job, context, world, range(args.hours + 1))
+        # Two days, the evaluation hour after them, and one more (so Kafka's last hour is complete).
+        write_world(job, context, world, range(max(args.hours, 48) + 2))
         summary = _materialize_hours(job, data_root, bootstrap, args.hours, console)
+        console.print(summary)
+        if not args.no_train:
+            console.print(_train_day(job, args.spec, data_root, bootstrap, console))
     finally:
         if started_broker:
             EmbeddedBroker.stop_detached(state_file)
-    console.print(summary)
     console.print("Browse the runs: [bold]DAGSTER_HOME=.primus/dagster_home .venv/bin/dagster dev[/] "
                   "(workspace.yaml), or materialise one partition: [bold].venv/bin/dagster asset materialize "
                   "-m definitions --select impressions_parquet --partition "
                   f"{job.dataset.start:%Y-%m-%d-%H:%M}[/] (needs the broker for Kafka assets).")
     return 0
+
+
+def _train_day(job, spec_path: str, data_root: str, bootstrap: str, console: Console) -> Table:
+    """Materialise the training asset's partition of the second day; the AUC table."""
+    from primus_dagster.dagster_defs.training_asset import build_training_asset
+
+    partition = (job.dataset.start + timedelta(days=1)).strftime("%Y-%m-%d")
+    console.print(f"training {job.training.model.type} ({job.training.mode}) on partition {partition} ...")
+    resources = {"storage": PrimusStorageResource(data_root=data_root),
+                 "kafka": KafkaResource(bootstrap_servers=bootstrap), "mlflow": MlflowResource(),
+                 "executor_pool": ExecutorPoolResource()}
+    began = time.perf_counter()
+    result = materialize([build_training_asset(job, spec_path)], partition_key=partition,
+                         instance=DagsterInstance.get(), resources=resources, run_config=_QUIET)
+    (event,) = result.get_asset_materialization_events()
+    meta = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
+    checks = result.get_asset_check_evaluations()
+    table = Table(title=f"training asset {event.asset_key.to_user_string()} [{partition}] in "
+                        f"{time.perf_counter() - began:.1f}s")
+    for column in ("model", "mode", "next-hour AUC", "log loss", "samples", "samples/s", "checkpoints",
+                   "AUC check"):
+        table.add_column(column)
+    table.add_row(job.training.model.type, job.training.mode, f"{meta.get('eval_auc', float('nan')):.4f}",
+                  f"{meta.get('eval_log_loss', float('nan')):.4f}", f"{meta['samples']:,}",
+                  f"{meta['samples_per_s']:,.0f}", str(meta["checkpoints"]),
+                  "passed" if checks and checks[0].passed else "failed")
+    table.caption = (f"MLflow run {meta['mlflow_run_id']} ({meta['mlflow_run_url']}); model {meta['model_uri']}; "
+                     f"browse: .venv/bin/mlflow ui --backend-store-uri {default_tracking_uri()}")
+    return table
 
 
 def _materialize_hours(job, data_root: str, bootstrap: str, hours: int, console: Console) -> Table:

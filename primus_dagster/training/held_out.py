@@ -49,17 +49,22 @@ def held_out_features(job: JobSpec, context: SourceContext, tasks: list[DataTask
             adapters[name] = make_adapter(job.dataset.source(name), context)
         return adapters[name]
 
-    for task in tasks:
-        for batch in task_batches(task, adapter_for):
-            if batch.num_rows:
-                yield features_from_arrow(batch, kind=task.kind)
+    try:
+        for task in tasks:
+            for batch in task_batches(task, adapter_for):
+                if batch.num_rows:
+                    yield features_from_arrow(batch, kind=task.kind)
+    finally:
+        for adapter in adapters.values():
+            adapter.close()
 
 
 def evaluate_window(job: JobSpec, context: SourceContext, model: nn.Module, start: datetime,
                     end: datetime, *, max_rows: int | None = 2_000_000) -> HeldOut | None:
     """Evaluate ``model`` on ``[start, end)``; None when no source has data there yet."""
     window = TimeWindow(start, end)
-    tasks = list(Planner(job.dataset, context, threads=job.data.planner_threads).plan(window).tasks)
+    with Planner.for_job(job, context) as planner:
+        tasks = list(planner.plan(window).tasks)
     for labels in ("batch", "stream"):
         chosen = [t for t in tasks if t.kind == labels]
         if not chosen:

@@ -118,15 +118,15 @@ def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow
     hours they are lagged to). Raises :class:`NoTrainingDataError` naming what was not ready."""
     lag = job.training.batch_lag
     kinds = {k for p in phases(job.training.mode) for k in p.kinds}
-    planner = Planner(job.dataset, context, threads=job.data.planner_threads)
-    plan = planner.plan(window)
-    tasks = [t for t in plan.tasks if t.kind in kinds and (t.kind == "stream" or not lag)]
-    not_ready = list(plan.not_ready)
-    if lag and "batch" in kinds:
-        batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
-        not_ready += batch_plan.not_ready
-        tasks += [replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
-                  for t in batch_plan.tasks if t.kind == "batch"]
+    with Planner.for_job(job, context) as planner:
+        plan = planner.plan(window)
+        tasks = [t for t in plan.tasks if t.kind in kinds and (t.kind == "stream" or not lag)]
+        not_ready = list(plan.not_ready)
+        if lag and "batch" in kinds:
+            batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
+            not_ready += batch_plan.not_ready
+            tasks += [replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
+                      for t in batch_plan.tasks if t.kind == "batch"]
     tasks.sort(key=lambda t: t.order_key)
     if not tasks:
         missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
@@ -222,7 +222,10 @@ def _driver_for(cfg: TrainingJob, run: _Run, phase: Phase, resume: Checkpoint | 
 
 def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, executors: int) -> None:
     spec = cfg.job.training
-    chooser = MixturePriority(spec.priority_weights, seed=spec.seed) if phase.prioritised else None
+    # Mixed: q_i weighs the upstream backlog (tasks of each kind not read yet) -- a stream surge
+    # raises the stream's share while batch data keeps flowing.
+    chooser = MixturePriority(spec.priority_weights, seed=spec.seed,
+                              backlog_fn=driver.backlog_by_kind) if phase.prioritised else None
     token = secrets.token_hex(16)
     slow = dict.fromkeys(range(executors), cfg.slow_ms_per_batch) if cfg.slow_ms_per_batch else None
     with LocalDataPlane(cfg.job_path, cfg.data_root, driver=driver, executors=executors, trainers=1, token=token,

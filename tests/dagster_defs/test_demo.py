@@ -1,4 +1,5 @@
-"""`primus-dagster demo` (what `make demo` runs), end to end on embedded defaults, small."""
+"""`primus-dagster demo` (what `make demo` runs), end to end on embedded defaults, small: source
+assets, then the MTRM training asset (batch_then_stream) logged to MLflow; no process left behind."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     assert "materialised partition 2026-11-01-01:00 (2/2)" in out
     for name in ("impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka"):
         assert name in out
+    assert "training asset ctr_demo_model [2026-11-02]" in out and "next-hour AUC" in out
+    assert re.search(r"MLflow run [0-9a-f]{32}", out)
+    assert (tmp_path / "home" / "mlflow" / "mlflow.db").exists()
     port = re.search(r"Kafka 127\.0\.0\.1:(\d+)", out).group(1)
     leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline"])
                  if any(f"127.0.0.1:{port}" in part for part in (p.info["cmdline"] or []))]

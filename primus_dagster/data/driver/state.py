@@ -57,6 +57,7 @@ from primus_dagster.data.driver.snapshot import SnapshotMixin
 from primus_dagster.data.tasks import BatchId, DataTask
 
 F = TypeVar("F", bound=Callable[..., Any])
+_BUSY = frozenset((NEW, PENDING, RUNNING))
 
 
 def _count(rows: Any) -> int:
@@ -104,6 +105,7 @@ class DataDriver(SnapshotMixin):
         self._lock = threading.RLock()
         self._tasks: dict[str, TaskRecord] = {}
         self._counts = dict.fromkeys(STATES, 0)
+        self._busy_by_kind: dict[str, int] = {}  # new + pending + running tasks per kind (batch / stream)
         self._new: list[OrderKey] = []  # heaps of DataTask.order_key (last item: task id)
         self._pending: list[OrderKey] = []
         self._deadlines: list[tuple[float, int, str]] = []  # (deadline, attempt, task id); lazily updated
@@ -117,6 +119,9 @@ class DataDriver(SnapshotMixin):
     def _set_state(self, rec: TaskRecord, state: str) -> None:
         self._counts[rec.state] -= 1
         self._counts[state] += 1
+        busy = (state in _BUSY) - (rec.state in _BUSY)
+        if busy:
+            self._busy_by_kind[rec.task.kind] = self._busy_by_kind.get(rec.task.kind, 0) + busy
         rec.state = state
         if state == FAILED:
             self._failed_ids.add(rec.task.task_id)
@@ -124,6 +129,8 @@ class DataDriver(SnapshotMixin):
     def _insert(self, rec: TaskRecord) -> None:
         self._tasks[rec.task.task_id] = rec
         self._counts[rec.state] += 1
+        if rec.state in _BUSY:
+            self._busy_by_kind[rec.task.kind] = self._busy_by_kind.get(rec.task.kind, 0) + 1
         if rec.state == NEW:
             heapq.heappush(self._new, rec.task.order_key)
         elif rec.state == PENDING:
@@ -356,6 +363,12 @@ class DataDriver(SnapshotMixin):
                 "barrier_id": self._barriers.last,
                 "executors": sum(seen >= horizon for _, seen in self._executors.values()),
                 "source_versions": dict(self.source_versions)}
+
+    def backlog_by_kind(self) -> dict[str, int]:
+        """Tasks not yet read (new, pending or running) per kind: the upstream backlog the mixture
+        prioritisation weighs (``primus_dagster.training.priority``)."""
+        with self._lock:
+            return dict(self._busy_by_kind)
 
     def raise_if_failed(self) -> None:
         """Raise :class:`JobFailedError` (with the failed-task report) when the job failed."""

@@ -256,3 +256,18 @@ def test_completed_task_reopened_when_its_executor_dies_before_delivery(clock, t
     assert again.task.task_id == lost.task_id and again.claimed_rows == (0,)
     assert driver.task_info(delivered.task_id)["state"] == "succeeded"
     assert "died before all batches were claimed" in driver.task_info(lost.task_id)["error"]
+
+
+def test_backlog_by_kind_counts_unread_tasks_and_follows_a_restore(clock, task_factory):
+    from dataclasses import replace
+
+    driver = DataDriver(clock=clock)
+    batch = [task_factory(i) for i in range(2)]
+    stream = [replace(task_factory(10 + i), kind="stream") for i in range(3)]
+    driver.add_tasks(batch + stream)
+    assert driver.backlog_by_kind() == {"batch": 2, "stream": 3}
+    for lease in driver.lease("exec-0", max_tasks=3):  # chronological: both batch tasks, one stream task
+        driver.complete("exec-0", lease.task.task_id, rows=10, batches=1)
+    assert driver.backlog_by_kind() == {"batch": 0, "stream": 2}
+    # Nothing was consumed at a barrier: a restore re-runs every task, so all are backlog again.
+    assert DataDriver.restore(driver.snapshot()).backlog_by_kind() == {"batch": 2, "stream": 3}
