@@ -33,7 +33,6 @@ import mlflow.pytorch  # noqa: E402
 import torch  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking._tracking_service import utils as _tracking_utils  # noqa: E402
 
 from primus_dagster.paths import primus_home  # noqa: E402
 from primus_dagster.training.checkpoint import checkpoint_name, checkpoint_step  # noqa: E402
@@ -80,13 +79,13 @@ def use_tracking_uri(uri: str) -> Iterator[None]:
             model = mlflow.pytorch.load_model(model_uri)
     """
     with _GLOBAL:
-        previous = getattr(_tracking_utils, "_tracking_uri", None)
+        previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
         previous_env = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(uri)
         try:
             yield
         finally:
-            _tracking_utils.set_tracking_uri(previous)  # None: back to "not set" (unsets the env var)
+            mlflow.set_tracking_uri(previous)  # None: back to "not set" (unsets the env var)
             if previous_env is None:
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             else:

@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,6 +28,29 @@ from torch import nn
 
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.features import Features
+
+_ALLOCATOR_TUNED = False
+
+
+def keep_freed_memory() -> None:
+    """Make glibc keep freed memory for reuse (once per process; a no-op elsewhere).
+
+    Every step allocates the embedding tables' gradients afresh (``zero_grad(set_to_none=True)``:
+    MTRM relies on ``None`` grads so that Adam leaves the untrained tower alone) -- 6.4 MB for
+    100 000 x 16 floats. With glibc's defaults those come from ``mmap`` or a trimmed heap and
+    are page-faulted in anew every step (measured: 5-6 ms of a 16 ms step); a high mmap and trim
+    threshold keeps them on the heap.
+    """
+    global _ALLOCATOR_TUNED
+    if _ALLOCATOR_TUNED or not sys.platform.startswith("linux"):
+        return
+    _ALLOCATOR_TUNED = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: allocations below 1 GiB from the heap
+        libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: do not give freed heap top back below 2 GiB
+    except (OSError, AttributeError):  # not glibc (musl, ...): keep the defaults
+        pass
 
 
 @dataclass
@@ -48,6 +73,7 @@ class Trainer:
     """Adam on BCE-with-logits; ``module`` is what runs forward (e.g. a DDP wrapper of ``model``)."""
 
     def __init__(self, model: nn.Module, spec: TrainingSpec, *, module: nn.Module | None = None):
+        keep_freed_memory()
         self.model = model
         self.module = module if module is not None else model
         self.spec = spec

@@ -1,0 +1,130 @@
+"""DDP training (``primus_dagster.training.distributed``): gloo ranks, each with its own RemoteReader.
+
+Over a data plane: 2 ranks train every sample of the window exactly once between them and end with
+identical parameters; a group of 1 works; a rank that never gets a batch still takes part. In memory:
+the comm hook averages each tower's gradient over the ranks that trained it; a failing rank is named.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from jobkit import make_job
+
+from primus_dagster.data.graph import Planner
+from primus_dagster.data.local import LocalDataPlane
+from primus_dagster.data.sources import make_adapter
+from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.distributed import params_checksum, run_ddp, run_ddp_in_memory
+from primus_dagster.training.models import build_model
+
+pytestmark = pytest.mark.integration
+
+
+def _tasks(env: dict) -> list:
+    return list(Planner(env["job"].dataset, env["context"], threads=2).plan(env["window"]).tasks)
+
+
+def _expected_ids(env: dict, tasks: list) -> Counter:
+    """Sample ids of every task of the window, read through the adapters (independently)."""
+    out: Counter = Counter()
+    for task in tasks:
+        with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
+            for batch in adapter.read(task.read):
+                out.update(batch.column("sample_id").to_pylist())
+    return out
+
+
+def test_two_ranks_train_every_sample_once_and_end_identical(tmp_path: Path) -> None:
+    env = make_job(tmp_path, mode="mixed", model="mtrm")
+    tasks = _tasks(env)
+    with LocalDataPlane(env["job_path"], env["root"], tasks, executors=2, trainers=2, token="t0k") as plane:
+        results = run_ddp(plane, env["job"].training, world_size=2, record_ids=True, timeout_s=120)
+        plane.driver.raise_if_failed()
+    assert [r.rank for r in results] == [0, 1]
+    trained = Counter(i for r in results for i in r.sample_ids or [])
+    expected = _expected_ids(env, tasks)
+    assert trained == expected
+    assert sum(r.samples for r in results) == sum(expected.values())
+    assert all(r.steps > 0 and r.samples > 0 for r in results), [(r.steps, r.samples) for r in results]
+    assert sum(r.samples_by_kind["batch"] for r in results) > 0
+    assert sum(r.samples_by_kind["stream"] for r in results) > 0
+    assert results[0].params_checksum and results[0].params_checksum == results[1].params_checksum
+    assert results[0].params_abs_sum == results[1].params_abs_sum > 0
+    # lockstep rounds: a rank steps (own data or a null step) in every round
+    assert results[0].steps + results[0].null_steps == results[1].steps + results[1].null_steps
+
+
+def test_a_group_of_one_trains_the_whole_window(tmp_path: Path) -> None:
+    env = make_job(tmp_path, mode="mixed", model="single", hours=1)
+    tasks = _tasks(env)
+    with LocalDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=1) as plane:
+        (result,) = run_ddp(plane, env["job"].training, world_size=1, record_ids=True, timeout_s=120)
+    assert Counter(result.sample_ids or []) == _expected_ids(env, tasks)
+    assert result.null_steps == 0 and result.steps > 0 and result.params_checksum
+
+
+def test_a_rank_without_any_batch_still_takes_part(tmp_path: Path) -> None:
+    # One executor, batch data only: the forward shuffle pairs executor 0 with trainer 0, so
+    # trainer 1 never gets a batch; it builds the same model and takes a null step every round.
+    env = make_job(tmp_path, mode="mixed", model="single", hours=1)
+    job_yaml = env["job_path"].read_text()
+    assert job_yaml.count("window: 3h\n") == 1
+    env["job_path"].write_text(job_yaml.replace("window: 3h\n", "window: 3h\n      shuffle: forward\n"))
+    tasks = [t for t in _tasks(env) if t.kind == "batch"]
+    with LocalDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=2) as plane:
+        results = run_ddp(plane, env["job"].training, world_size=2, record_ids=True, timeout_s=120)
+    assert Counter(i for r in results for i in r.sample_ids or []) == _expected_ids(env, tasks)
+    assert results[1].steps == 0 and results[1].null_steps == results[0].steps > 0
+    assert results[0].params_checksum == results[1].params_checksum
+
+
+def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path: Path) -> None:
+    """2 in-memory ranks, rounds of equal and of different kinds == one process whose every parameter
+    takes the mean gradient of the ranks that trained its tower in the round (Adam, same seed)."""
+    torch.manual_seed(0)
+    spec = TrainingSpec(mode="mixed", batch_size=64, model={"type": "mtrm", "embedding_dim": 4, "hash_buckets": 500,
+                                                            "memory_hidden": [8], "adapt_hidden": [8]})
+    shards = [[{"dense": torch.randn(64, 3), "sparse": torch.randint(-10**9, 10**9, (64, 2)),
+                "label": (torch.rand(64) < 0.3).float(), "kind": k} for k in kinds.split()]
+              for kinds in ("batch stream batch stream", "batch batch stream stream")]
+    for rank, shard in enumerate(shards):
+        torch.save(shard, tmp_path / f"{rank}.pt")
+    results = run_ddp_in_memory([str(tmp_path / "0.pt"), str(tmp_path / "1.pt")], spec, warmup_steps=1)
+
+    model = build_model(spec.model, 3, 2, seed=spec.seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
+    for pair in [(shards[0][0], shards[1][0]), *zip(*shards)]:  # the warm-up round, then the shards
+        grads: dict[str, list[torch.Tensor]] = {}
+        for x in pair:
+            model.zero_grad(set_to_none=True)
+            F.binary_cross_entropy_with_logits(model(x["dense"], x["sparse"], x["kind"]), x["label"]).backward()
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    grads.setdefault(name, []).append(p.grad)
+        for name, p in model.named_parameters():
+            p.grad = torch.stack(grads[name]).mean(0) if name in grads else None
+        optimizer.step()
+    assert results[0].params_checksum == results[1].params_checksum
+    assert results[0].params_abs_sum == pytest.approx(params_checksum(model)[1], rel=1e-6)
+
+
+def test_a_failing_rank_is_named(tmp_path: Path) -> None:
+    micro = {"dense": torch.zeros(4, 3), "sparse": torch.zeros(4, 2, dtype=torch.int64), "label": torch.zeros(4),
+             "kind": "batch"}
+    torch.save([micro], tmp_path / "good.pt")
+    spec = TrainingSpec(mode="batch", batch_size=4, model={"type": "single", "hash_buckets": 64, "embedding_dim": 2})
+    # rank 1 fails first; rank 0 then loses its peer (it may fail too): the message names rank 1
+    with pytest.raises(RuntimeError, match=r"rank 1 failed \(exit code 1; failed ranks: \[(0, )?1\]\)[\s\S]*missing"):
+        run_ddp_in_memory([str(tmp_path / "good.pt"), str(tmp_path / "missing.pt")], spec, timeout_s=60)
+
+
+def test_world_size_must_match_the_planes_trainers() -> None:
+    plane = SimpleNamespace(trainers=1)  # checked before anything starts
+    with pytest.raises(ValueError, match="serves 1 trainers"):
+        run_ddp(plane, TrainingSpec(), world_size=2)  # type: ignore[arg-type]
