@@ -373,6 +373,23 @@ class SyntheticWorld:
         arrays += [pa.array(dense[j]) for j in range(cfg.n_dense)]
         return pa.Table.from_arrays(arrays, schema=world_schema(cfg.n_dense))
 
+    def click_logit(self, table: pa.Table, h: int, *, with_trend: bool = True) -> np.ndarray:
+        """The generator's own click logit of each row of ``hour(h)`` (the oracle: the AUC ceiling of
+        any model); ``with_trend=False`` drops this hour's trend term (the ceiling of a model that
+        knows everything long-term and nothing of the current trends)."""
+        cfg = self.config
+        users, items, topics, device = (table.column(c).to_numpy() for c in ("user_id", "item_id", "topic_id", "device"))
+        offsets = table.column("event_time").cast(pa.int64()).to_numpy() % HOUR_US
+        tod = (self.epoch_hour(h) % 24) + offsets / HOUR_US
+        direct = sum((w * table.column(f"d{j}").to_numpy() for j, w in _DIRECT_EFFECTS if j < cfg.n_dense),
+                     np.zeros(len(table), dtype=np.float32))
+        logit = (self.bias + self.user_bias[users] + self.item_bias[items] + _DEVICE_EFFECT[device]
+                 + cfg.affinity_scale * self.affinity(users, items)
+                 + cfg.daily_amplitude * np.cos(2 * np.pi * (tod - cfg.peak_hour) / 24) + cfg.dense_scale * direct)
+        if with_trend:
+            logit = logit + cfg.trend_scale * self.trend([h])[0][topics]
+        return logit
+
     def stream_copy(self, table: pa.Table) -> pa.Table:
         """:func:`stream_copy` with this world's ``stream_label_window``."""
         return stream_copy(table, self.config.stream_label_window)

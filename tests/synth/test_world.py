@@ -170,3 +170,14 @@ def test_shard_of_is_stable_and_balanced() -> None:
     assert shards.min() == 0 and shards.max() == 2
     assert np.all(np.abs(np.bincount(shards) / len(ids) - 1 / 3) < 0.01)
     assert np.array_equal(shards, shard_of(pa.array(ids), 3))
+
+
+def test_click_logit_is_the_generators_oracle() -> None:
+    from sklearn.metrics import roc_auc_score
+
+    world = SyntheticWorld(WorldConfig(seed=3, rows_per_hour=20_000), datetime(2026, 11, 1, tzinfo=timezone.utc))
+    table = world.hour(30)
+    clicks = table.column("click").to_numpy()
+    logit = world.click_logit(table, 30)
+    assert abs(float((1 / (1 + np.exp(-logit))).mean()) - clicks.mean()) < 0.005  # calibrated: it made the clicks
+    assert roc_auc_score(clicks, logit) > roc_auc_score(clicks, world.click_logit(table, 30, with_trend=False)) > 0.75
