@@ -9,8 +9,8 @@ Three readers of the same synthetic Parquet files, measured in one run:
   ``--transport shm`` (default): the executors are on this host, so the batches themselves travel
   through shared memory and Flight carries only their descriptors; ``--transport flight``: the
   batches travel in the Flight stream (as to a reader on another host).
-* **pyarrow** — ``pyarrow.dataset`` decoding the same files and columns, nothing else: the
-  hardware ceiling.
+* **pyarrow** — ``pyarrow.dataset`` decoding the same files and columns into batches of the same
+  size, nothing else: the hardware ceiling.
 * **dataloader** — what a user would otherwise write: a map-style ``torch.utils.data.Dataset``
   holding the same rows (loaded with pyarrow, as numpy arrays) whose ``__getitem__`` returns one
   sample's tensors, batched by ``DataLoader(batch_size, num_workers=--workers)`` with the default
@@ -24,6 +24,11 @@ torch runs single-threaded here: the consumers' "touch" (a sum over the batch) i
 torch's default OpenMP pool the pool's spinning threads billed about 0.4 CPU-s to whichever
 pipeline ran it -- a cost of the measurement, not of the data path.
 
+All three read batches of ``--batch-rows`` rows (pyarrow too: its own default would be 131072;
+measured here, 65536 and 131072 give the same ratios within noise). The three readers run
+``--repeat`` times, interleaved, and the figures are medians (this machine's background load
+drifts by more than the differences measured).
+
 Last line: {"bench": "serve", "rows_per_s_per_core": ..., "pyarrow_rows_per_s_per_core": ...,
 "dataloader_rows_per_s_per_core": ..., "ratio_vs_pyarrow": ..., "ratio_vs_dataloader": ...}
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
+import statistics
 import time
 from datetime import timedelta
 
@@ -117,9 +123,10 @@ def run_primus(job_path, root, window, workers: int, startup: dict, shm: bool) -
     return rows, cpu, wall
 
 
-def run_pyarrow(files: list[str], columns: list[str]) -> tuple[int, float, float]:
+def run_pyarrow(files: list[str], columns: list[str], batch_size: int) -> tuple[int, float, float]:
     cpu0, wall0 = cpu_self(), time.perf_counter()
-    rows = sum(b.num_rows for b in ds.dataset(files, format="parquet").to_batches(columns=columns))
+    rows = sum(b.num_rows for b in ds.dataset(files, format="parquet").to_batches(columns=columns,
+                                                                                 batch_size=batch_size))
     return rows, cpu_self() - cpu0, time.perf_counter() - wall0
 
 
@@ -141,10 +148,11 @@ def main() -> None:
     parser.add_argument("--rows-per-hour", type=int, default=500_000)
     parser.add_argument("--files-per-hour", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="executor processes = DataLoader workers")
-    parser.add_argument("--batch-rows", type=int, default=65536)
+    parser.add_argument("--batch-rows", type=int, default=65536, help="rows per batch, for all three readers")
     parser.add_argument("--task-runners", type=int, default=1, help="reading threads per executor")
     parser.add_argument("--dataloader-rows", type=int, default=200_000,
                         help="rows the (slow) DataLoader baseline reads; its rate does not depend on it")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions; figures are medians")
     parser.add_argument("--transport", choices=("shm", "flight"), default="shm",
                         help="shm: batches through shared memory (co-located reader); flight: in the Flight stream")
     args = parser.parse_args()
@@ -154,7 +162,8 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     job_path = root / "job.yaml"
-    job_path.write_text(JOB.replace("{workers}", str(args.workers)).replace("{batch_rows}", str(args.batch_rows)).replace("{runners}", str(args.task_runners)))
+    job_path.write_text(JOB.replace("{workers}", str(args.workers)).replace("{batch_rows}", str(args.batch_rows))
+                        .replace("{runners}", str(args.task_runners)))
     job = load_job_spec(job_path)
     context = SourceContext(str(root))
     start = job.dataset.start
@@ -165,25 +174,28 @@ def main() -> None:
     columns = native_columns(source.columns)
     files = [t.read.uri for t in Planner(job.dataset, context, threads=4).plan(window).tasks]
 
-    results: dict = {}
+    runs: dict[str, list[dict]] = {"pyarrow": [], "primus": [], "dataloader": []}
     startup: dict = {}
-    for name, run in (("pyarrow", lambda: run_pyarrow(files, columns)),
-                      ("primus", lambda: run_primus(job_path, root, window, args.workers, startup,
-                                                    args.transport == "shm")),
-                      ("dataloader", lambda: run_dataloader(files, columns, args.dataloader_rows, args.workers,
-                                                            args.batch_rows))):
-        rows, cpu, wall = run()
-        results[name] = {"rows": rows, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-                         "rows_per_s_per_core": round(rows / cpu), "wall_rows_per_s": round(rows / wall)}
-        print(f"{name:10s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> {rows / cpu:,.0f} rows/s per core, "
-              f"{rows / wall:,.0f} rows/s wall")
-    ours, arrow, loader = (results[k]["rows_per_s_per_core"] for k in ("primus", "pyarrow", "dataloader"))
+    for repeat in range(args.repeat):  # interleaved, so drifting background load hits every reader alike
+        for name, run in (("pyarrow", lambda: run_pyarrow(files, columns, args.batch_rows)),
+                          ("primus", lambda: run_primus(job_path, root, window, args.workers, startup,
+                                                        args.transport == "shm")),
+                          ("dataloader", lambda: run_dataloader(files, columns, args.dataloader_rows, args.workers,
+                                                                args.batch_rows))):
+            rows, cpu, wall = run()
+            runs[name].append({"rows": rows, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
+                               "rows_per_s_per_core": round(rows / cpu), "wall_rows_per_s": round(rows / wall)})
+            print(f"[{repeat + 1}/{args.repeat}] {name:10s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> "
+                  f"{rows / cpu:,.0f} rows/s per core, {rows / wall:,.0f} rows/s wall")
+    median = {name: statistics.median(r["rows_per_s_per_core"] for r in results) for name, results in runs.items()}
+    ours, arrow, loader = (round(median[k]) for k in ("primus", "pyarrow", "dataloader"))
     emit({"bench": "serve", "rows_per_s_per_core": ours, "pyarrow_rows_per_s_per_core": arrow,
           "dataloader_rows_per_s_per_core": loader, "ratio_vs_pyarrow": round(ours / arrow, 3),
           "ratio_vs_dataloader": round(ours / loader, 2), "workers": args.workers, "transport": args.transport,
-          **startup,
-          "detail": results})
-
+          "batch_rows": args.batch_rows, "repeat": args.repeat,
+          "ratios_per_repeat": [round(p["rows_per_s_per_core"] / a["rows_per_s_per_core"], 3)
+                                for p, a in zip(runs["primus"], runs["pyarrow"])],
+          **startup, "detail": runs})
 
 if __name__ == "__main__":
     main()
