@@ -134,7 +134,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = run_training_job(TrainingJob(
         job, args.spec, args.data_root, TimeWindow.hours_from(start, args.hours), kafka_bootstrap=args.kafka_bootstrap,
         executors=args.executors, run_key=args.run_key, tracker=tracker, record_samples=args.record_samples,
-        progress=progress, evaluate=not args.no_eval, slow_ms_per_batch=args.slow_executors_ms))
+        progress=progress, evaluate=not args.no_eval, slow_ms_per_batch=args.slow_executors_ms,
+        warm_start=args.warm_start))
     meta = result.metadata()
     if args.json:
         print(json.dumps(meta, default=str))
@@ -209,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
     p.add_argument("--run-key", default=None, help="MLflow run to start or resume; default: <job>/<window>")
+    p.add_argument("--warm-start", default=None, metavar="RUN_KEY",
+                   help="continue from the final model of this finished run (e.g. the previous window's)")
     p.add_argument("--record-samples", default=None, help="append the sample ids of every step to this file")
     p.add_argument("--no-eval", action="store_true", help="skip the next-hour evaluation")
     p.add_argument("--slow-executors-ms", type=float, default=0.0, help="fault injection: executors sleep per batch")

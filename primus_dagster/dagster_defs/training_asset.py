@@ -4,7 +4,8 @@ It depends on the source assets through time-window partition mappings: the stre
 the same window, the batch sources on the window shifted back by ``training.batch_lag`` (MTRM:
 today's stream with yesterday's complete batch data). A materialisation runs
 :func:`~primus_dagster.training.job.run_training_job` on the executor pool resource, resumes its
-MLflow run if an earlier attempt died, and returns AUC, samples, samples/s, the MLflow run,
+MLflow run if an earlier attempt died, continues from the previous partition's model when that
+one finished (continuous training), and returns AUC, samples, samples/s, the MLflow run,
 the data window and the source versions as metadata. The ``auc_not_regressed`` check fails when
 the next-hour AUC drops more than ``training.auc_tolerance`` below the previous partition's.
 
@@ -80,14 +81,20 @@ def source_deps(job: JobSpec, key_prefix: list[str] | None = None) -> list[Asset
     return deps
 
 
+def previous_partition(partitions: PartitionsDefinition, partition_key: str,
+                       instance: DagsterInstance | None = None) -> str | None:
+    keys = partitions.get_partition_keys(dynamic_partitions_store=instance)
+    index = keys.index(partition_key) if partition_key in keys else -1
+    return keys[index - 1] if index > 0 else None
+
+
 def previous_auc(instance: DagsterInstance, key: AssetKey, partitions: PartitionsDefinition,
                  partition_key: str) -> float | None:
     """``eval_auc`` of the latest materialisation of the partition before ``partition_key``."""
-    keys = partitions.get_partition_keys(dynamic_partitions_store=instance)
-    index = keys.index(partition_key) if partition_key in keys else -1
-    if index <= 0:
+    previous = previous_partition(partitions, partition_key, instance)
+    if previous is None:
         return None
-    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[keys[index - 1]]),
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[previous]),
                                               limit=1).records
     if not records or records[0].asset_materialization is None:
         return None
@@ -144,10 +151,13 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
             context.log.info(f"[{p['phase']}] step {p['step']} samples {p['samples']} loss {p['loss']:.4f} "
                              f"train-AUC {p['train_auc']:.4f} {p['samples_per_s']:.0f} samples/s")
 
+        # Continuous training: the model of the previous partition (if it finished) goes on learning.
+        previous = previous_partition(partitions, context.partition_key, context.instance)
         result = run_training_job(TrainingJob(
             job, job_path, storage.data_root, window, kafka_bootstrap=source_context.kafka_bootstrap_servers,
             executors=executor_pool.executors(job), run_key=f"{job.name}/{context.partition_key}",
-            tracker=mlflow.tracker(job), progress=progress))
+            tracker=mlflow.tracker(job), progress=progress,
+            warm_start=f"{job.name}/{previous}" if previous else None))
         meta = result.metadata()
         auc = meta.get("eval_auc")
         previous = previous_auc(context.instance, key, partitions, context.partition_key)

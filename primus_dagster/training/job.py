@@ -75,6 +75,7 @@ class TrainingJob:
     record_samples: str | Path | None = None  # append (step, sample ids) per trained batch (tests, audits)
     progress: Callable[[dict[str, Any]], None] | None = None
     evaluate: bool = True
+    warm_start: str | None = None  # run key whose finished model (and Adam state) this run continues from
     slow_ms_per_batch: float = 0.0  # fault injection: every executor sleeps this long per batch (tests)
 
     def key(self) -> str:
@@ -94,6 +95,7 @@ class TrainingResult:
     source_versions: dict[str, Any]
     checkpoints: list[int] = field(default_factory=list)
     resumed_from_step: int | None = None
+    warm_started_from: str | None = None  # MLflow run id
     wall_s: float = 0.0
 
     def metadata(self) -> dict[str, Any]:
@@ -103,6 +105,7 @@ class TrainingResult:
             "samples": self.stats.get("samples", 0), "steps": self.stats.get("step", 0),
             "samples_per_s": self.stats.get("samples_per_s", 0.0), "wall_s": round(self.wall_s, 2),
             "checkpoints": len(self.checkpoints), "resumed_from_step": self.resumed_from_step,
+            "warm_started_from": self.warm_started_from,
             "source_versions": self.source_versions,
         }
         if self.evaluation is not None:
@@ -154,6 +157,7 @@ class _Run:
         self.versions = source_versions(tasks)
         self.trainer: Trainer | None = None
         self.pending: Checkpoint | None = None  # loaded, applied when the model exists
+        self.warm: Checkpoint | None = None  # a previous run's final model: its weights and Adam state only
         self.checkpoints: list[int] = []
         self.next_checkpoint = self.spec.checkpoint_every_steps
         self.samples_log = SampleLog(cfg.record_samples) if cfg.record_samples else None
@@ -170,6 +174,13 @@ class _Run:
                 self.trainer.restore(ck.model_state, ck.optimizer_state, step=ck.step, samples=ck.samples,
                                      samples_by_kind=ck.extra.get("samples_by_kind"))
                 self.next_checkpoint = ck.step + self.spec.checkpoint_every_steps
+            elif self.warm is not None:
+                try:
+                    self.trainer.model.load_state_dict(self.warm.model_state)
+                    self.trainer.optimizer.load_state_dict(self.warm.optimizer_state)
+                except (RuntimeError, ValueError) as exc:
+                    raise ValueError(f"cannot warm-start from run key {self.cfg.warm_start!r}: its model does not "
+                                     f"fit this job's (was training.model or the columns changed?): {exc}") from exc
         return self.trainer
 
     def checkpoint(self, phase: Phase, snapshot: dict[str, Any] | None, *, phase_done: bool) -> None:
@@ -260,6 +271,7 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
     status = "FAILED"
     try:
         resume = _load_resume(tracker, run)
+        warm_from = _load_warm_start(tracker, run) if resume is None and cfg.warm_start else None
         all_phases = phases(spec.mode)
         first = 0
         if resume is not None:
@@ -285,12 +297,28 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
                               window=cfg.window, stats=run.trainer.stats(), evaluation=evaluation,
                               source_versions=run.versions, checkpoints=run.checkpoints,
                               resumed_from_step=None if resume is None else resume.step,
+                              warm_started_from=warm_from,
                               wall_s=time.perf_counter() - started)
     finally:
         tracker.finish(status)
         if run.samples_log is not None:
             run.samples_log.close()
         shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _load_warm_start(tracker: MlflowTracker, run: _Run) -> str | None:
+    """Load the final checkpoint of the finished run ``run.cfg.warm_start`` (continuous training
+    across windows); its run id, or None when there is none yet (then the model starts fresh)."""
+    key = run.cfg.warm_start or ""
+    source = tracker.finished_run(key)
+    directory = tracker.latest_checkpoint(run.workdir / "warm", run_id=source) if source else None
+    if directory is None:
+        log.info("no finished run %r with a checkpoint to warm-start from: the model starts fresh", key)
+        return None
+    run.warm = load_checkpoint(directory)
+    tracker.set_tags({"primus.warm_start": source})
+    log.info("warm start from run %s (%s, step %d)", source, key, run.warm.step)
+    return source
 
 
 def _load_resume(tracker: MlflowTracker, run: _Run) -> Checkpoint | None:

@@ -215,23 +215,32 @@ class MlflowTracker:
         self.client.log_artifacts(run_id, str(directory), artifact_path)
         return artifact_path
 
-    def checkpoint_steps(self) -> list[int]:
-        """The steps of the checkpoints logged in the current run, ascending."""
-        run_id = self._require_run()
+    def finished_run(self, run_key: str) -> str | None:
+        """The id of the most recent FINISHED run with ``run_key`` (a warm start's source), or None."""
+        if "'" in run_key:
+            raise ValueError(f"run_key must not contain a single quote: {run_key!r}")
+        runs = self.client.search_runs([self.experiment_id], filter_string=(
+            f"tags.`{RUN_KEY_TAG}` = '{run_key}' and attributes.status = 'FINISHED'"),
+            order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def checkpoint_steps(self, run_id: str | None = None) -> list[int]:
+        """The steps of the checkpoints logged in ``run_id`` (default: the current run), ascending."""
+        run_id = run_id or self._require_run()
         steps = (checkpoint_step(Path(info.path).name)
                  for info in self.client.list_artifacts(run_id, CHECKPOINTS) if info.is_dir)
         return sorted(step for step in steps if step is not None)
 
-    def latest_checkpoint(self, dest: str | os.PathLike[str] | None = None) -> Path | None:
-        """Download the highest-step checkpoint of the current run into ``dest`` (default: a new
-        temp folder the caller owns) and return its local folder; None when none was logged."""
-        steps = self.checkpoint_steps()
+    def latest_checkpoint(self, dest: str | os.PathLike[str] | None = None, run_id: str | None = None) -> Path | None:
+        """Download the highest-step checkpoint of ``run_id`` (default: the current run) into ``dest``
+        (default: a new temp folder the caller owns) and return its local folder; None when none was logged."""
+        run_id = run_id or self._require_run()
+        steps = self.checkpoint_steps(run_id)
         if not steps:
             return None
         target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="primus-ckpt-"))
         target.mkdir(parents=True, exist_ok=True)
-        local = self.client.download_artifacts(self._require_run(), f"{CHECKPOINTS}/{checkpoint_name(steps[-1])}",
-                                               str(target))
+        local = self.client.download_artifacts(run_id, f"{CHECKPOINTS}/{checkpoint_name(steps[-1])}", str(target))
         return Path(local)
 
     # ------------------------------------------------------------------ the model

@@ -64,5 +64,9 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
         assert meta["window_start"].startswith(partition[:10]) and 0.0 <= meta["eval_auc"] <= 1.0
         (check,) = result.get_asset_check_evaluations()
         assert check.asset_key == key
+        if partition.endswith("02:00"):
+            first_run = meta["mlflow_run_id"]
+            assert "warm_started_from" not in meta  # None: nothing before the first partition
+    assert meta["warm_started_from"] == first_run  # continuous training: day 2 goes on from day 1's model
     assert check.metadata["previous_auc"].value == pytest.approx(
         instance.fetch_materializations(key, limit=2).records[1].asset_materialization.metadata["eval_auc"].value)
