@@ -123,11 +123,12 @@ def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow
     kinds = {k for p in phases(job.training.mode) for k in p.kinds}
     with Planner.for_job(job, context) as planner:
         plan = planner.plan(window)
-        tasks = [t for t in plan.tasks if t.kind in kinds and (t.kind == "stream" or not lag)]
-        not_ready = list(plan.not_ready)
+        wanted = {"stream"} if lag else {"batch", "stream"}
+        tasks = [t for t in plan.tasks if t.kind in kinds & wanted]
+        not_ready = [n for n in plan.not_ready if job.dataset.source(n.source).kind in kinds & wanted]
         if lag and "batch" in kinds:
             batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
-            not_ready += batch_plan.not_ready
+            not_ready += [n for n in batch_plan.not_ready if job.dataset.source(n.source).kind == "batch"]
             tasks += [replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
                       for t in batch_plan.tasks if t.kind == "batch"]
     tasks.sort(key=lambda t: t.order_key)

@@ -1,4 +1,5 @@
-"""Warm starts that cannot apply fail with an error naming the source run key (nothing trained)."""
+"""Training jobs refuse what cannot work with errors that say why: a warm start from a model that
+does not fit, a window without ready data."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path) -> No
     run.warm = Checkpoint(step=7, samples=70, model_state=other.state_dict(), optimizer_state={})
     with pytest.raises(ValueError, match="cannot warm-start from run key 'train-test/2026-11-01'"):
         run.ensure_trainer(n_dense=5, n_sparse=3)
+
+
+def test_a_window_without_ready_data_is_a_clear_error(tmp_path) -> None:
+    from primus_dagster.data.sources import SourceContext
+    from primus_dagster.training.job import NoTrainingDataError, plan_training_tasks
+
+    job = make_job(tmp_path, hours=0, extra_training="batch_lag: 2h")["job"]  # nothing written
+    window = TimeWindow(datetime(2026, 11, 1, 5, tzinfo=timezone.utc), datetime(2026, 11, 1, 6, tzinfo=timezone.utc))
+    # Only what the window needs is named: the stream hour, and the batch hour two hours back.
+    expected = r"no ready data in window .* \(batch lag 2:00:00; events 2026-11-01T05:.*; imp 2026-11-01T03:[^;]*\)$"
+    with pytest.raises(NoTrainingDataError, match=expected):
+        plan_training_tasks(job, SourceContext(str(tmp_path)), window)
