@@ -4,8 +4,11 @@ Data: ``--hours`` hours of the synthetic world (seed 5, ~``--rows`` impressions 
 5 sparse features), made canonical in memory (``SyntheticWorld`` -> ``Normalizer`` ->
 ``features_from_arrow``): the *batch copy* (complete labels) and the *stream copy* (clicks within
 the stream label window only) of the same rows. Model: the example job's shape -- embedding_dim 16,
-hash_buckets 100000 (dense-gradient tables: one per tower), memory_hidden [64, 32], adapt_hidden
-[128, 64] -- Adam, lr 1e-3, micro-batches of ``--batch-size`` (1024) rows; torch runs 1 thread.
+hash_buckets 100000 (one table per tower), memory_hidden [64, 32], adapt_hidden [128, 64] -- lr 1e-3,
+micro-batches of ``--batch-size`` (1024) rows; torch runs 1 thread. Parts 1 and 2 train as a job
+does: sparse embedding gradients with a lazy SparseAdam (only the touched rows) + Adam for the
+rest; DDP (part 3) uses dense embedding gradients (its comm hook reduces flat dense buckets), so
+its 1-rank figure is below part 1's.
 
 1. ``mtrm_samples_per_s`` / ``single_samples_per_s``: ``Trainer.train_step`` over in-memory
    micro-batches in mixed fashion -- micro-batch ``i`` takes rows ``[i*B, (i+1)*B)`` from the batch

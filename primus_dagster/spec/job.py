@@ -117,6 +117,9 @@ class ModelSpec(StrictModel):
     hash_buckets: int = Field(default=100_000, ge=16)
     memory_hidden: list[int] = Field(default_factory=lambda: [64, 32])
     adapt_hidden: list[int] = Field(default_factory=lambda: [128, 64])
+    sparse_embeddings: bool = Field(
+        default=True, description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the "
+        "rows its batch touches (about 2x faster on CPU). DDP training uses dense gradients either way.")
 
 
 class TrainingSpec(StrictModel):

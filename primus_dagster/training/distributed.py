@@ -131,7 +131,9 @@ class _RankLoop:
         return self.pending[0] if self.pending else None
 
     def _build(self, n_dense: int, n_sparse: int) -> Trainer:
-        model = build_model(self.spec.model, n_dense, n_sparse, seed=self.spec.seed)
+        # Dense embedding gradients: the comm hook reduces flat dense buckets (sparse_embeddings off).
+        model_spec = self.spec.model.model_copy(update={"sparse_embeddings": False})
+        model = build_model(model_spec, n_dense, n_sparse, seed=self.spec.seed)
         mtrm = isinstance(model, MTRM)
         ddp = DistributedDataParallel(model, find_unused_parameters=mtrm, forward_sync_buffers=False,
                                       gradient_as_bucket_view=True)

@@ -51,7 +51,8 @@ class HashedEmbedding(nn.Module):
 
     The id of feature f is split into three limbs l_j and hashed with per-feature salts:
     ``bucket = ((a0_f*l0 + a1_f*l1 + a2_f*l2 + b_f) mod (2^31-1)) mod buckets`` -- all int64,
-    non-negative, no overflow, negative ids included. Dense gradients (``sparse=False``: DDP + Adam).
+    non-negative, no overflow, negative ids included. ``sparse``: the table's gradient holds only the
+    rows a batch touched (for ``torch.optim.SparseAdam``); dense otherwise (DDP).
 
     Example::
 
@@ -59,12 +60,12 @@ class HashedEmbedding(nn.Module):
         out = emb(torch.tensor([[7, -3, 2**40, 0, 1]]))     # [1, 5 * 16]
     """
 
-    def __init__(self, n_features: int, buckets: int, dim: int):
+    def __init__(self, n_features: int, buckets: int, dim: int, sparse: bool = False):
         super().__init__()
         if n_features < 0 or buckets < 1 or dim < 1:
             raise ValueError(f"need n_features >= 0, buckets >= 1, dim >= 1; got {n_features}, {buckets}, {dim}")
         self.n_features, self.buckets, self.dim = n_features, buckets, dim
-        self.table = nn.Embedding(buckets, dim, sparse=False)
+        self.table = nn.Embedding(buckets, dim, sparse=sparse)  # sparse: gradients of the touched rows only
         nn.init.normal_(self.table.weight, mean=0.0, std=0.01)
         salts = torch.tensor([[_salt(f, k) for f in range(n_features)] for k in range(4)], dtype=torch.int64)
         self.register_buffer("salts", salts.reshape(4, n_features), persistent=False)  # rows: a0, a1, a2, b
@@ -106,7 +107,7 @@ class _DLRMTower(nn.Module):
 
     def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int, aux_dim: int = 0):
         super().__init__()
-        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim)
+        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim, spec.sparse_embeddings)
         self.bottom = nn.Sequential(nn.Linear(n_dense, spec.embedding_dim), nn.ReLU()) if n_dense else None
         width = (spec.embedding_dim if n_dense else 0) + n_sparse * spec.embedding_dim + aux_dim
         self.top, width = _mlp(width, list(spec.adapt_hidden))
@@ -126,7 +127,7 @@ class _MemoryTower(nn.Module):
 
     def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
         super().__init__()
-        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim)
+        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim, spec.sparse_embeddings)
         self.mlp, self.hidden_dim = _mlp(n_dense + n_sparse * spec.embedding_dim, list(spec.memory_hidden))
         self.head = nn.Linear(self.hidden_dim, 1)
 

@@ -53,6 +53,45 @@ def keep_freed_memory() -> None:
         pass
 
 
+class RecOptimizer:
+    """Adam for the dense parameters and a lazy :class:`torch.optim.SparseAdam` for embedding tables
+    with sparse gradients (a step updates only the rows its batch touched), behind one
+    ``zero_grad`` / ``step`` / ``state_dict``. Parameters whose grad is None (MTRM's untrained
+    tower) are skipped by both.
+
+    Example::
+
+        opt = RecOptimizer(model, lr=1e-3)
+        opt.zero_grad(); loss.backward(); opt.step()
+    """
+
+    def __init__(self, model: nn.Module, lr: float):
+        sparse = [m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse]
+        ids = {id(p) for p in sparse}
+        dense = [p for p in model.parameters() if id(p) not in ids]
+        self.parts: dict[str, torch.optim.Optimizer] = {"dense": torch.optim.Adam(dense, lr=lr)}
+        if sparse:
+            self.parts["sparse"] = torch.optim.SparseAdam(sparse, lr=lr)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts.values():
+            part.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for part in self.parts.values():
+            part.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: part.state_dict() for name, part in self.parts.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != set(self.parts):
+            raise ValueError(f"optimizer state has parts {sorted(state)}, this model needs {sorted(self.parts)} "
+                             "(was training.model.sparse_embeddings changed?)")
+        for name, part in self.parts.items():
+            part.load_state_dict(state[name])
+
+
 @dataclass
 class TrainerStats:
     """Counters of a trainer (restored from checkpoints with the model)."""
@@ -77,7 +116,7 @@ class Trainer:
         self.model = model
         self.module = module if module is not None else model
         self.spec = spec
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
+        self.optimizer = RecOptimizer(model, spec.learning_rate)
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.counters = TrainerStats()
         self._last_loss = float("nan")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.evaluation import auc
 from primus_dagster.training.models import MTRM, HashedEmbedding, SingleTower, build_model, model_summary
+from primus_dagster.training.trainer import RecOptimizer
 
 SMALL = dict(embedding_dim=4, hash_buckets=997, memory_hidden=[16, 8], adapt_hidden=[16, 8])
 
@@ -138,7 +139,7 @@ def test_mtrm_gradients_are_routed_by_kind() -> None:
 
 def _fit(model: torch.nn.Module, kinds: tuple[str, ...], steps: int = 150) -> None:
     g = torch.Generator().manual_seed(0)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt = RecOptimizer(model, lr=0.01)  # Adam + SparseAdam for the (sparse-gradient) embedding tables
     for step in range(steps):
         dense = torch.randn(256, 3, generator=g)
         sparse = torch.randint(0, 50, (256, 2), generator=g)
