@@ -252,7 +252,11 @@ def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, ex
                 run.report(phase)
                 if trainer.step >= run.next_checkpoint:
                     snapshot = reader.barrier(trainer.step, wait_s=30)
-                    run.checkpoint(phase, snapshot, phase_done=False)
+                    if snapshot is None:  # without the data progress a restore would replay trained samples
+                        log.warning("no barrier snapshot at step %d: checkpoint skipped", trainer.step)
+                        run.next_checkpoint = trainer.step + spec.checkpoint_every_steps
+                    else:
+                        run.checkpoint(phase, snapshot, phase_done=False)
         plane.driver.raise_if_failed()
     run.report(phase, force=True)
     run.checkpoint(phase, None, phase_done=True)
