@@ -62,30 +62,40 @@ class LocalDataPlane:
     def location(self) -> str:
         return self.server.location
 
-    def start_executor(self, index: int) -> str:
-        """Start executor ``index`` (again, after a kill); returns its dataset-server address."""
+    def _spawn(self, index: int) -> subprocess.Popen[str]:
         config = ExecutorConfig(driver=self.location, executor_id=f"data-{index}", job_spec=self.job_path,
                                 data_root=self.data_root, executor_index=index, trainers=self.trainers,
                                 kafka_bootstrap=self.kafka_bootstrap, slow_ms_per_batch=self.slow.get(index, 0.0),
                                 heartbeat_s=self.heartbeat_s, linger_s=0.5, shm=self.shm)
         proc = start_executor_process(config, token=self.token)
         self.processes[index] = proc
+        return proc
+
+    def _await_ready(self, proc: subprocess.Popen[str]) -> str:
         address = wait_ready(proc, timeout=60)
         self._startup_cpu[proc.pid] = _cpu_of(proc)
         return address
 
+    def start_executor(self, index: int) -> str:
+        """Start executor ``index`` (again, after a kill); returns its dataset-server address."""
+        return self._await_ready(self._spawn(index))
+
     def __enter__(self) -> "LocalDataPlane":
         self.server.serve_in_thread()
-        try:
-            for index in range(self._executors):
-                self.start_executor(index)
+        try:  # all at once: their start-ups (interpreter, imports) overlap
+            for proc in [self._spawn(index) for index in range(self._executors)]:
+                self._await_ready(proc)
         except BaseException:
             self.close()
             raise
         return self
 
-    def reader(self, trainer_id: int, **kwargs: Any) -> RemoteReader:
-        """A trainer-side reader with its own driver client (closed with the reader)."""
+    def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
+        """A trainer-side reader. ``in_process``: it calls this process's driver directly (claims
+        and barriers without an RPC, as a trainer co-located with its driver does); otherwise
+        through its own Flight client (closed with the reader), as a trainer elsewhere would."""
+        if in_process:
+            return RemoteReader(self.driver, trainer_id, token=self.token, **kwargs)
         client = DriverClient(self.location, token=self.token)
         reader = RemoteReader(client, trainer_id, token=self.token, **kwargs)
         original_close = reader.close

@@ -45,7 +45,7 @@ import pyarrow.flight as fl
 from primus_dagster.data.driver.api import DriverAPI
 from primus_dagster.data.executor.shm import shm_enabled
 from primus_dagster.data.executor.shm_client import ShmClient, ShmError, connect_shm
-from primus_dagster.data.executor.wire import encode_ticket, from_wire, split_meta
+from primus_dagster.data.executor.wire import encode_ticket, split_meta
 from primus_dagster.data.flight_auth import bearer_options
 from primus_dagster.data.tasks import BatchId
 from primus_dagster.data.train_batch import TrainBatch, to_train_batch
@@ -237,7 +237,9 @@ class RemoteReader:
             if shm is None:
                 raise ValueError(f"batch {meta.batch_id.key()} arrived in shared memory on a plain stream")
             data = shm.read(desc)
-        batch, meta = from_wire(data, meta)
+        if meta.rows != data.num_rows:
+            raise ValueError(f"batch {meta.batch_id.key()}: metadata says {meta.rows} rows, got {data.num_rows}")
+        batch = data  # the constant source/kind columns stay in the metadata (TrainBatch.source / .kind)
         with self._cond:
             self.stats["received"] += 1
         if meta.kind not in self._queues:

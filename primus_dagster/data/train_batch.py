@@ -32,7 +32,8 @@ class TrainBatch:
     have no nulls), ``sparse`` name -> int64 [B] (null -> 0), ``label`` float32 [B] (null -> NaN),
     ``ts`` int64 [B] (µs since the epoch, UTC), ``sample_id`` int64 [B] (null -> -1; None when the
     source has no ids). Arrays are numpy or torch (``framework``); views over Arrow memory are
-    read-only: clone before writing into them."""
+    read-only: clone before writing into them. ``record_batch``: the Arrow batch the arrays view
+    (from a reader: as it came over the wire, without the constant ``source``/``kind`` columns)."""
 
     dense: Any
     sparse: dict[str, Any]
