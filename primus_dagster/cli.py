@@ -237,6 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as exc:  # unknown source names and the like
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a job that cannot run or failed (no ready data, failed tasks past the threshold)
+        from primus_dagster.data.driver import JobFailedError
+        from primus_dagster.training.job import NoTrainingDataError
+
+        if not isinstance(exc, (NoTrainingDataError, JobFailedError)):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -47,3 +47,12 @@ def test_partitions_lists_readiness(tmp_path: Path, capsys) -> None:
 def test_unknown_source_is_a_clear_error(capsys) -> None:
     assert main(["partitions", EXAMPLE, "--source", "nope"]) == 2
     assert "no source 'nope'" in capsys.readouterr().err
+
+
+def test_train_on_a_window_without_data_says_so(tmp_path, capsys) -> None:
+    from primus_dagster.cli import main
+
+    code = main(["train", "examples/job.yaml", "--start", "2026-11-02", "--hours", "1", "--data-root", str(tmp_path),
+                 "--kafka-bootstrap", "127.0.0.1:1", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"])
+    assert code == 1
+    assert "no ready data in window" in capsys.readouterr().err
