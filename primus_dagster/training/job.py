@@ -22,10 +22,10 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -40,6 +40,7 @@ from primus_dagster.data.local import LocalDataPlane
 from primus_dagster.data.sources import SourceContext, TimeWindow
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.data.versions import source_versions
+from primus_dagster.paths import primus_home
 from primus_dagster.spec import JobSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from primus_dagster.training.features import features_from_batch
@@ -162,7 +163,10 @@ class _Run:
         self.checkpoints: list[int] = []
         self.next_checkpoint = self.spec.checkpoint_every_steps
         self.samples_log = SampleLog(cfg.record_samples) if cfg.record_samples else None
-        self.workdir = Path(tempfile.mkdtemp(prefix="primus-train-"))
+        # One scratch folder per run key, emptied at start: what a killed attempt left is reclaimed.
+        self.workdir = primus_home() / "train" / hashlib.sha1(cfg.key().encode()).hexdigest()[:16]
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir.mkdir(parents=True)
         self._last_progress = 0.0
 
     def ensure_trainer(self, n_dense: int, n_sparse: int) -> Trainer:

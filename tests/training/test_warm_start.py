@@ -16,7 +16,8 @@ from primus_dagster.training.job import TrainingJob, _Run
 from primus_dagster.training.models import build_model
 
 
-def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path) -> None:
+def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PRIMUS_HOME", str(tmp_path / "home"))  # the run's scratch folder goes there
     env = make_job(tmp_path, hours=0)
     window = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
     cfg = TrainingJob(env["job"], env["job_path"], tmp_path, window, warm_start="train-test/2026-11-01")
