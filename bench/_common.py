@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from pathlib import Path
 
@@ -37,6 +38,29 @@ dataset:
           {LOCATIONS[kind]}
           columns: {COLUMNS}
 """, f"<bench {kind}>")
+
+
+# The dataset of the Parquet benchmarks (serve, train_throughput): one batch source, hourly files.
+PARQUET_DATASET = f"""
+dataset:
+  start: 2026-11-01
+  streams:
+    - name: s
+      window: 1h
+      sources:
+        - name: src
+          type: parquet
+          kind: batch
+          batch_rows: {{batch_rows}}
+          path: parquet/impressions
+          columns: {COLUMNS}
+"""
+
+
+def cpu_self() -> float:
+    """User + system CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def emit(result: dict) -> None:

@@ -54,30 +54,14 @@ from primus_dagster.data.sources import SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
-from _common import COLUMNS, bench_dir, emit
+from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
 
-JOB = f"""
+JOB = """
 name: bench-serve
-data: {{buffer_batches: 8, lease: 30s}}
-pools: {{data: {{replicas: {{workers}}, max_replicas: 8, task_runners: {{runners}}}}, training: {{replicas: 1}}}}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: s
-      window: 1h
-      sources:
-        - name: src
-          type: parquet
-          kind: batch
-          batch_rows: {{batch_rows}}
-          path: parquet/impressions
-          columns: {COLUMNS}
-"""
+data: {buffer_batches: 8, lease: 30s}
+pools: {data: {replicas: {workers}, max_replicas: 8, task_runners: {runners}}, training: {replicas: 1}}
+""" + PARQUET_DATASET
 
-
-def cpu_self() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_children() -> float:

@@ -71,7 +71,6 @@ throughput with one executor slowed / without, per shuffle mode.
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import statistics
 import threading
@@ -85,7 +84,7 @@ from primus_dagster.data.sources import SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
-from _common import COLUMNS, bench_dir, emit
+from _common import COLUMNS, bench_dir, cpu_self, emit
 
 JOB = """
 name: bench-shuffle
@@ -107,10 +106,6 @@ dataset:
           columns: {columns}
 """
 
-
-def cpu_self() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 class SyncGroup:

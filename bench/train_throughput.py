@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import time
 from datetime import timedelta
@@ -68,30 +67,14 @@ from primus_dagster.training.features import Features, features_from_arrow, feat
 from primus_dagster.training.models import build_model
 from primus_dagster.training.trainer import Trainer
 
-from _common import COLUMNS, bench_dir, emit
+from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
 
-JOB = f"""
+JOB = """
 name: bench-train
-data: {{buffer_batches: 4, lease: 30s}}
-pools: {{data: {{replicas: 2, task_runners: 1}}, training: {{replicas: 1}}}}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: s
-      window: 1h
-      sources:
-        - name: src
-          type: parquet
-          kind: batch
-          batch_rows: {{batch_rows}}
-          path: parquet/impressions
-          columns: {COLUMNS}
-"""
+data: {buffer_batches: 4, lease: 30s}
+pools: {data: {replicas: 2, task_runners: 1}, training: {replicas: 1}}
+""" + PARQUET_DATASET
 
-
-def cpu_self() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def spec_of(model: str, batch_size: int, buckets: int = 100_000) -> TrainingSpec:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+from typing import Iterable
 
-from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.data.graph import Planner
+from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
+from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -63,3 +67,16 @@ def make_job(root: Path, *, mode: str = "mixed", model: str = "mtrm", every: int
         write_world(job, context, world, range(hours + 2), files_per_hour=2, progress=False)
         window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=hours))
     return {"root": root, "job_path": job_path, "job": job, "window": window, "context": context, "kafka": kafka}
+
+
+def expected_ids(env: dict, tasks: Iterable[DataTask] | None = None) -> Counter:
+    """Sample ids of every task of the window (default: as planned), read through the adapters:
+    the reference the trained samples are compared with, independent of the data plane."""
+    if tasks is None:
+        tasks = Planner(env["job"].dataset, env["context"], threads=2).plan(env["window"]).tasks
+    out: Counter = Counter()
+    for task in tasks:
+        with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
+            for batch in adapter.read(task.read):
+                out.update(batch.column("sample_id").to_pylist())
+    return out

@@ -14,11 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from jobkit import make_job
+from jobkit import expected_ids, make_job
 
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.local import LocalDataPlane
-from primus_dagster.data.sources import make_adapter
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.distributed import params_checksum, run_ddp, run_ddp_in_memory
 from primus_dagster.training.models import build_model
@@ -30,16 +29,6 @@ def _tasks(env: dict) -> list:
     return list(Planner(env["job"].dataset, env["context"], threads=2).plan(env["window"]).tasks)
 
 
-def _expected_ids(env: dict, tasks: list) -> Counter:
-    """Sample ids of every task of the window, read through the adapters (independently)."""
-    out: Counter = Counter()
-    for task in tasks:
-        with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
-            for batch in adapter.read(task.read):
-                out.update(batch.column("sample_id").to_pylist())
-    return out
-
-
 def test_two_ranks_train_every_sample_once_and_end_identical(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="mixed", model="mtrm")
     tasks = _tasks(env)
@@ -48,7 +37,7 @@ def test_two_ranks_train_every_sample_once_and_end_identical(tmp_path: Path) -> 
         plane.driver.raise_if_failed()
     assert [r.rank for r in results] == [0, 1]
     trained = Counter(i for r in results for i in r.sample_ids or [])
-    expected = _expected_ids(env, tasks)
+    expected = expected_ids(env, tasks)
     assert trained == expected
     assert sum(r.samples for r in results) == sum(expected.values())
     assert all(r.steps > 0 and r.samples > 0 for r in results), [(r.steps, r.samples) for r in results]
@@ -65,7 +54,7 @@ def test_a_group_of_one_trains_the_whole_window(tmp_path: Path) -> None:
     tasks = _tasks(env)
     with LocalDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=1) as plane:
         (result,) = run_ddp(plane, env["job"].training, world_size=1, record_ids=True, timeout_s=120)
-    assert Counter(result.sample_ids or []) == _expected_ids(env, tasks)
+    assert Counter(result.sample_ids or []) == expected_ids(env, tasks)
     assert result.null_steps == 0 and result.steps > 0 and result.params_checksum
 
 
@@ -79,7 +68,7 @@ def test_a_rank_without_any_batch_still_takes_part(tmp_path: Path) -> None:
     tasks = [t for t in _tasks(env) if t.kind == "batch"]
     with LocalDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=2) as plane:
         results = run_ddp(plane, env["job"].training, world_size=2, record_ids=True, timeout_s=120)
-    assert Counter(i for r in results for i in r.sample_ids or []) == _expected_ids(env, tasks)
+    assert Counter(i for r in results for i in r.sample_ids or []) == expected_ids(env, tasks)
     assert results[1].steps == 0 and results[1].null_steps == results[0].steps > 0
     assert results[0].params_checksum == results[1].params_checksum
 

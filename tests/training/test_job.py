@@ -19,7 +19,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from jobkit import make_job
+from jobkit import expected_ids, make_job
 
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import make_adapter
@@ -29,17 +29,6 @@ from primus_dagster.training.sample_log import read_sample_log
 from primus_dagster.training.tracking import use_tracking_uri
 
 pytestmark = pytest.mark.integration
-
-
-def expected_ids(env: dict) -> Counter:
-    """Sample ids of every task of the window, read through the adapters (independently)."""
-    tasks = Planner(env["job"].dataset, env["context"], threads=2).plan(env["window"]).tasks
-    out: Counter = Counter()
-    for task in tasks:
-        with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
-            for batch in adapter.read(task.read):
-                out.update(batch.column("sample_id").to_pylist())
-    return out
 
 
 def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path: Path) -> None:
