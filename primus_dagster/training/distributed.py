@@ -139,7 +139,7 @@ class _RankLoop:
                                       gradient_as_bucket_view=True)
         self.group = {id(p): (name.split(".")[0] if mtrm else "all") for name, p in model.named_parameters()}
         ddp.register_comm_hook(self, _average_hook)
-        self.trainer, self.widths = Trainer(model, self.spec, module=ddp), (n_dense, n_sparse)
+        self.trainer, self.widths = Trainer(model, self.spec, module=ddp, observe_labels=False), (n_dense, n_sparse)
         return self.trainer
 
     def _null_step(self, trainer: Trainer, kind: str) -> None:

@@ -169,7 +169,13 @@ class MTRM(nn.Module):
 
     ``forward(.., "batch")`` -> memory head logits (gradients reach the memory tower only);
     ``forward(.., "stream")`` -> adapt head logits on the detached memory state ``h_aux`` (gradients
-    reach the adapt tower only); ``predict`` -> the adapt tower.
+    reach the adapt tower only); ``predict`` -> the adapt tower, shifted by :meth:`delay_offset`.
+
+    **Label-delay calibration.** The adapt tower learns stream labels, which miss the clicks that
+    arrive after the stream's label window, so its probabilities run low (ranking, AUC, is not
+    affected). :meth:`observe` counts the positives of each kind the trainer sees; ``predict`` adds
+    ``logit(rate_batch) - logit(rate_stream)`` once both kinds have ``_MIN_OBSERVED`` samples: the
+    complete-label rate of the batch data over the stream's observed rate.
 
     Example::
 
@@ -187,6 +193,24 @@ class MTRM(nn.Module):
         self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
         self.memory = _MemoryTower(spec, n_dense, n_sparse)
         self.adapt = _DLRMTower(spec, n_dense, n_sparse, aux_dim=self.memory.hidden_dim)
+        # [batch, stream] label sums and counts (float64: exact far beyond a day of samples)
+        self.register_buffer("label_sums", torch.zeros(2, dtype=torch.float64))
+        self.register_buffer("label_counts", torch.zeros(2, dtype=torch.float64))
+
+    def observe(self, kind: str, labels: torch.Tensor) -> None:
+        """Count the labels of a trained batch of ``kind`` (for :meth:`delay_offset`)."""
+        index = _KIND_INDEX.get(kind)
+        if index is not None:
+            self.label_sums[index] += float(labels.sum())
+            self.label_counts[index] += labels.numel()
+
+    def delay_offset(self) -> float:
+        """``logit(batch positive rate) - logit(stream positive rate)``; 0 until both kinds were seen."""
+        if bool((self.label_counts < _MIN_OBSERVED).any()):
+            return 0.0
+        rates = (self.label_sums / self.label_counts).clamp(1e-6, 1 - 1e-6)
+        logits = torch.log(rates / (1 - rates))
+        return float(logits[0] - logits[1])
 
     def memory_state(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         """h_aux [B, memory_hidden[-1]]: the memory tower's hidden state, without gradient."""
@@ -202,7 +226,11 @@ class MTRM(nn.Module):
         raise ValueError(f"MTRM got samples of kind {kind!r}; expected 'batch' or 'stream'")
 
     def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.forward(dense, sparse, "stream")
+        return self.forward(dense, sparse, "stream") + self.delay_offset()
+
+
+_KIND_INDEX = {"batch": 0, "stream": 1}
+_MIN_OBSERVED = 1000  # samples of each kind before the calibration applies
 
 
 def build_model(spec: ModelSpec, n_dense: int, n_sparse: int, seed: int = 0) -> nn.Module:

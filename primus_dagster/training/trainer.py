@@ -111,10 +111,14 @@ class TrainerStats:
 class Trainer:
     """Adam on BCE-with-logits; ``module`` is what runs forward (e.g. a DDP wrapper of ``model``)."""
 
-    def __init__(self, model: nn.Module, spec: TrainingSpec, *, module: nn.Module | None = None):
+    def __init__(self, model: nn.Module, spec: TrainingSpec, *, module: nn.Module | None = None,
+                 observe_labels: bool = True):
         keep_freed_memory()
         self.model = model
         self.module = module if module is not None else model
+        # MTRM's label-delay calibration counts the labels it learns from (DDP ranks do not: their
+        # counts would differ, and so would the replicas)
+        self._observe = getattr(model, "observe", None) if observe_labels else None
         self.spec = spec
         self.optimizer = RecOptimizer(model, spec.learning_rate)
         self.loss_fn = nn.BCEWithLogitsLoss()
@@ -134,6 +138,8 @@ class Trainer:
         logits = self.module(feats.dense, feats.sparse, feats.kind)
         loss = self.loss_fn(logits, feats.label)
         self._recent.append((logits.detach(), feats.label))
+        if self._observe is not None:
+            self._observe(feats.kind, feats.label)
         loss.backward()
         self.optimizer.step()
         value = float(loss.detach())
