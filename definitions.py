@@ -1,6 +1,6 @@
 """The reference Dagster code location: ``dagster dev`` (workspace.yaml) or ``-m definitions``.
 
-    dagster asset materialize -m definitions --select impressions_parquet --partition 2026-11-01-00:00
+dagster asset materialize -m definitions --select impressions_parquet --partition 2026-11-01-00:00
 """
 
 from dagster import Definitions

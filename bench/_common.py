@@ -9,8 +9,10 @@ from pathlib import Path
 
 from primus_dagster.spec import JobSpec, parse_job_spec
 
-COLUMNS = ("{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, "
-           "d12], sparse: [user_id, item_id, topic_id, device, hour_of_day]}")
+COLUMNS = (
+    "{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, "
+    "d12], sparse: [user_id, item_id, topic_id, device, hour_of_day]}"
+)
 
 LOCATIONS = {
     "parquet": "path: parquet/impressions",
@@ -23,7 +25,8 @@ LOCATIONS = {
 def one_source_job(kind: str, start: str = "2026-11-01", batch_rows: int = 65536) -> JobSpec:
     """A job whose only source is of ``kind``; it receives the whole synthetic world."""
     role = "stream" if kind == "kafka" else "batch"
-    return parse_job_spec(f"""
+    return parse_job_spec(
+        f"""
 name: bench-{kind}
 dataset:
   start: {start}
@@ -37,7 +40,9 @@ dataset:
           batch_rows: {batch_rows}
           {LOCATIONS[kind]}
           columns: {COLUMNS}
-""", f"<bench {kind}>")
+""",
+        f"<bench {kind}>",
+    )
 
 
 # The dataset of the Parquet benchmarks (serve, train_throughput): one batch source, hourly files.

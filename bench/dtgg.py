@@ -76,8 +76,15 @@ class MetastoreFS(AbstractFileSystem):
     calls: Counter[str] = Counter()
     _lock = threading.Lock()
 
-    def __init__(self, days: str = "20", files_per_hour: str = "500", latency_ms: str = "2",
-                 stat_latency_ms: str = "0.2", extra_hours: str = "1", **kwargs: Any):
+    def __init__(
+        self,
+        days: str = "20",
+        files_per_hour: str = "500",
+        latency_ms: str = "2",
+        stat_latency_ms: str = "0.2",
+        extra_hours: str = "1",
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.hours = int(days) * 24 + int(extra_hours)
         self.files_per_hour = int(files_per_hour)
@@ -128,8 +135,10 @@ class MetastoreFS(AbstractFileSystem):
             if not 0 <= hour < self.hours:
                 raise FileNotFoundError(path)
             source = parts[1]
-            entries = [(f"{base}/part-{i:05d}.parquet", self._size(source, hour, i), "file")
-                       for i in range(self.files_per_hour)]
+            entries = [
+                (f"{base}/part-{i:05d}.parquet", self._size(source, hour, i), "file")
+                for i in range(self.files_per_hour)
+            ]
             entries.append((f"{base}/_SUCCESS", 0, "file"))
         else:
             raise FileNotFoundError(path)
@@ -162,14 +171,21 @@ fsspec.register_implementation("metastore", MetastoreFS, clobber=True)
 
 def job_dataset(days: int, files_per_hour: int, latency_ms: float, stat_latency_ms: float) -> DatasetSpec:
     """Two streams reading the same two sources (four source names, two physical scans)."""
-    options = (f"{{days: '{days}', files_per_hour: '{files_per_hour}', latency_ms: '{latency_ms}', "
-               f"stat_latency_ms: '{stat_latency_ms}'}}")
+    options = (
+        f"{{days: '{days}', files_per_hour: '{files_per_hour}', latency_ms: '{latency_ms}', "
+        f"stat_latency_ms: '{stat_latency_ms}'}}"
+    )
     columns = "{ts: event_time, label: click, id: sample_id, dense: [d0]}"
-    sources = {stream: "\n".join(
-        f"        - {{name: {src}_{stream}, type: parquet, kind: batch, granularity: hour, "
-        f"path: 'metastore://warehouse/{src}', storage_options: {options}, columns: {columns}}}"
-        for src in SOURCES) for stream in ("history", "fresh")}
-    job = parse_job_spec(f"""
+    sources = {
+        stream: "\n".join(
+            f"        - {{name: {src}_{stream}, type: parquet, kind: batch, granularity: hour, "
+            f"path: 'metastore://warehouse/{src}', storage_options: {options}, columns: {columns}}}"
+            for src in SOURCES
+        )
+        for stream in ("history", "fresh")
+    }
+    job = parse_job_spec(
+        f"""
 name: bench-dtgg
 dataset:
   start: {START:%Y-%m-%d}
@@ -177,17 +193,20 @@ dataset:
     - name: history
       window: 24h
       sources:
-{sources['history']}
+{sources["history"]}
     - name: fresh
       window: 1h
       sources:
-{sources['fresh']}
-""", "<bench dtgg>")
+{sources["fresh"]}
+""",
+        "<bench dtgg>",
+    )
     return job.dataset
 
 
-def naive_plan(dataset: DatasetSpec, window: TimeWindow,
-               sizes_from_listing: bool = False) -> list[tuple[datetime, str, str, str, int]]:
+def naive_plan(
+    dataset: DatasetSpec, window: TimeWindow, sizes_from_listing: bool = False
+) -> list[tuple[datetime, str, str, str, int]]:
     """The straightforward loader (module docstring): no threads, no cache, no fusion.
 
     ``sizes_from_listing``: the ablation that takes sizes from ``ls(detail=True)`` instead of
@@ -246,9 +265,20 @@ def rss_child(files: int, files_per_hour: int) -> None:
     after_plan = vm_hwm()
     t0 = time.perf_counter()
     streamed = sum(1 for _ in plan.tasks)
-    print(json.dumps({"files": plan.stats.files, "tasks": len(plan.tasks), "streamed": streamed,
-                      "plan_s": round(seconds, 3), "stream_s": round(time.perf_counter() - t0, 3),
-                      "rss_before_plan": before, "rss_after_plan": after_plan, "peak_rss_bytes": vm_hwm()}))
+    print(
+        json.dumps(
+            {
+                "files": plan.stats.files,
+                "tasks": len(plan.tasks),
+                "streamed": streamed,
+                "plan_s": round(seconds, 3),
+                "stream_s": round(time.perf_counter() - t0, 3),
+                "rss_before_plan": before,
+                "rss_after_plan": after_plan,
+                "peak_rss_bytes": vm_hwm(),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -271,11 +301,16 @@ def main() -> None:
     consumers = sum(len(s.sources) for s in dataset.streams)
     ls_cost, stat_cost = calibrate(args.latency_ms / 1000), calibrate(args.stat_latency_ms / 1000, 2000)
     naive_rpcs = (consumers * hours, consumers * hours * args.files_per_hour)
-    print(f"metastore: {args.days} days x 24 h x {len(SOURCES)} sources x {args.files_per_hour} files "
-          f"= {hours * len(SOURCES) * args.files_per_hour:,} files; ls {args.latency_ms} ms "
-          f"(measured {ls_cost * 1e3:.3f}), stat {args.stat_latency_ms} ms (measured {stat_cost * 1e3:.3f})")
-    print(f"naive: {naive_rpcs[0]:,} ls + {naive_rpcs[1]:,} stat RPCs; expected >= "
-          f"{naive_rpcs[0] * ls_cost + naive_rpcs[1] * stat_cost:.0f} s", flush=True)
+    print(
+        f"metastore: {args.days} days x 24 h x {len(SOURCES)} sources x {args.files_per_hour} files "
+        f"= {hours * len(SOURCES) * args.files_per_hour:,} files; ls {args.latency_ms} ms "
+        f"(measured {ls_cost * 1e3:.3f}), stat {args.stat_latency_ms} ms (measured {stat_cost * 1e3:.3f})"
+    )
+    print(
+        f"naive: {naive_rpcs[0]:,} ls + {naive_rpcs[1]:,} stat RPCs; expected >= "
+        f"{naive_rpcs[0] * ls_cost + naive_rpcs[1] * stat_cost:.0f} s",
+        flush=True,
+    )
 
     # Warm-up (imports, adapter construction) outside every timed run.
     Planner(dataset, SourceContext("."), threads=1).plan(TimeWindow(START, START + HOUR))
@@ -302,12 +337,17 @@ def main() -> None:
         fs.calls.clear()
         planner, plan, seconds = timed_plan(dataset, window, threads)
         seconds_by_threads[threads], rpcs_by_threads[threads] = seconds, dict(fs.calls)
-        print(f"dtgg {threads}t: {len(plan.tasks):,} tasks in {seconds:.2f} s ({dict(fs.calls)}; "
-              f"{plan.stats.listings} listings)", flush=True)
+        print(
+            f"dtgg {threads}t: {len(plan.tasks):,} tasks in {seconds:.2f} s ({dict(fs.calls)}; "
+            f"{plan.stats.listings} listings)",
+            flush=True,
+        )
         dtgg_bytes = {key: c.bytes for key, c in plan.counts.items()}
         if len(plan.tasks) != naive_tasks or dtgg_bytes != dict(naive_bytes):
-            raise SystemExit(f"DTGG and naive disagree: {len(plan.tasks)} vs {naive_tasks} tasks, "
-                             f"{dtgg_bytes} vs {dict(naive_bytes)}")
+            raise SystemExit(
+                f"DTGG and naive disagree: {len(plan.tasks)} vs {naive_tasks} tasks, "
+                f"{dtgg_bytes} vs {dict(naive_bytes)}"
+            )
 
     # `planner` / `plan` are now the 4-thread ones, with a warm cache.
     full_s = seconds_by_threads[4]
@@ -316,8 +356,11 @@ def main() -> None:
     slid = planner.plan(TimeWindow(window.start + HOUR, window.end + HOUR))
     slide_s = time.perf_counter() - t0
     slide_calls = dict(fs.calls)
-    print(f"slide by 1 h (warm cache): {slide_s:.3f} s, {slid.stats.listings} listings, "
-          f"{slid.stats.cache_hits} cache hits ({slide_calls})", flush=True)
+    print(
+        f"slide by 1 h (warm cache): {slide_s:.3f} s, {slid.stats.listings} listings, "
+        f"{slid.stats.cache_hits} cache hits ({slide_calls})",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
     materialised = sum(1 for _ in plan.tasks)
@@ -326,37 +369,55 @@ def main() -> None:
     main_hwm = vm_hwm()
     del slid, plan, planner
 
-    out = subprocess.run([sys.executable, __file__, "--rss-child", "--rss-files", str(args.rss_files)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-child", "--rss-files", str(args.rss_files)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rss = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"rss child: {rss}", flush=True)
 
-    emit({
-        "bench": "dtgg",
-        "files": hours * len(SOURCES) * args.files_per_hour,
-        "tasks": naive_tasks,
-        "naive_s": round(naive_s, 3),
-        "dtgg_1t_s": round(seconds_by_threads[1], 3),
-        "dtgg_4t_s": round(full_s, 3),
-        "speedup_1t": round(naive_s / seconds_by_threads[1], 2),
-        "speedup_4t": round(naive_s / full_s, 2),
-        "slide_replan_ratio": round(slide_s / full_s, 4),
-        "peak_rss_bytes": rss["peak_rss_bytes"],
-        "rss_files": rss["files"],
-        "metric": "planning wall time", "value": round(full_s, 3), "baseline": round(naive_s, 3),
-        "ratio": round(naive_s / full_s, 2),
-        "detail": {
-            "days": args.days, "files_per_hour": args.files_per_hour, "latency_ms": args.latency_ms,
-            "stat_latency_ms": args.stat_latency_ms, "measured_ls_ms": round(ls_cost * 1e3, 4),
-            "measured_stat_ms": round(stat_cost * 1e3, 4), "naive_rpcs": naive_calls,
-            "dtgg_rpcs": rpcs_by_threads,
-            "slide_s": round(slide_s, 4), "slide_rpcs": slide_calls, "materialise_s": round(materialise_s, 3),
-            "materialised": materialised,
-            "naive_sizes_from_listing_s": round(naive_listing_sizes_s, 3),
-            "speedup_4t_vs_naive_sizes_from_listing": round(naive_listing_sizes_s / full_s, 2), "speedup_4t_incl_materialise": round(naive_s / (full_s + materialise_s), 2),
-            "first_task": first.task_id, "last_task": last.task_id, "main_peak_rss_bytes": main_hwm, "rss_child": rss,
-        },
-    })
+    emit(
+        {
+            "bench": "dtgg",
+            "files": hours * len(SOURCES) * args.files_per_hour,
+            "tasks": naive_tasks,
+            "naive_s": round(naive_s, 3),
+            "dtgg_1t_s": round(seconds_by_threads[1], 3),
+            "dtgg_4t_s": round(full_s, 3),
+            "speedup_1t": round(naive_s / seconds_by_threads[1], 2),
+            "speedup_4t": round(naive_s / full_s, 2),
+            "slide_replan_ratio": round(slide_s / full_s, 4),
+            "peak_rss_bytes": rss["peak_rss_bytes"],
+            "rss_files": rss["files"],
+            "metric": "planning wall time",
+            "value": round(full_s, 3),
+            "baseline": round(naive_s, 3),
+            "ratio": round(naive_s / full_s, 2),
+            "detail": {
+                "days": args.days,
+                "files_per_hour": args.files_per_hour,
+                "latency_ms": args.latency_ms,
+                "stat_latency_ms": args.stat_latency_ms,
+                "measured_ls_ms": round(ls_cost * 1e3, 4),
+                "measured_stat_ms": round(stat_cost * 1e3, 4),
+                "naive_rpcs": naive_calls,
+                "dtgg_rpcs": rpcs_by_threads,
+                "slide_s": round(slide_s, 4),
+                "slide_rpcs": slide_calls,
+                "materialise_s": round(materialise_s, 3),
+                "materialised": materialised,
+                "naive_sizes_from_listing_s": round(naive_listing_sizes_s, 3),
+                "speedup_4t_vs_naive_sizes_from_listing": round(naive_listing_sizes_s / full_s, 2),
+                "speedup_4t_incl_materialise": round(naive_s / (full_s + materialise_s), 2),
+                "first_task": first.task_id,
+                "last_task": last.task_id,
+                "main_peak_rss_bytes": main_hwm,
+                "rss_child": rss,
+            },
+        }
+    )
 
 
 if __name__ == "__main__":

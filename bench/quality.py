@@ -78,8 +78,13 @@ from primus_dagster.training.trainer import Trainer
 from _common import COLUMNS, emit
 
 VARIANTS = ("batch", "stream", "single_mixed", "mtrm_mixed")
-PAIRS = (("mtrm_mixed", "single_mixed"), ("single_mixed", "stream"), ("single_mixed", "batch"),
-         ("mtrm_mixed", "stream"), ("stream", "batch"))  # paired AUC differences (same world per seed)
+PAIRS = (
+    ("mtrm_mixed", "single_mixed"),
+    ("single_mixed", "stream"),
+    ("single_mixed", "batch"),
+    ("mtrm_mixed", "stream"),
+    ("stream", "batch"),
+)  # paired AUC differences (same world per seed)
 MODEL_TYPE = {"batch": "single", "stream": "single", "single_mixed": "single", "mtrm_mixed": "mtrm"}
 
 JOB = """
@@ -122,13 +127,26 @@ class SeedData:
     """The world of one seed as canonical Features: stream/batch copies per hour, eval hours."""
 
     def __init__(self, args: argparse.Namespace, seed: int):
-        job = parse_job_spec(JOB.format(columns=COLUMNS, window=format_duration(args.stream_label_window),
-                                        max_delay=format_duration(args.max_label_delay)), "<bench quality>")
+        job = parse_job_spec(
+            JOB.format(
+                columns=COLUMNS,
+                window=format_duration(args.stream_label_window),
+                max_delay=format_duration(args.max_label_delay),
+            ),
+            "<bench quality>",
+        )
         self.batch_norm = Normalizer(job.dataset.source("impressions"))
         self.stream_norm = Normalizer(job.dataset.source("events"))
-        config = WorldConfig(seed=seed, users=args.users, items=args.items, rows_per_hour=args.rows_per_hour,
-                             trend_scale=args.trend_scale, affinity_scale=args.affinity_scale,
-                             stream_label_window=args.stream_label_window, max_label_delay=args.max_label_delay)
+        config = WorldConfig(
+            seed=seed,
+            users=args.users,
+            items=args.items,
+            rows_per_hour=args.rows_per_hour,
+            trend_scale=args.trend_scale,
+            affinity_scale=args.affinity_scale,
+            stream_label_window=args.stream_label_window,
+            max_label_delay=args.max_label_delay,
+        )
         self.world = SyntheticWorld(config, job.dataset.start)
         self.hours = args.days * 24  # T, in hours from start
         self.lag = int(args.max_label_delay.total_seconds() // 3600)  # the batch copy's label delay
@@ -200,15 +218,29 @@ def evaluate_hours(model: torch.nn.Module, data: SeedData) -> dict:
             probs.append(p)
             per_hour.append({"hour": h, "auc": auc(f.label, p), "log_loss": log_loss(f.label, p), "rows": f.rows})
     y, p = torch.cat(labels), torch.cat(probs)
-    return {"auc": auc(y, p), "log_loss": log_loss(y, p), "mean_pred": float(p.mean()), "ctr": float(y.mean()),
-            "per_hour": per_hour}
+    return {
+        "auc": auc(y, p),
+        "log_loss": log_loss(y, p),
+        "mean_pred": float(p.mean()),
+        "ctr": float(y.mean()),
+        "per_hour": per_hour,
+    }
 
 
 def run_variant(args: argparse.Namespace, data: SeedData, seed: int, variant: str) -> dict:
-    spec = ModelSpec(type=MODEL_TYPE[variant], embedding_dim=args.embedding_dim, hash_buckets=args.hash_buckets,
-                     memory_hidden=args.memory_hidden, adapt_hidden=args.adapt_hidden)
-    training = TrainingSpec(mode="mixed" if variant.endswith("mixed") else variant, model=spec,
-                            batch_size=args.batch_size, learning_rate=args.lr)
+    spec = ModelSpec(
+        type=MODEL_TYPE[variant],
+        embedding_dim=args.embedding_dim,
+        hash_buckets=args.hash_buckets,
+        memory_hidden=args.memory_hidden,
+        adapt_hidden=args.adapt_hidden,
+    )
+    training = TrainingSpec(
+        mode="mixed" if variant.endswith("mixed") else variant,
+        model=spec,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+    )
     some = next(iter(data.stream.values()))
     model = build_model(spec, some.dense.shape[1], some.sparse.shape[1], seed=seed)
     trainer = Trainer(model, training)
@@ -218,8 +250,13 @@ def run_variant(args: argparse.Namespace, data: SeedData, seed: int, variant: st
     train_s = time.perf_counter() - started
     result = evaluate_hours(model, data)
     stats = trainer.stats()
-    result.update(train_s=round(train_s, 2), steps=stats["step"], samples_batch=stats["samples_batch"],
-                  samples_stream=stats["samples_stream"], params=model_summary(model)["params"])
+    result.update(
+        train_s=round(train_s, 2),
+        steps=stats["step"],
+        samples_batch=stats["samples_batch"],
+        samples_stream=stats["samples_stream"],
+        params=model_summary(model)["params"],
+    )
     return result
 
 
@@ -228,8 +265,12 @@ def mean_std(values: list[float]) -> list[float]:
 
 
 def print_table(per_seed: dict, seeds: list[int], eval_hours: int) -> None:
-    header = f"{'variant':14s} {'AUC mean':>9s} {'± std':>8s} {'logloss':>8s}  " + " ".join(
-        f"{'seed ' + str(s):>9s}" for s in seeds) + "  " + " ".join(f"{'h+' + str(i):>7s}" for i in range(eval_hours))
+    header = (
+        f"{'variant':14s} {'AUC mean':>9s} {'± std':>8s} {'logloss':>8s}  "
+        + " ".join(f"{'seed ' + str(s):>9s}" for s in seeds)
+        + "  "
+        + " ".join(f"{'h+' + str(i):>7s}" for i in range(eval_hours))
+    )
     print(header)
     print("-" * len(header))
     for v in VARIANTS:
@@ -237,8 +278,12 @@ def print_table(per_seed: dict, seeds: list[int], eval_hours: int) -> None:
         losses = [per_seed[s][v]["log_loss"] for s in seeds]
         m, sd = mean_std(aucs)
         hours = [statistics.fmean(per_seed[s][v]["per_hour"][i]["auc"] for s in seeds) for i in range(eval_hours)]
-        print(f"{v:14s} {m:9.4f} {sd:8.4f} {statistics.fmean(losses):8.4f}  "
-              + " ".join(f"{a:9.4f}" for a in aucs) + "  " + " ".join(f"{a:7.4f}" for a in hours))
+        print(
+            f"{v:14s} {m:9.4f} {sd:8.4f} {statistics.fmean(losses):8.4f}  "
+            + " ".join(f"{a:9.4f}" for a in aucs)
+            + "  "
+            + " ".join(f"{a:7.4f}" for a in hours)
+        )
     print(f"(AUC pooled over the eval hours; h+i: AUC of eval hour i, mean over seeds; std over {len(seeds)} seeds)")
     for a, b in PAIRS:
         deltas = [per_seed[s][a]["auc"] - per_seed[s][b]["auc"] for s in seeds]
@@ -249,8 +294,12 @@ def print_table(per_seed: dict, seeds: list[int], eval_hours: int) -> None:
 def main() -> None:
     """Run every variant for every seed; print progress, a table and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("3"),
-                        help="N (seeds 1..N) or a comma-separated list of world/model seeds")
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=parse_seeds("3"),
+        help="N (seeds 1..N) or a comma-separated list of world/model seeds",
+    )
     parser.add_argument("--days", type=int, default=3, help="the job has run this many days at T")
     parser.add_argument("--eval-hours", type=int, default=4, help="evaluate on the batch copy of [T, T + this)")
     parser.add_argument("--rows-per-hour", type=float, default=20_000.0, help="world: mean impressions per hour")
@@ -258,10 +307,15 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=WorldConfig.items)
     parser.add_argument("--trend-scale", type=float, default=WorldConfig.trend_scale)
     parser.add_argument("--affinity-scale", type=float, default=WorldConfig.affinity_scale)
-    parser.add_argument("--stream-label-window", type=str, default="15m",
-                        help="clicks later than this are missing from the stream copy")
-    parser.add_argument("--max-label-delay", type=str, default="24h",
-                        help="label delay of the batch copy (and the world's click-delay cap); whole hours")
+    parser.add_argument(
+        "--stream-label-window", type=str, default="15m", help="clicks later than this are missing from the stream copy"
+    )
+    parser.add_argument(
+        "--max-label-delay",
+        type=str,
+        default="24h",
+        help="label delay of the batch copy (and the world's click-delay cap); whole hours",
+    )
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (all variants)")
     parser.add_argument("--embedding-dim", type=int, default=16)
@@ -269,8 +323,12 @@ def main() -> None:
     parser.add_argument("--memory-hidden", type=lambda s: [int(x) for x in s.split(",")], default=[64, 32])
     parser.add_argument("--adapt-hidden", type=lambda s: [int(x) for x in s.split(",")], default=[128, 64])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS),
-                        help="comma-separated subset (default: all four)")
+    parser.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=list(VARIANTS),
+        help="comma-separated subset (default: all four)",
+    )
     args = parser.parse_args()
     args.stream_label_window = parse_duration(args.stream_label_window)
     args.max_label_delay = parse_duration(args.max_label_delay)
@@ -287,24 +345,36 @@ def main() -> None:
     for seed in args.seeds:
         t0 = time.perf_counter()
         data = SeedData(args, seed)
-        rows = {"stream": sum(f.rows for f in data.stream.values()), "batch": sum(f.rows for f in data.batch.values()),
-                "eval": sum(f.rows for f in data.eval.values())}
+        rows = {
+            "stream": sum(f.rows for f in data.stream.values()),
+            "batch": sum(f.rows for f in data.batch.values()),
+            "eval": sum(f.rows for f in data.eval.values()),
+        }
         data_info[seed] = {"rows": rows, "clicks": data.clicks, "gen_s": round(time.perf_counter() - t0, 2)}
-        print(f"seed {seed}: world ready in {time.perf_counter() - t0:.1f}s  rows {rows}  "
-              f"stream/batch clicks {data.clicks['stream'] / max(1, data.clicks['batch_same_hours']):.3f}", flush=True)
+        print(
+            f"seed {seed}: world ready in {time.perf_counter() - t0:.1f}s  rows {rows}  "
+            f"stream/batch clicks {data.clicks['stream'] / max(1, data.clicks['batch_same_hours']):.3f}",
+            flush=True,
+        )
         labels = torch.cat([data.eval[h].label for h in sorted(data.eval)])
         oracle = {name: auc(labels, np.concatenate(parts)) for name, parts in data.oracle.items()}
         data_info[seed]["oracle_auc"] = {k: round(v, 5) for k, v in oracle.items()}
-        print(f"  seed {seed} oracle AUC on the eval hours: generator's logit {oracle['full']:.4f}, "
-              f"without the current trend {oracle['no_trend']:.4f}", flush=True)
+        print(
+            f"  seed {seed} oracle AUC on the eval hours: generator's logit {oracle['full']:.4f}, "
+            f"without the current trend {oracle['no_trend']:.4f}",
+            flush=True,
+        )
         per_seed[seed] = {}
         for variant in args.variants:
             r = run_variant(args, data, seed, variant)
             per_seed[seed][variant] = r
             hours = " ".join(f"{x['auc']:.4f}" for x in r["per_hour"])
-            print(f"  seed {seed} {variant:13s} AUC {r['auc']:.4f}  logloss {r['log_loss']:.4f}  "
-                  f"pred {r['mean_pred']:.4f} vs ctr {r['ctr']:.4f}  per hour [{hours}]  "
-                  f"{r['steps']} steps in {r['train_s']:.1f}s", flush=True)
+            print(
+                f"  seed {seed} {variant:13s} AUC {r['auc']:.4f}  logloss {r['log_loss']:.4f}  "
+                f"pred {r['mean_pred']:.4f} vs ctr {r['ctr']:.4f}  per hour [{hours}]  "
+                f"{r['steps']} steps in {r['train_s']:.1f}s",
+                flush=True,
+            )
         del data
     wall = time.perf_counter() - wall0
 
@@ -318,26 +388,54 @@ def main() -> None:
         "seeds": len(seeds),
         "auc": {v: mean_std([per_seed[s][v]["auc"] for s in seeds]) for v in variants},
         "oracle_auc": {k: mean_std([data_info[s]["oracle_auc"][k] for s in seeds]) for k in ("full", "no_trend")},
-        "auc_paired_delta": {f"{a}-{b}": mean_std([per_seed[s][a]["auc"] - per_seed[s][b]["auc"] for s in seeds])
-                             for a, b in PAIRS if a in variants and b in variants},
+        "auc_paired_delta": {
+            f"{a}-{b}": mean_std([per_seed[s][a]["auc"] - per_seed[s][b]["auc"] for s in seeds])
+            for a, b in PAIRS
+            if a in variants and b in variants
+        },
         "log_loss": {v: mean_std([per_seed[s][v]["log_loss"] for s in seeds]) for v in variants},
-        "auc_per_eval_hour": {v: [round(statistics.fmean(per_seed[s][v]["per_hour"][i]["auc"] for s in seeds), 5)
-                                  for i in range(args.eval_hours)] for v in variants},
-        "per_seed": {str(s): {v: {"auc": round(per_seed[s][v]["auc"], 5),
-                                  "log_loss": round(per_seed[s][v]["log_loss"], 5),
-                                  "mean_pred": round(per_seed[s][v]["mean_pred"], 5),
-                                  "auc_per_hour": [round(x["auc"], 5) for x in per_seed[s][v]["per_hour"]],
-                                  "steps": per_seed[s][v]["steps"], "train_s": per_seed[s][v]["train_s"]}
-                              for v in variants} | {"data": data_info[s]} for s in seeds},
-        "scenario": {"seed_list": seeds, "days": args.days, "eval_hours": args.eval_hours,
-                     "rows_per_hour": args.rows_per_hour, "users": args.users, "items": args.items,
-                     "trend_scale": args.trend_scale, "affinity_scale": args.affinity_scale,
-                     "stream_label_window": format_duration(args.stream_label_window),
-                     "batch_label_delay": format_duration(args.max_label_delay),
-                     "batch_size": args.batch_size, "lr": args.lr, "embedding_dim": args.embedding_dim,
-                     "hash_buckets": args.hash_buckets, "memory_hidden": args.memory_hidden,
-                     "adapt_hidden": args.adapt_hidden, "threads": args.threads,
-                     "mixed_order": "per hour h: stream(h) + batch(h-24h) micro-batches spread evenly"},
+        "auc_per_eval_hour": {
+            v: [
+                round(statistics.fmean(per_seed[s][v]["per_hour"][i]["auc"] for s in seeds), 5)
+                for i in range(args.eval_hours)
+            ]
+            for v in variants
+        },
+        "per_seed": {
+            str(s): {
+                v: {
+                    "auc": round(per_seed[s][v]["auc"], 5),
+                    "log_loss": round(per_seed[s][v]["log_loss"], 5),
+                    "mean_pred": round(per_seed[s][v]["mean_pred"], 5),
+                    "auc_per_hour": [round(x["auc"], 5) for x in per_seed[s][v]["per_hour"]],
+                    "steps": per_seed[s][v]["steps"],
+                    "train_s": per_seed[s][v]["train_s"],
+                }
+                for v in variants
+            }
+            | {"data": data_info[s]}
+            for s in seeds
+        },
+        "scenario": {
+            "seed_list": seeds,
+            "days": args.days,
+            "eval_hours": args.eval_hours,
+            "rows_per_hour": args.rows_per_hour,
+            "users": args.users,
+            "items": args.items,
+            "trend_scale": args.trend_scale,
+            "affinity_scale": args.affinity_scale,
+            "stream_label_window": format_duration(args.stream_label_window),
+            "batch_label_delay": format_duration(args.max_label_delay),
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "embedding_dim": args.embedding_dim,
+            "hash_buckets": args.hash_buckets,
+            "memory_hidden": args.memory_hidden,
+            "adapt_hidden": args.adapt_hidden,
+            "threads": args.threads,
+            "mixed_order": "per hour h: stream(h) + batch(h-24h) micro-batches spread evenly",
+        },
         "wall_s": round(wall, 1),
     }
     emit(result)

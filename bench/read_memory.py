@@ -61,17 +61,32 @@ def main() -> None:
         rows_per_hour = args.rows / probe.traffic_multiplier(0) * 1.02  # Poisson noise: stay above --rows
         world = SyntheticWorld(WorldConfig(seed=3, rows_per_hour=rows_per_hour), job.dataset.start)
         write_world(job, SourceContext(str(root)), world, range(1), progress=False)
-        out = subprocess.run([sys.executable, __file__, "--child", kind, str(root)], check=True,
-                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        out = (
+            subprocess.run(
+                [sys.executable, __file__, "--child", kind, str(root)], check=True, capture_output=True, text=True
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         detail[kind] = json.loads(out)
         d = detail[kind]
         d["ratio"] = round(d["peak_rss_bytes"] / d["arrow_bytes"], 3)
-        print(f"{kind:8s} rows={d['rows']:,} arrow={d['arrow_bytes'] / 2**20:.0f} MiB "
-              f"peak RSS={d['peak_rss_bytes'] / 2**20:.0f} MiB (before read {d['rss_before_read'] / 2**20:.0f} MiB) "
-              f"ratio={d['ratio']}")
+        print(
+            f"{kind:8s} rows={d['rows']:,} arrow={d['arrow_bytes'] / 2**20:.0f} MiB "
+            f"peak RSS={d['peak_rss_bytes'] / 2**20:.0f} MiB (before read {d['rss_before_read'] / 2**20:.0f} MiB) "
+            f"ratio={d['ratio']}"
+        )
     p = detail["parquet"]
-    emit({"bench": "read_memory", "peak_rss_bytes": p["peak_rss_bytes"], "arrow_bytes": p["arrow_bytes"],
-          "ratio": p["ratio"], "rows": p["rows"], "detail": detail})
+    emit(
+        {
+            "bench": "read_memory",
+            "peak_rss_bytes": p["peak_rss_bytes"],
+            "arrow_bytes": p["arrow_bytes"],
+            "ratio": p["ratio"],
+            "rows": p["rows"],
+            "detail": detail,
+        }
+    )
 
 
 if __name__ == "__main__":

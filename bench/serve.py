@@ -56,12 +56,14 @@ from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
 
-JOB = """
+JOB = (
+    """
 name: bench-serve
 data: {buffer_batches: 8, lease: 30s}
 pools: {data: {replicas: {workers}, max_replicas: 8, task_runners: {runners}}, training: {replicas: 1}}
-""" + PARQUET_DATASET
-
+"""
+    + PARQUET_DATASET
+)
 
 
 def cpu_children() -> float:
@@ -75,8 +77,9 @@ class RowDataset(Dataset):
     def __init__(self, files: list[str], columns: list[str], rows: int):
         table = ds.dataset(files, format="parquet").head(rows, columns=columns)
         self.dense = np.stack([table[f"d{i}"].to_numpy() for i in range(13)], axis=1).astype(np.float32)
-        self.sparse = np.stack([table[c].to_numpy() for c in ("user_id", "item_id", "topic_id", "device",
-                                                                "hour_of_day")], axis=1).astype(np.int64)
+        self.sparse = np.stack(
+            [table[c].to_numpy() for c in ("user_id", "item_id", "topic_id", "device", "hour_of_day")], axis=1
+        ).astype(np.int64)
         self.label = table["click"].to_numpy().astype(np.float32)
 
     def __len__(self) -> int:
@@ -109,13 +112,15 @@ def run_primus(job_path, root, window, workers: int, startup: dict, shm: bool) -
 
 def run_pyarrow(files: list[str], columns: list[str], batch_size: int) -> tuple[int, float, float]:
     cpu0, wall0 = cpu_self(), time.perf_counter()
-    rows = sum(b.num_rows for b in ds.dataset(files, format="parquet").to_batches(columns=columns,
-                                                                                 batch_size=batch_size))
+    rows = sum(
+        b.num_rows for b in ds.dataset(files, format="parquet").to_batches(columns=columns, batch_size=batch_size)
+    )
     return rows, cpu_self() - cpu0, time.perf_counter() - wall0
 
 
-def run_dataloader(files: list[str], columns: list[str], rows: int, workers: int,
-                   batch_size: int) -> tuple[int, float, float]:
+def run_dataloader(
+    files: list[str], columns: list[str], rows: int, workers: int, batch_size: int
+) -> tuple[int, float, float]:
     dataset = RowDataset(files, columns, rows)
     cpu0, children0, wall0 = cpu_self(), cpu_children(), time.perf_counter()
     seen = 0
@@ -134,11 +139,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="executor processes = DataLoader workers")
     parser.add_argument("--batch-rows", type=int, default=65536, help="rows per batch, for all three readers")
     parser.add_argument("--task-runners", type=int, default=1, help="reading threads per executor")
-    parser.add_argument("--dataloader-rows", type=int, default=200_000,
-                        help="rows the (slow) DataLoader baseline reads; its rate does not depend on it")
+    parser.add_argument(
+        "--dataloader-rows",
+        type=int,
+        default=200_000,
+        help="rows the (slow) DataLoader baseline reads; its rate does not depend on it",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions; figures are medians")
-    parser.add_argument("--transport", choices=("shm", "flight"), default="shm",
-                        help="shm: batches through shared memory (co-located reader); flight: in the Flight stream")
+    parser.add_argument(
+        "--transport",
+        choices=("shm", "flight"),
+        default="shm",
+        help="shm: batches through shared memory (co-located reader); flight: in the Flight stream",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # see the module docstring
 
@@ -146,8 +159,11 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     job_path = root / "job.yaml"
-    job_path.write_text(JOB.replace("{workers}", str(args.workers)).replace("{batch_rows}", str(args.batch_rows))
-                        .replace("{runners}", str(args.task_runners)))
+    job_path.write_text(
+        JOB.replace("{workers}", str(args.workers))
+        .replace("{batch_rows}", str(args.batch_rows))
+        .replace("{runners}", str(args.task_runners))
+    )
     job = load_job_spec(job_path)
     context = SourceContext(str(root))
     start = job.dataset.start
@@ -161,25 +177,48 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"pyarrow": [], "primus": [], "dataloader": []}
     startup: dict = {}
     for repeat in range(args.repeat):  # interleaved, so drifting background load hits every reader alike
-        for name, run in (("pyarrow", lambda: run_pyarrow(files, columns, args.batch_rows)),
-                          ("primus", lambda: run_primus(job_path, root, window, args.workers, startup,
-                                                        args.transport == "shm")),
-                          ("dataloader", lambda: run_dataloader(files, columns, args.dataloader_rows, args.workers,
-                                                                args.batch_rows))):
+        for name, run in (
+            ("pyarrow", lambda: run_pyarrow(files, columns, args.batch_rows)),
+            ("primus", lambda: run_primus(job_path, root, window, args.workers, startup, args.transport == "shm")),
+            ("dataloader", lambda: run_dataloader(files, columns, args.dataloader_rows, args.workers, args.batch_rows)),
+        ):
             rows, cpu, wall = run()
-            runs[name].append({"rows": rows, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-                               "rows_per_s_per_core": round(rows / cpu), "wall_rows_per_s": round(rows / wall)})
-            print(f"[{repeat + 1}/{args.repeat}] {name:10s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> "
-                  f"{rows / cpu:,.0f} rows/s per core, {rows / wall:,.0f} rows/s wall")
+            runs[name].append(
+                {
+                    "rows": rows,
+                    "cpu_s": round(cpu, 3),
+                    "wall_s": round(wall, 3),
+                    "rows_per_s_per_core": round(rows / cpu),
+                    "wall_rows_per_s": round(rows / wall),
+                }
+            )
+            print(
+                f"[{repeat + 1}/{args.repeat}] {name:10s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> "
+                f"{rows / cpu:,.0f} rows/s per core, {rows / wall:,.0f} rows/s wall"
+            )
     median = {name: statistics.median(r["rows_per_s_per_core"] for r in results) for name, results in runs.items()}
     ours, arrow, loader = (round(median[k]) for k in ("primus", "pyarrow", "dataloader"))
-    emit({"bench": "serve", "rows_per_s_per_core": ours, "pyarrow_rows_per_s_per_core": arrow,
-          "dataloader_rows_per_s_per_core": loader, "ratio_vs_pyarrow": round(ours / arrow, 3),
-          "ratio_vs_dataloader": round(ours / loader, 2), "workers": args.workers, "transport": args.transport,
-          "batch_rows": args.batch_rows, "repeat": args.repeat,
-          "ratios_per_repeat": [round(p["rows_per_s_per_core"] / a["rows_per_s_per_core"], 3)
-                                for p, a in zip(runs["primus"], runs["pyarrow"])],
-          **startup, "detail": runs})
+    emit(
+        {
+            "bench": "serve",
+            "rows_per_s_per_core": ours,
+            "pyarrow_rows_per_s_per_core": arrow,
+            "dataloader_rows_per_s_per_core": loader,
+            "ratio_vs_pyarrow": round(ours / arrow, 3),
+            "ratio_vs_dataloader": round(ours / loader, 2),
+            "workers": args.workers,
+            "transport": args.transport,
+            "batch_rows": args.batch_rows,
+            "repeat": args.repeat,
+            "ratios_per_repeat": [
+                round(p["rows_per_s_per_core"] / a["rows_per_s_per_core"], 3)
+                for p, a in zip(runs["primus"], runs["pyarrow"])
+            ],
+            **startup,
+            "detail": runs,
+        }
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -107,13 +107,11 @@ dataset:
 """
 
 
-
 class SyncGroup:
     """T trainer threads stepping in lock-step (see the module docstring)."""
 
     def __init__(self, plane: LocalDataPlane, trainers: int, step_s: float, prefetch: int):
-        self.readers = [plane.reader(t, framework="numpy", prefetch=prefetch, refresh_s=0.1)
-                        for t in range(trainers)]
+        self.readers = [plane.reader(t, framework="numpy", prefetch=prefetch, refresh_s=0.1) for t in range(trainers)]
         self.driver = plane.driver
         self.step_s = step_s
         self.drained = False  # the driver has handed out every task
@@ -196,8 +194,9 @@ def run_once(job_path, root, tasks, args, slowed: bool) -> dict:
     slow = {i: args.base_ms for i in range(args.executors)}
     if slowed:
         slow[args.slow_executor] = args.base_ms + args.slow_ms
-    with LocalDataPlane(job_path, root, tasks, executors=args.executors, trainers=args.trainers,
-                        slow_ms_per_batch=slow) as plane:
+    with LocalDataPlane(
+        job_path, root, tasks, executors=args.executors, trainers=args.trainers, slow_ms_per_batch=slow
+    ) as plane:
         group = SyncGroup(plane, args.trainers, args.step_ms / 1000.0, args.prefetch)
         cpu0 = cpu_self() + plane.cpu_seconds()
         wall = group.run()
@@ -206,10 +205,16 @@ def run_once(job_path, root, tasks, args, slowed: bool) -> dict:
     rows = sum(group.rows)
     if not status["done"] or status["failed"]:
         raise RuntimeError(f"data job did not finish cleanly: {status['counts']}")
-    return {"rows": rows, "wall_s": round(wall, 3), "rows_per_s": round(rows / wall), "steps": group.steps,
-            "steady_rows_per_s": round(group.steady_rate()), "tail_s": round(group.tail_s(), 2),
-            "rows_per_trainer": group.rows,
-            "cpu_util": round(cpu / wall / args.cores, 2)}
+    return {
+        "rows": rows,
+        "wall_s": round(wall, 3),
+        "rows_per_s": round(rows / wall),
+        "steps": group.steps,
+        "steady_rows_per_s": round(group.steady_rate()),
+        "tail_s": round(group.tail_s(), 2),
+        "rows_per_trainer": group.rows,
+        "cpu_util": round(cpu / wall / args.cores, 2),
+    }
 
 
 def predicted(args: argparse.Namespace) -> dict[str, float]:
@@ -217,8 +222,10 @@ def predicted(args: argparse.Namespace) -> dict[str, float]:
     demand = 1000.0 / args.step_ms  # batches/s one trainer consumes
 
     def rates(slowed: bool) -> list[float]:
-        return [1000.0 / (args.base_ms + (args.slow_ms if slowed and i == args.slow_executor else 0.0))
-                for i in range(args.executors)]
+        return [
+            1000.0 / (args.base_ms + (args.slow_ms if slowed and i == args.slow_executor else 0.0))
+            for i in range(args.executors)
+        ]
 
     def forward(slowed: bool) -> float:  # the group steps at its worst-fed trainer's pace
         supply = [sum(r for i, r in enumerate(rates(slowed)) if i % args.trainers == t) for t in range(args.trainers)]
@@ -255,8 +262,16 @@ def main() -> None:
     jobs = {}
     for mode in ("forward", "rebalance"):
         jobs[mode] = root / f"job-{mode}.yaml"
-        jobs[mode].write_text(JOB.format(buffer=args.buffer, executors=args.executors, trainers=args.trainers,
-                                         shuffle=mode, batch_rows=args.batch_rows, columns=COLUMNS))
+        jobs[mode].write_text(
+            JOB.format(
+                buffer=args.buffer,
+                executors=args.executors,
+                trainers=args.trainers,
+                shuffle=mode,
+                batch_rows=args.batch_rows,
+                columns=COLUMNS,
+            )
+        )
     job = load_job_spec(jobs["forward"])
     context = SourceContext(str(root))
     start = job.dataset.start
@@ -272,27 +287,44 @@ def main() -> None:
                 name = f"{mode}_{'slowed' if slowed else 'unslowed'}"
                 result = run_once(jobs[mode], root, tasks, args, slowed)
                 runs.setdefault(name, []).append(result)
-                print(f"[{repeat}] {name:20s} rows={result['rows']:,} wall={result['wall_s']:.2f}s "
-                      f"-> {result['rows_per_s']:,} rows/s (steady {result['steady_rows_per_s']:,}, "
-                      f"tail +{result['tail_s']:.2f}s), "
-                      f"per trainer {result['rows_per_trainer']}, cpu {result['cpu_util']:.0%}", flush=True)
+                print(
+                    f"[{repeat}] {name:20s} rows={result['rows']:,} wall={result['wall_s']:.2f}s "
+                    f"-> {result['rows_per_s']:,} rows/s (steady {result['steady_rows_per_s']:,}, "
+                    f"tail +{result['tail_s']:.2f}s), "
+                    f"per trainer {result['rows_per_trainer']}, cpu {result['cpu_util']:.0%}",
+                    flush=True,
+                )
 
     def median(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
 
     modes = args.modes.split(",")
     ratios = {mode: median(f"{mode}_slowed", "rows_per_s") / median(f"{mode}_unslowed", "rows_per_s") for mode in modes}
-    steady = {mode: median(f"{mode}_slowed", "steady_rows_per_s") / median(f"{mode}_unslowed", "steady_rows_per_s")
-              for mode in modes}
+    steady = {
+        mode: median(f"{mode}_slowed", "steady_rows_per_s") / median(f"{mode}_unslowed", "steady_rows_per_s")
+        for mode in modes
+    }
     model = predicted(args)
-    emit({"bench": "shuffle", **{f"{mode}_ratio": round(ratios[mode], 3) for mode in modes},
-          **{f"steady_{mode}_ratio": round(steady[mode], 3) for mode in modes},
-          **{f"tail_s_{mode}_slowed": median(f"{mode}_slowed", "tail_s") for mode in modes},
-          "model_rebalance_steady": round(model["rebalance"], 3), "model_forward_steady": round(model["forward"], 3),
-          "rows_per_s": {name: median(name, "rows_per_s") for name in runs},
-          "executors": args.executors, "trainers": args.trainers, "step_ms": args.step_ms, "base_ms": args.base_ms,
-          "slow_ms": args.slow_ms, "batch_rows": args.batch_rows, "tasks": len(tasks), "repeats": args.repeats,
-          "detail": runs})
+    emit(
+        {
+            "bench": "shuffle",
+            **{f"{mode}_ratio": round(ratios[mode], 3) for mode in modes},
+            **{f"steady_{mode}_ratio": round(steady[mode], 3) for mode in modes},
+            **{f"tail_s_{mode}_slowed": median(f"{mode}_slowed", "tail_s") for mode in modes},
+            "model_rebalance_steady": round(model["rebalance"], 3),
+            "model_forward_steady": round(model["forward"], 3),
+            "rows_per_s": {name: median(name, "rows_per_s") for name in runs},
+            "executors": args.executors,
+            "trainers": args.trainers,
+            "step_ms": args.step_ms,
+            "base_ms": args.base_ms,
+            "slow_ms": args.slow_ms,
+            "batch_rows": args.batch_rows,
+            "tasks": len(tasks),
+            "repeats": args.repeats,
+            "detail": runs,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ def main() -> None:
     for kind in ("parquet", "delta", "iceberg"):
         write_world(jobs[kind], context, world, range(args.hours), progress=False)
 
-    readers = {kind: (lambda k=kind: scan_adapter(make_adapter(jobs[k].dataset.source(f"src_{k}"), context), window))
-               for kind in ("parquet", "delta", "iceberg")}
+    readers = {
+        kind: (lambda k=kind: scan_adapter(make_adapter(jobs[k].dataset.source(f"src_{k}"), context), window))
+        for kind in ("parquet", "delta", "iceberg")
+    }
     parquet_adapter = make_adapter(jobs["parquet"].dataset.source("src_parquet"), context)
     files = [name for p in parquet_adapter.ready_partitions(window) for name, _ in p.detail["files"]]
     columns = native_columns(jobs["parquet"].dataset.source("src_parquet").columns)
@@ -85,8 +87,12 @@ def main() -> None:
                 best = (rows, cpu, wall)
         rows, cpu, wall = best
         results[name] = rows / cpu
-        detail[name] = {"rows": rows, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-                        "wall_rows_per_s": round(rows / wall)}
+        detail[name] = {
+            "rows": rows,
+            "cpu_s": round(cpu, 3),
+            "wall_s": round(wall, 3),
+            "wall_rows_per_s": round(rows / wall),
+        }
         print(f"{name:8s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> {rows / cpu:,.0f} rows/s per core")
 
     from primus_dagster.kafka_broker import EmbeddedBroker
@@ -101,21 +107,27 @@ def main() -> None:
         rows, cpu, wall = _timed(lambda: scan_adapter(adapter, kwindow))
         adapter.close()
         results["kafka"] = rows / cpu
-        detail["kafka"] = {"rows": rows, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-                           "wall_rows_per_s": round(rows / wall)}
+        detail["kafka"] = {
+            "rows": rows,
+            "cpu_s": round(cpu, 3),
+            "wall_s": round(wall, 3),
+            "wall_rows_per_s": round(rows / wall),
+        }
         print(f"kafka    rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> {rows / cpu:,.0f} rows/s per core")
 
-    emit({
-        "bench": "source_scan",
-        "parquet_rows_per_s": round(results["parquet"]),
-        "pyarrow_rows_per_s": round(results["pyarrow"]),
-        "ratio": round(results["parquet"] / results["pyarrow"], 3),
-        "delta_rows_per_s": round(results["delta"]),
-        "iceberg_rows_per_s": round(results["iceberg"]),
-        "kafka_rows_per_s": round(results["kafka"]),
-        "unit": "rows per CPU-second of the reading process",
-        "detail": detail,
-    })
+    emit(
+        {
+            "bench": "source_scan",
+            "parquet_rows_per_s": round(results["parquet"]),
+            "pyarrow_rows_per_s": round(results["pyarrow"]),
+            "ratio": round(results["parquet"] / results["pyarrow"], 3),
+            "delta_rows_per_s": round(results["delta"]),
+            "iceberg_rows_per_s": round(results["iceberg"]),
+            "kafka_rows_per_s": round(results["kafka"]),
+            "unit": "rows per CPU-second of the reading process",
+            "detail": detail,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -69,23 +69,36 @@ from primus_dagster.training.trainer import Trainer
 
 from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
 
-JOB = """
+JOB = (
+    """
 name: bench-train
 data: {buffer_batches: 4, lease: 30s}
 pools: {data: {replicas: 2, task_runners: 1}, training: {replicas: 1}}
-""" + PARQUET_DATASET
-
+"""
+    + PARQUET_DATASET
+)
 
 
 def spec_of(model: str, batch_size: int, buckets: int = 100_000) -> TrainingSpec:
-    return TrainingSpec(mode="mixed", batch_size=batch_size, learning_rate=1e-3, seed=0,
-                        model=ModelSpec(type=model, embedding_dim=16, hash_buckets=buckets, memory_hidden=[64, 32],
-                                        adapt_hidden=[128, 64]))
+    return TrainingSpec(
+        mode="mixed",
+        batch_size=batch_size,
+        learning_rate=1e-3,
+        seed=0,
+        model=ModelSpec(
+            type=model, embedding_dim=16, hash_buckets=buckets, memory_hidden=[64, 32], adapt_hidden=[128, 64]
+        ),
+    )
 
 
 def cat(parts: list[Features], kind: str) -> Features:
-    return Features(torch.cat([f.dense for f in parts]).contiguous(), torch.cat([f.sparse for f in parts]),
-                    torch.cat([f.label for f in parts]), kind, torch.cat([f.sample_id for f in parts]))
+    return Features(
+        torch.cat([f.dense for f in parts]).contiguous(),
+        torch.cat([f.sparse for f in parts]),
+        torch.cat([f.label for f in parts]),
+        kind,
+        torch.cat([f.sample_id for f in parts]),
+    )
 
 
 def world_features(job, world: SyntheticWorld, hours: int) -> tuple[Features, Features]:
@@ -102,8 +115,10 @@ def world_features(job, world: SyntheticWorld, hours: int) -> tuple[Features, Fe
 
 def mixed_micro(batch: Features, stream: Features, size: int) -> list[Features]:
     """Micro-batch i: rows [i*size, (i+1)*size) of the batch copy (i even) or the stream copy (i odd)."""
-    return [(batch if i % 2 == 0 else stream).slice(start, start + size)
-            for i, start in enumerate(range(0, batch.rows, size))]
+    return [
+        (batch if i % 2 == 0 else stream).slice(start, start + size)
+        for i, start in enumerate(range(0, batch.rows, size))
+    ]
 
 
 def train_in_memory(spec: TrainingSpec, micro: list[Features], warmup: int = 5) -> dict:
@@ -116,8 +131,14 @@ def train_in_memory(spec: TrainingSpec, micro: list[Features], warmup: int = 5) 
         trainer.train_step(feats)
         samples += feats.rows
     cpu, wall = cpu_self() - cpu0, time.perf_counter() - wall0
-    return {"samples": samples, "steps": len(micro), "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-            "samples_per_cpu_s": round(samples / cpu), "samples_per_wall_s": round(samples / wall)}
+    return {
+        "samples": samples,
+        "steps": len(micro),
+        "cpu_s": round(cpu, 3),
+        "wall_s": round(wall, 3),
+        "samples_per_cpu_s": round(samples / cpu),
+        "samples_per_wall_s": round(samples / wall),
+    }
 
 
 def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingSpec, executors: int) -> dict:
@@ -134,19 +155,29 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
         cpu_exec = plane.cpu_seconds(include_startup=False)
     samples = trainer.counters.samples
     cpu = cpu_trainer + cpu_exec
-    return {"samples": samples, "steps": trainer.counters.step, "tasks": len(tasks), "wall_s": round(wall, 3),
-            "trainer_process_cpu_s": round(cpu_trainer, 3), "executors_cpu_s": round(cpu_exec, 3),
-            "train_s": round(trainer.counters.train_s, 3), "samples_per_cpu_s": round(samples / cpu),
-            "samples_per_wall_s": round(samples / wall)}
+    return {
+        "samples": samples,
+        "steps": trainer.counters.step,
+        "tasks": len(tasks),
+        "wall_s": round(wall, 3),
+        "trainer_process_cpu_s": round(cpu_trainer, 3),
+        "executors_cpu_s": round(cpu_exec, 3),
+        "train_s": round(trainer.counters.train_s, 3),
+        "samples_per_cpu_s": round(samples / cpu),
+        "samples_per_wall_s": round(samples / wall),
+    }
 
 
 def run_ddp_part(micro: list[Features], spec: TrainingSpec, directory: Path, world_size: int) -> dict:
     """``world_size`` ranks, the (batch, stream) pairs of ``micro`` dealt round-robin."""
-    pairs = [micro[i:i + 2] for i in range(0, len(micro), 2)]
+    pairs = [micro[i : i + 2] for i in range(0, len(micro), 2)]
     paths = []
     for rank in range(world_size):
-        shard = [{"dense": f.dense.clone(), "sparse": f.sparse.clone(), "label": f.label.clone(), "kind": f.kind}
-                 for pair in pairs[rank::world_size] for f in pair]
+        shard = [
+            {"dense": f.dense.clone(), "sparse": f.sparse.clone(), "label": f.label.clone(), "kind": f.kind}
+            for pair in pairs[rank::world_size]
+            for f in pair
+        ]
         paths.append(str(directory / f"shard-{world_size}-{rank}.pt"))
         torch.save(shard, paths[-1])
     results: list[RankResult] = run_ddp_in_memory(paths, spec, threads_per_rank=1, warmup_steps=5, timeout_s=600)
@@ -155,12 +186,18 @@ def run_ddp_part(micro: list[Features], spec: TrainingSpec, directory: Path, wor
     rounds = results[0].steps + results[0].null_steps
     if len({r.params_checksum for r in results}) != 1:
         raise AssertionError("DDP replicas diverged")
-    return {"world_size": world_size, "samples": samples, "rounds": rounds, "wall_s": round(wall, 3),
-            "samples_per_s": round(samples / wall), "step_s": round(wall / rounds, 5),
-            "cpu_s": round(sum(r.cpu_s for r in results), 3),
-            "comm_hook_s_per_step": round(results[0].extra["comm_hook_s"] / rounds, 5),
-            "allreduce_bytes_per_step": int(results[0].extra["allreduce_bytes_per_step"]),
-            "allreduce_probe_s": round(results[0].extra["allreduce_probe_s"], 5)}
+    return {
+        "world_size": world_size,
+        "samples": samples,
+        "rounds": rounds,
+        "wall_s": round(wall, 3),
+        "samples_per_s": round(samples / wall),
+        "step_s": round(wall / rounds, 5),
+        "cpu_s": round(sum(r.cpu_s for r in results), 3),
+        "comm_hook_s_per_step": round(results[0].extra["comm_hook_s"] / rounds, 5),
+        "allreduce_bytes_per_step": int(results[0].extra["allreduce_bytes_per_step"]),
+        "allreduce_probe_s": round(results[0].extra["allreduce_probe_s"], 5),
+    }
 
 
 def ddp_speedup(micro: list[Features], spec: TrainingSpec, directory: Path) -> tuple[float, dict, dict]:
@@ -176,8 +213,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batch-rows", type=int, default=65536, help="rows per executor batch (pipeline)")
     parser.add_argument("--executors", type=int, default=2)
-    parser.add_argument("--small-buckets", type=int, default=10_000,
-                        help="hash buckets of the second DDP measurement when the speedup is below 1.6")
+    parser.add_argument(
+        "--small-buckets",
+        type=int,
+        default=10_000,
+        help="hash buckets of the second DDP measurement when the speedup is below 1.6",
+    )
     parser.add_argument("--skip-ddp", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -193,43 +234,60 @@ def main() -> None:
     t0 = time.perf_counter()
     batch, stream = world_features(job, world, args.hours)
     micro = mixed_micro(batch, stream, args.batch_size)
-    print(f"data       {batch.rows:,} rows x (batch copy, stream copy) in {time.perf_counter() - t0:.1f}s; "
-          f"{len(micro)} micro-batches of {args.batch_size}")
+    print(
+        f"data       {batch.rows:,} rows x (batch copy, stream copy) in {time.perf_counter() - t0:.1f}s; "
+        f"{len(micro)} micro-batches of {args.batch_size}"
+    )
 
     single, mtrm = spec_of("single", args.batch_size), spec_of("mtrm", args.batch_size)
-    detail: dict = {"rows": batch.rows, "batch_size": args.batch_size, "cores": os.cpu_count(), "torch_threads": 1,
-                    "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
+    detail: dict = {
+        "rows": batch.rows,
+        "batch_size": args.batch_size,
+        "cores": os.cpu_count(),
+        "torch_threads": 1,
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+    }
     for name, spec in (("single", single), ("mtrm", mtrm)):
         detail[name] = train_in_memory(spec, micro)
         d = detail[name]
-        print(f"{name:10s} {d['samples']:,} samples, {d['steps']} steps: {d['samples_per_cpu_s']:,} samples/CPU-s, "
-              f"{d['samples_per_wall_s']:,} samples/s wall")
+        print(
+            f"{name:10s} {d['samples']:,} samples, {d['steps']} steps: {d['samples_per_cpu_s']:,} samples/CPU-s, "
+            f"{d['samples_per_wall_s']:,} samples/s wall"
+        )
 
     write_world(job, SourceContext(str(root)), world, range(args.hours), files_per_hour=2, progress=False)
     window = TimeWindow(start, start + timedelta(hours=args.hours))
-    detail["in_memory"] = train_in_memory(single, [batch.slice(s, s + args.batch_size)
-                                                   for s in range(0, batch.rows, args.batch_size)])
+    detail["in_memory"] = train_in_memory(
+        single, [batch.slice(s, s + args.batch_size) for s in range(0, batch.rows, args.batch_size)]
+    )
     detail["pipeline"] = run_pipeline(job_path, root, window, single, args.executors)
     for name in ("in_memory", "pipeline"):
         d = detail[name]
-        print(f"{name:10s} {d['samples']:,} samples (single tower): {d['samples_per_cpu_s']:,} samples/CPU-s, "
-              f"{d['samples_per_wall_s']:,} samples/s wall")
+        print(
+            f"{name:10s} {d['samples']:,} samples (single tower): {d['samples_per_cpu_s']:,} samples/CPU-s, "
+            f"{d['samples_per_wall_s']:,} samples/s wall"
+        )
     pipe, mem = detail["pipeline"], detail["in_memory"]
 
-    result = {"bench": "train_throughput",
-              "mtrm_samples_per_s": detail["mtrm"]["samples_per_cpu_s"],
-              "single_samples_per_s": detail["single"]["samples_per_cpu_s"],
-              "mtrm_overhead_ratio": round(detail["single"]["samples_per_cpu_s"]
-                                           / detail["mtrm"]["samples_per_cpu_s"], 3),
-              "pipeline_samples_per_s": pipe["samples_per_cpu_s"], "in_memory_samples_per_s": mem["samples_per_cpu_s"],
-              "pipeline_ratio": round(pipe["samples_per_cpu_s"] / mem["samples_per_cpu_s"], 3),
-              "pipeline_wall_samples_per_s": pipe["samples_per_wall_s"],
-              "in_memory_wall_samples_per_s": mem["samples_per_wall_s"], "pipeline_model": "single"}
+    result = {
+        "bench": "train_throughput",
+        "mtrm_samples_per_s": detail["mtrm"]["samples_per_cpu_s"],
+        "single_samples_per_s": detail["single"]["samples_per_cpu_s"],
+        "mtrm_overhead_ratio": round(detail["single"]["samples_per_cpu_s"] / detail["mtrm"]["samples_per_cpu_s"], 3),
+        "pipeline_samples_per_s": pipe["samples_per_cpu_s"],
+        "in_memory_samples_per_s": mem["samples_per_cpu_s"],
+        "pipeline_ratio": round(pipe["samples_per_cpu_s"] / mem["samples_per_cpu_s"], 3),
+        "pipeline_wall_samples_per_s": pipe["samples_per_wall_s"],
+        "in_memory_wall_samples_per_s": mem["samples_per_wall_s"],
+        "pipeline_model": "single",
+    }
     if not args.skip_ddp:
         speedup, one, two = ddp_speedup(micro, mtrm, root)
         for d in (one, two):
-            print(f"ddp ws={d['world_size']}   {d['samples']:,} samples, {d['rounds']} rounds: "
-                  f"{d['samples_per_s']:,} samples/s wall, {d['step_s'] * 1000:.1f} ms/step")
+            print(
+                f"ddp ws={d['world_size']}   {d['samples']:,} samples, {d['rounds']} rounds: "
+                f"{d['samples_per_s']:,} samples/s wall, {d['step_s'] * 1000:.1f} ms/step"
+            )
         result.update(ddp_speedup=round(speedup, 3), ddp_model="mtrm", ddp_hash_buckets=100_000)
         detail["ddp"] = {"ws1": one, "ws2": two}
         # CPU per sample of the 2 ranks (all their threads) over 1 rank's: what DDP adds (allreduce, rounds)
@@ -237,21 +295,29 @@ def main() -> None:
         result.update(ddp_cpu_per_sample_ratio=round(cpu_ratio, 3))
         if speedup < 1.6:
             mb, probe = two["allreduce_bytes_per_step"] / 1e6, two["allreduce_probe_s"]
-            print(f"why        speedup {speedup:.2f} < 1.6: every step allreduces {mb:.1f} MB (the trained tower's "
-                  f"parameters: its dense 100000x16 embedding gradient is 6.4 MB, ~95% zero rows at 1024x5 ids); "
-                  f"that allreduce alone takes {probe * 1000:.1f} ms vs {one['step_s'] * 1000:.1f} ms of compute per "
-                  f"step with 1 rank; DDP costs {cpu_ratio:.2f}x the CPU per sample, so {os.cpu_count()} cores "
-                  f"shared by 2 ranks + gloo's threads cap the speedup near {2 / cpu_ratio:.2f} "
-                  f"(load average {os.getloadavg()[0]:.1f}: other processes take cores too)")
+            print(
+                f"why        speedup {speedup:.2f} < 1.6: every step allreduces {mb:.1f} MB (the trained tower's "
+                f"parameters: its dense 100000x16 embedding gradient is 6.4 MB, ~95% zero rows at 1024x5 ids); "
+                f"that allreduce alone takes {probe * 1000:.1f} ms vs {one['step_s'] * 1000:.1f} ms of compute per "
+                f"step with 1 rank; DDP costs {cpu_ratio:.2f}x the CPU per sample, so {os.cpu_count()} cores "
+                f"shared by 2 ranks + gloo's threads cap the speedup near {2 / cpu_ratio:.2f} "
+                f"(load average {os.getloadavg()[0]:.1f}: other processes take cores too)"
+            )
             small = spec_of("mtrm", args.batch_size, buckets=args.small_buckets)
             s_speedup, s_one, s_two = ddp_speedup(micro, small, root)
-            print(f"small      hash_buckets {args.small_buckets}: {s_one['samples_per_s']:,} -> "
-                  f"{s_two['samples_per_s']:,} samples/s wall, speedup {s_speedup:.2f} "
-                  f"({s_two['allreduce_bytes_per_step'] / 1e6:.1f} MB per step)")
-            result.update(ddp_allreduce_bytes_per_step=two["allreduce_bytes_per_step"],
-                          ddp_allreduce_s_per_step=probe, ddp_compute_s_per_step=one["step_s"],
-                          ddp_step_s_ws2=two["step_s"], ddp_speedup_small_table=round(s_speedup, 3),
-                          ddp_small_hash_buckets=args.small_buckets)
+            print(
+                f"small      hash_buckets {args.small_buckets}: {s_one['samples_per_s']:,} -> "
+                f"{s_two['samples_per_s']:,} samples/s wall, speedup {s_speedup:.2f} "
+                f"({s_two['allreduce_bytes_per_step'] / 1e6:.1f} MB per step)"
+            )
+            result.update(
+                ddp_allreduce_bytes_per_step=two["allreduce_bytes_per_step"],
+                ddp_allreduce_s_per_step=probe,
+                ddp_compute_s_per_step=one["step_s"],
+                ddp_step_s_ws2=two["step_s"],
+                ddp_speedup_small_table=round(s_speedup, 3),
+                ddp_small_hash_buckets=args.small_buckets,
+            )
             detail["ddp_small"] = {"ws1": s_one, "ws2": s_two}
     detail["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     emit({**result, "detail": detail})

@@ -1,13 +1,13 @@
 """``primus-dagster``: the command line of the suite.
 
-    primus-dagster validate examples/job.yaml
-    primus-dagster spec-schema --out .primus/jobspec.schema.json
-    primus-dagster synth --spec examples/job.yaml --days 1
-    primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
-    primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
-    primus-dagster broker --detach | --status | --stop
-    primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json]
-    primus-dagster demo
+primus-dagster validate examples/job.yaml
+primus-dagster spec-schema --out .primus/jobspec.schema.json
+primus-dagster synth --spec examples/job.yaml --days 1
+primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
+primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
+primus-dagster broker --detach | --status | --stop
+primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json]
+primus-dagster demo
 """
 
 from __future__ import annotations
@@ -57,8 +57,21 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
     with make_adapter(source, context) as adapter:
         parts = adapter.partitions(window)
     if args.json:
-        print(json.dumps([{"partition": p.key, "ready": p.ready, "files": p.files, "bytes": p.bytes,
-                           "version": p.version, "reason": p.reason} for p in parts]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "partition": p.key,
+                        "ready": p.ready,
+                        "files": p.files,
+                        "bytes": p.bytes,
+                        "version": p.version,
+                        "reason": p.reason,
+                    }
+                    for p in parts
+                ]
+            )
+        )
         return 0
     for p in parts:
         state = "ready" if p.ready else f"NOT READY ({p.reason})"
@@ -93,8 +106,10 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         return 0 if state else 1
     if args.detach:
         state = EmbeddedBroker.start_detached(state_file)
-        print(f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}); "
-              f"stop it with `primus-dagster broker --stop`")
+        print(
+            f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}); "
+            f"stop it with `primus-dagster broker --stop`"
+        )
         return 0
     with EmbeddedBroker() as broker:
         print(f"embedded broker on {broker.bootstrap_servers}; Ctrl-C stops it", flush=True)
@@ -127,15 +142,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
     start = _parse_time(args.start) if args.start else job.dataset.start
 
     def progress(p: dict) -> None:
-        print(f"[{p['phase']}] step {p['step']:,}  samples {p['samples']:,}  loss {p['loss']:.4f}  "
-              f"train-AUC {p['train_auc']:.4f}  {p['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+        print(
+            f"[{p['phase']}] step {p['step']:,}  samples {p['samples']:,}  loss {p['loss']:.4f}  "
+            f"train-AUC {p['train_auc']:.4f}  {p['samples_per_s']:,.0f} samples/s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     tracker = MlflowTracker(args.tracking_uri or job.tracking.tracking_uri, job.tracking.experiment)
-    result = run_training_job(TrainingJob(
-        job, args.spec, args.data_root, TimeWindow.hours_from(start, args.hours), kafka_bootstrap=args.kafka_bootstrap,
-        executors=args.executors, run_key=args.run_key, tracker=tracker, record_samples=args.record_samples,
-        progress=progress, evaluate=not args.no_eval, slow_ms_per_batch=args.slow_executors_ms,
-        warm_start=args.warm_start))
+    result = run_training_job(
+        TrainingJob(
+            job,
+            args.spec,
+            args.data_root,
+            TimeWindow.hours_from(start, args.hours),
+            kafka_bootstrap=args.kafka_bootstrap,
+            executors=args.executors,
+            run_key=args.run_key,
+            tracker=tracker,
+            record_samples=args.record_samples,
+            progress=progress,
+            evaluate=not args.no_eval,
+            slow_ms_per_batch=args.slow_executors_ms,
+            warm_start=args.warm_start,
+        )
+    )
     meta = result.metadata()
     if args.json:
         print(json.dumps(meta, default=str))
@@ -152,8 +183,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="primus-dagster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="primus-dagster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="validate a job spec YAML file")
@@ -210,8 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
     p.add_argument("--run-key", default=None, help="MLflow run to start or resume; default: <job>/<window>")
-    p.add_argument("--warm-start", default=None, metavar="RUN_KEY",
-                   help="continue from the final model of this finished run (e.g. the previous window's)")
+    p.add_argument(
+        "--warm-start",
+        default=None,
+        metavar="RUN_KEY",
+        help="continue from the final model of this finished run (e.g. the previous window's)",
+    )
     p.add_argument("--record-samples", default=None, help="append the sample ids of every step to this file")
     p.add_argument("--no-eval", action="store_true", help="skip the next-hour evaluation")
     p.add_argument("--slow-executors-ms", type=float, default=0.0, help="fault injection: executors sleep per batch")

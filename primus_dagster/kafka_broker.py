@@ -149,8 +149,12 @@ def _terminate(pid: int, grace_s: float) -> None:
         time.sleep(0.02)
 
 
-def wait_ready(bootstrap_servers: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None,
-               log_path: str | None = None) -> None:
+def wait_ready(
+    bootstrap_servers: str,
+    timeout_s: float = 20.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    log_path: str | None = None,
+) -> None:
     """Block until a broker answers a TCP connect and a metadata (list topics) round trip."""
     from kafka import KafkaAdminClient  # noqa: PLC0415
 
@@ -165,8 +169,9 @@ def wait_ready(bootstrap_servers: str, timeout_s: float = 20.0, proc: subprocess
             )
         try:
             socket.create_connection((host, int(port)), timeout=0.5).close()
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=3000,
-                                     client_id="primus-broker-probe")
+            admin = KafkaAdminClient(
+                bootstrap_servers=bootstrap_servers, request_timeout_ms=3000, client_id="primus-broker-probe"
+            )
             try:
                 admin.list_topics()
             finally:
@@ -191,8 +196,14 @@ class EmbeddedBroker:
             broker.stop()
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: str | None = None,
-                 startup_timeout_s: float = 20.0, stop_grace_s: float = 2.0):
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: str | None = None,
+        startup_timeout_s: float = 20.0,
+        stop_grace_s: float = 2.0,
+    ):
         self.host = host
         self.port = port
         self.log_path = log_path
@@ -221,12 +232,27 @@ class EmbeddedBroker:
             os.close(fd)
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         url = f"tcp://{self.host}:{self.port}"
-        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/"]
+        cmd = [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         with open(self.log_path, "ab") as logf:
-            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True, env=env)
+            return subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
+            )
 
     def start(self, _detached: bool = False) -> EmbeddedBroker:
         """Start the broker and wait until it serves metadata; returns ``self``."""
@@ -280,8 +306,13 @@ class EmbeddedBroker:
     # ---- detached brokers, shared across processes through a JSON state file ----
 
     @classmethod
-    def start_detached(cls, state_file: str | os.PathLike[str], port: int | None = None,
-                       log_path: str | None = None, startup_timeout_s: float = 20.0) -> dict[str, Any]:
+    def start_detached(
+        cls,
+        state_file: str | os.PathLike[str],
+        port: int | None = None,
+        log_path: str | None = None,
+        startup_timeout_s: float = 20.0,
+    ) -> dict[str, Any]:
         """Start a broker that outlives the caller and record it in ``state_file``.
 
         Returns the state ``{"pid", "bootstrap_servers", "log"}``; when ``state_file`` already
@@ -296,8 +327,12 @@ class EmbeddedBroker:
         broker = cls(port=port, log_path=log_path, startup_timeout_s=startup_timeout_s)
         broker.start(_detached=True)
         assert broker._proc is not None
-        state = {"pid": broker._proc.pid, "bootstrap_servers": broker.bootstrap_servers,
-                 "log": str(Path(log_path).resolve()), "started_at": time.time()}
+        state = {
+            "pid": broker._proc.pid,
+            "bootstrap_servers": broker.bootstrap_servers,
+            "log": str(Path(log_path).resolve()),
+            "started_at": time.time(),
+        }
         state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = state_path.with_name(state_path.name + ".tmp")
         tmp.write_text(json.dumps(state, indent=2))
@@ -330,15 +365,17 @@ class EmbeddedBroker:
         return True
 
 
-def create_topic(bootstrap_servers: str, topic: str, partitions: int = 1, replication_factor: int = 1,
-                 timeout_s: float = 10.0) -> bool:
+def create_topic(
+    bootstrap_servers: str, topic: str, partitions: int = 1, replication_factor: int = 1, timeout_s: float = 10.0
+) -> bool:
     """Create ``topic`` if it does not exist (idempotent); True when this call created it."""
     from kafka import KafkaAdminClient  # noqa: PLC0415
     from kafka.admin import NewTopic  # noqa: PLC0415
     from kafka.errors import TopicAlreadyExistsError  # noqa: PLC0415
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000),
-                             client_id="primus-admin")
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000), client_id="primus-admin"
+    )
     try:
         if topic in admin.list_topics():
             return False

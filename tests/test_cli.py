@@ -37,8 +37,22 @@ def test_partitions_lists_readiness(tmp_path: Path, capsys) -> None:
     hour.mkdir(parents=True)
     pq.write_table(pa.table({"x": [1]}), hour / "part-0.parquet")
     (hour / "_SUCCESS").touch()
-    assert main(["partitions", EXAMPLE, "--source", "impressions_parquet", "--count", "3",
-                 "--data-root", str(tmp_path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "partitions",
+                EXAMPLE,
+                "--source",
+                "impressions_parquet",
+                "--count",
+                "3",
+                "--data-root",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert [r["ready"] for r in rows] == [False, True, False]
     assert rows[1]["files"] == 1
@@ -52,7 +66,21 @@ def test_unknown_source_is_a_clear_error(capsys) -> None:
 def test_train_on_a_window_without_data_says_so(tmp_path, capsys) -> None:
     from primus_dagster.cli import main
 
-    code = main(["train", "examples/job.yaml", "--start", "2026-11-02", "--hours", "1", "--data-root", str(tmp_path),
-                 "--kafka-bootstrap", "127.0.0.1:1", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"])
+    code = main(
+        [
+            "train",
+            "examples/job.yaml",
+            "--start",
+            "2026-11-02",
+            "--hours",
+            "1",
+            "--data-root",
+            str(tmp_path),
+            "--kafka-bootstrap",
+            "127.0.0.1:1",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/mlflow.db",
+        ]
+    )
     assert code == 1
     assert "no ready data in window" in capsys.readouterr().err

@@ -12,7 +12,15 @@ from primus_dagster.dagster_defs.source_assets import build_source_asset, build_
 from primus_dagster.dagster_defs.training_asset import build_training_asset, training_asset_name
 
 __all__ = [
-    "ExecutorPoolResource", "KafkaResource", "MlflowResource", "PrimusStorageResource", "build_definitions",
-    "build_source_asset", "build_source_assets", "build_training_asset", "default_resources", "partitions_def_for",
+    "ExecutorPoolResource",
+    "KafkaResource",
+    "MlflowResource",
+    "PrimusStorageResource",
+    "build_definitions",
+    "build_source_asset",
+    "build_source_assets",
+    "build_training_asset",
+    "default_resources",
+    "partitions_def_for",
     "training_asset_name",
 ]

@@ -51,8 +51,10 @@ def run_demo(args: argparse.Namespace) -> int:
         state = EmbeddedBroker.read_state(state_file) or EmbeddedBroker.start_detached(state_file)
         started_broker = True
         bootstrap = str(state["bootstrap_servers"])
-    console.print(f"[bold]primus-dagster demo[/]: job {job.name!r}, data root {data_root}, Kafka {bootstrap}, "
-                  f"DAGSTER_HOME {os.environ['DAGSTER_HOME']}")
+    console.print(
+        f"[bold]primus-dagster demo[/]: job {job.name!r}, data root {data_root}, Kafka {bootstrap}, "
+        f"DAGSTER_HOME {os.environ['DAGSTER_HOME']}"
+    )
     try:
         context = SourceContext(data_root, bootstrap)
         world = SyntheticWorld(WorldConfig(rows_per_hour=args.rows_per_hour), job.dataset.start)
@@ -65,10 +67,12 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         if started_broker:
             EmbeddedBroker.stop_detached(state_file)
-    console.print("Browse the runs: [bold]DAGSTER_HOME=.primus/dagster_home .venv/bin/dagster dev[/] "
-                  "(workspace.yaml), or materialise one partition: [bold].venv/bin/dagster asset materialize "
-                  "-m definitions --select impressions_parquet --partition "
-                  f"{job.dataset.start:%Y-%m-%d-%H:%M}[/] (needs the broker for Kafka assets).")
+    console.print(
+        "Browse the runs: [bold]DAGSTER_HOME=.primus/dagster_home .venv/bin/dagster dev[/] "
+        "(workspace.yaml), or materialise one partition: [bold].venv/bin/dagster asset materialize "
+        "-m definitions --select impressions_parquet --partition "
+        f"{job.dataset.start:%Y-%m-%d-%H:%M}[/] (needs the broker for Kafka assets)."
+    )
     return 0
 
 
@@ -78,40 +82,57 @@ def _train_day(job, spec_path: str, data_root: str, bootstrap: str, console: Con
 
     partition = (job.dataset.start + timedelta(days=1)).strftime("%Y-%m-%d")
     console.print(f"training {job.training.model.type} ({job.training.mode}) on partition {partition} ...")
-    resources = {"storage": PrimusStorageResource(data_root=data_root),
-                 "kafka": KafkaResource(bootstrap_servers=bootstrap), "mlflow": MlflowResource(),
-                 "executor_pool": ExecutorPoolResource()}
+    resources = {
+        "storage": PrimusStorageResource(data_root=data_root),
+        "kafka": KafkaResource(bootstrap_servers=bootstrap),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(),
+    }
     began = time.perf_counter()
-    result = materialize([build_training_asset(job, spec_path)], partition_key=partition,
-                         instance=DagsterInstance.get(), resources=resources, run_config=_QUIET)
+    result = materialize(
+        [build_training_asset(job, spec_path)],
+        partition_key=partition,
+        instance=DagsterInstance.get(),
+        resources=resources,
+        run_config=_QUIET,
+    )
     (event,) = result.get_asset_materialization_events()
     meta = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
     checks = result.get_asset_check_evaluations()
-    table = Table(title=f"training asset {event.asset_key.to_user_string()} [{partition}] in "
-                        f"{time.perf_counter() - began:.1f}s")
-    for column in ("model", "mode", "next-hour AUC", "log loss", "samples", "samples/s", "checkpoints",
-                   "AUC check"):
+    table = Table(
+        title=f"training asset {event.asset_key.to_user_string()} [{partition}] in {time.perf_counter() - began:.1f}s"
+    )
+    for column in ("model", "mode", "next-hour AUC", "log loss", "samples", "samples/s", "checkpoints", "AUC check"):
         table.add_column(column)
-    table.add_row(job.training.model.type, job.training.mode, f"{meta.get('eval_auc', float('nan')):.4f}",
-                  f"{meta.get('eval_log_loss', float('nan')):.4f}", f"{meta['samples']:,}",
-                  f"{meta['samples_per_s']:,.0f}", str(meta["checkpoints"]),
-                  "passed" if checks and checks[0].passed else "failed")
-    table.caption = (f"MLflow run {meta['mlflow_run_id']} ({meta['mlflow_run_url']}); model {meta['model_uri']}; "
-                     f"browse: .venv/bin/mlflow ui --backend-store-uri {default_tracking_uri()}")
+    table.add_row(
+        job.training.model.type,
+        job.training.mode,
+        f"{meta.get('eval_auc', float('nan')):.4f}",
+        f"{meta.get('eval_log_loss', float('nan')):.4f}",
+        f"{meta['samples']:,}",
+        f"{meta['samples_per_s']:,.0f}",
+        str(meta["checkpoints"]),
+        "passed" if checks and checks[0].passed else "failed",
+    )
+    table.caption = (
+        f"MLflow run {meta['mlflow_run_id']} ({meta['mlflow_run_url']}); model {meta['model_uri']}; "
+        f"browse: .venv/bin/mlflow ui --backend-store-uri {default_tracking_uri()}"
+    )
     return table
 
 
 def _materialize_hours(job, data_root: str, bootstrap: str, hours: int, console: Console) -> Table:
     assets = build_source_assets(job)
-    resources = {"storage": PrimusStorageResource(data_root=data_root),
-                 "kafka": KafkaResource(bootstrap_servers=bootstrap)}
+    resources = {
+        "storage": PrimusStorageResource(data_root=data_root),
+        "kafka": KafkaResource(bootstrap_servers=bootstrap),
+    }
     instance = DagsterInstance.get()
     totals: dict[str, dict[str, object]] = {}
     began = time.perf_counter()
     for hour in range(hours):
         key = (job.dataset.start + timedelta(hours=hour)).strftime("%Y-%m-%d-%H:%M")
-        result = materialize(assets, partition_key=key, instance=instance, resources=resources,
-                             run_config=_QUIET)
+        result = materialize(assets, partition_key=key, instance=instance, resources=resources, run_config=_QUIET)
         for event in result.get_asset_materialization_events():
             name = event.asset_key.to_user_string()
             meta = event.materialization.metadata
@@ -128,6 +149,7 @@ def _materialize_hours(job, data_root: str, bootstrap: str, hours: int, console:
     for column in ("asset", "partitions", "rows", "arrow MB", "version / offsets"):
         table.add_column(column)
     for name, row in totals.items():
-        table.add_row(name, str(row["partitions"]), f"{row['rows']:,}", f"{int(row['bytes']) / 2**20:.1f}",
-                      str(row["version"]))
+        table.add_row(
+            name, str(row["partitions"]), f"{row['rows']:,}", f"{int(row['bytes']) / 2**20:.1f}", str(row["version"])
+        )
     return table

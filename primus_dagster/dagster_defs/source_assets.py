@@ -10,7 +10,6 @@ Example::
     defs = Definitions(assets=build_source_assets(job), resources=default_resources())
 """
 
-
 import json
 from datetime import datetime
 
@@ -37,11 +36,13 @@ def partitions_def_for(source: SourceSpec, job: JobSpec) -> PartitionsDefinition
     start, end = job.dataset.start, job.dataset.end
     if source.granularity == "hour":
         fmt = "%Y-%m-%d-%H:%M"
-        return HourlyPartitionsDefinition(start_date=start.strftime(fmt), end_date=end.strftime(fmt) if end else None,
-                                          timezone="UTC")
+        return HourlyPartitionsDefinition(
+            start_date=start.strftime(fmt), end_date=end.strftime(fmt) if end else None, timezone="UTC"
+        )
     fmt = "%Y-%m-%d"
-    return DailyPartitionsDefinition(start_date=start.strftime(fmt), end_date=end.strftime(fmt) if end else None,
-                                     timezone="UTC")
+    return DailyPartitionsDefinition(
+        start_date=start.strftime(fmt), end_date=end.strftime(fmt) if end else None, timezone="UTC"
+    )
 
 
 def _preview_markdown(scan) -> str:
@@ -90,11 +91,14 @@ def _metadata(scan) -> dict[str, object]:
     return meta
 
 
-def build_source_asset(job: JobSpec, stream: StreamSpec, source: SourceSpec,
-                       key_prefix: list[str] | None = None) -> AssetsDefinition:
+def build_source_asset(
+    job: JobSpec, stream: StreamSpec, source: SourceSpec, key_prefix: list[str] | None = None
+) -> AssetsDefinition:
     """The partitioned asset of one source (see module docstring)."""
-    description = (f"{source.type} source `{source.name}` ({source.kind}, per {source.granularity}) of stream "
-                   f"`{stream.name}` in job `{job.name}`; label delay {source.label_delay}.")
+    description = (
+        f"{source.type} source `{source.name}` ({source.kind}, per {source.granularity}) of stream "
+        f"`{stream.name}` in job `{job.name}`; label delay {source.label_delay}."
+    )
 
     @asset(
         name=source.name,
@@ -103,8 +107,11 @@ def build_source_asset(job: JobSpec, stream: StreamSpec, source: SourceSpec,
         group_name=stream.name,
         kinds={source.type},
         description=description,
-        metadata={"source_type": source.type, "kind": source.kind,
-                  "spec": MetadataValue.json(json.loads(source.model_dump_json()))},
+        metadata={
+            "source_type": source.type,
+            "kind": source.kind,
+            "spec": MetadataValue.json(json.loads(source.model_dump_json())),
+        },
     )
     def _source_asset(
         context: AssetExecutionContext, storage: PrimusStorageResource, kafka: KafkaResource
@@ -114,8 +121,10 @@ def build_source_asset(job: JobSpec, stream: StreamSpec, source: SourceSpec,
             start = context.partition_time_window.start
             part = adapter.partition(start)
             if not part.ready:
-                raise Failure(description=f"{source.name} partition {context.partition_key} is not ready: {part.reason}",
-                              metadata={"location": part.location})
+                raise Failure(
+                    description=f"{source.name} partition {context.partition_key} is not ready: {part.reason}",
+                    metadata={"location": part.location},
+                )
 
             def progress(task, index: int, total: int) -> None:
                 if index == total or index % max(1, total // 10) == 0:
@@ -124,8 +133,11 @@ def build_source_asset(job: JobSpec, stream: StreamSpec, source: SourceSpec,
             scan = scan_partition(adapter, part, on_task=progress)
             problems = scan_problems(scan, source.allow_empty)
             if problems:
-                raise Failure(description=f"{source.name} partition {context.partition_key} is invalid:\n- "
-                                          + "\n- ".join(problems), metadata=_metadata(scan))
+                raise Failure(
+                    description=f"{source.name} partition {context.partition_key} is invalid:\n- "
+                    + "\n- ".join(problems),
+                    metadata=_metadata(scan),
+                )
             return MaterializeResult(metadata=_metadata(scan))
 
     return _source_asset

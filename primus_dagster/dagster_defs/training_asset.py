@@ -81,21 +81,24 @@ def source_deps(job: JobSpec, key_prefix: list[str] | None = None) -> list[Asset
     return deps
 
 
-def previous_partition(partitions: PartitionsDefinition, partition_key: str,
-                       instance: DagsterInstance | None = None) -> str | None:
+def previous_partition(
+    partitions: PartitionsDefinition, partition_key: str, instance: DagsterInstance | None = None
+) -> str | None:
     keys = partitions.get_partition_keys(dynamic_partitions_store=instance)
     index = keys.index(partition_key) if partition_key in keys else -1
     return keys[index - 1] if index > 0 else None
 
 
-def previous_auc(instance: DagsterInstance, key: AssetKey, partitions: PartitionsDefinition,
-                 partition_key: str) -> float | None:
+def previous_auc(
+    instance: DagsterInstance, key: AssetKey, partitions: PartitionsDefinition, partition_key: str
+) -> float | None:
     """``eval_auc`` of the latest materialisation of the partition before ``partition_key``."""
     previous = previous_partition(partitions, partition_key, instance)
     if previous is None:
         return None
-    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[previous]),
-                                              limit=1).records
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[previous]), limit=1
+    ).records
     if not records or records[0].asset_materialization is None:
         return None
     value = records[0].asset_materialization.metadata.get("eval_auc")
@@ -105,15 +108,23 @@ def previous_auc(instance: DagsterInstance, key: AssetKey, partitions: Partition
 def auc_check(job: JobSpec, auc: float | None, previous: float | None) -> AssetCheckResult:
     """Pass unless the AUC dropped more than ``training.auc_tolerance`` below the previous partition's."""
     tolerance = job.training.auc_tolerance
-    meta = {"auc": auc if auc is not None else float("nan"), "tolerance": tolerance,
-            "previous_auc": previous if previous is not None else float("nan")}
+    meta = {
+        "auc": auc if auc is not None else float("nan"),
+        "tolerance": tolerance,
+        "previous_auc": previous if previous is not None else float("nan"),
+    }
     if auc is None or math.isnan(auc):
-        return AssetCheckResult(check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.WARN,
-                                metadata={**meta, "reason": "no evaluation (no held-out data after the window)"})
+        return AssetCheckResult(
+            check_name=CHECK_NAME,
+            passed=False,
+            severity=AssetCheckSeverity.WARN,
+            metadata={**meta, "reason": "no evaluation (no held-out data after the window)"},
+        )
     if previous is None:
         return AssetCheckResult(check_name=CHECK_NAME, passed=True, metadata={**meta, "reason": "first partition"})
-    return AssetCheckResult(check_name=CHECK_NAME, passed=auc >= previous - tolerance,
-                            metadata={**meta, "drop": previous - auc})
+    return AssetCheckResult(
+        check_name=CHECK_NAME, passed=auc >= previous - tolerance, metadata={**meta, "drop": previous - auc}
+    )
 
 
 def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] | None = None) -> AssetsDefinition:
@@ -132,14 +143,26 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         deps=source_deps(job, key_prefix),
         group_name="training",
         kinds={"pytorch", "mlflow"},
-        check_specs=[AssetCheckSpec(CHECK_NAME, asset=key,
-                                    description="next-hour AUC not below the previous partition's minus the tolerance")],
-        description=(f"{model.type} model of job `{job.name}` trained in `{job.training.mode}` mode per "
-                     f"{job.training.partition} (batch lag {job.training.batch_lag}); checkpoints and the model "
-                     "in MLflow."),
+        check_specs=[
+            AssetCheckSpec(
+                CHECK_NAME,
+                asset=key,
+                description="next-hour AUC not below the previous partition's minus the tolerance",
+            )
+        ],
+        description=(
+            f"{model.type} model of job `{job.name}` trained in `{job.training.mode}` mode per "
+            f"{job.training.partition} (batch lag {job.training.batch_lag}); checkpoints and the model "
+            "in MLflow."
+        ),
     )
-    def _training_asset(context: AssetExecutionContext, storage: PrimusStorageResource, kafka: KafkaResource,
-                        mlflow: MlflowResource, executor_pool: ExecutorPoolResource) -> MaterializeResult:
+    def _training_asset(
+        context: AssetExecutionContext,
+        storage: PrimusStorageResource,
+        kafka: KafkaResource,
+        mlflow: MlflowResource,
+        executor_pool: ExecutorPoolResource,
+    ) -> MaterializeResult:
         from primus_dagster.training.job import TrainingJob, run_training_job
 
         needs_kafka = any(s.type == "kafka" for _, s in job.dataset.all_sources())
@@ -148,23 +171,38 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         window = TimeWindow(tw.start, tw.end)
 
         def progress(p: dict) -> None:
-            context.log.info(f"[{p['phase']}] step {p['step']} samples {p['samples']} loss {p['loss']:.4f} "
-                             f"train-AUC {p['train_auc']:.4f} {p['samples_per_s']:.0f} samples/s")
+            context.log.info(
+                f"[{p['phase']}] step {p['step']} samples {p['samples']} loss {p['loss']:.4f} "
+                f"train-AUC {p['train_auc']:.4f} {p['samples_per_s']:.0f} samples/s"
+            )
 
         # Continuous training: the model of the previous partition (if it finished) goes on learning.
         previous = previous_partition(partitions, context.partition_key, context.instance)
-        result = run_training_job(TrainingJob(
-            job, job_path, storage.data_root, window, kafka_bootstrap=source_context.kafka_bootstrap_servers,
-            executors=executor_pool.executors(job), run_key=f"{job.name}/{context.partition_key}",
-            tracker=mlflow.tracker(job), progress=progress,
-            warm_start=f"{job.name}/{previous}" if previous else None))
+        result = run_training_job(
+            TrainingJob(
+                job,
+                job_path,
+                storage.data_root,
+                window,
+                kafka_bootstrap=source_context.kafka_bootstrap_servers,
+                executors=executor_pool.executors(job),
+                run_key=f"{job.name}/{context.partition_key}",
+                tracker=mlflow.tracker(job),
+                progress=progress,
+                warm_start=f"{job.name}/{previous}" if previous else None,
+            )
+        )
         meta = result.metadata()
         auc = meta.get("eval_auc")
         previous = previous_auc(context.instance, key, partitions, context.partition_key)
-        metadata = {k: (MetadataValue.json(v) if isinstance(v, (dict, list)) else v)
-                    for k, v in meta.items() if v is not None}
-        metadata["mlflow_run_url"] = MetadataValue.url(result.run_url) if result.run_url.startswith("http") \
+        metadata = {
+            k: (MetadataValue.json(v) if isinstance(v, (dict, list)) else v) for k, v in meta.items() if v is not None
+        }
+        metadata["mlflow_run_url"] = (
+            MetadataValue.url(result.run_url)
+            if result.run_url.startswith("http")
             else MetadataValue.text(result.run_url)
+        )
         return MaterializeResult(metadata=metadata, check_results=[auc_check(job, auc, previous)])
 
     return _training_asset

@@ -80,8 +80,12 @@ def _to_ts(array: pa.Array, where: str) -> pa.Array:
 def _numeric(array: pa.Array, target: pa.DataType, what: str, where: str) -> pa.Array:
     if array.type == target:
         return array
-    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
-            or pa.types.is_boolean(array.type) or pa.types.is_null(array.type)):
+    if not (
+        pa.types.is_integer(array.type)
+        or pa.types.is_floating(array.type)
+        or pa.types.is_boolean(array.type)
+        or pa.types.is_null(array.type)
+    ):
         raise SchemaMismatchError(f"{where}: {what} has type {array.type}; expected a number")
     return array.cast(target)
 
@@ -97,16 +101,17 @@ class Normalizer:
         self.dense_width = dense_width
         self._source = pa.array([spec.name]).dictionary_encode()
         self._kind = pa.array([spec.kind]).dictionary_encode()
-        self.schema: pa.Schema | None = (
-            canonical_schema(self.mapping, dense_width) if dense_width is not None else None
-        )
+        self.schema: pa.Schema | None = canonical_schema(self.mapping, dense_width) if dense_width is not None else None
 
     def _dense(self, batch: pa.RecordBatch, n: int, where: str) -> pa.Array:
         dense = self.mapping.dense
         if isinstance(dense, str):
             column = _column(batch, dense, where)
-            if not (pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type)
-                    or pa.types.is_large_list(column.type)):
+            if not (
+                pa.types.is_list(column.type)
+                or pa.types.is_fixed_size_list(column.type)
+                or pa.types.is_large_list(column.type)
+            ):
                 raise SchemaMismatchError(f"{where}: dense column {dense!r} has type {column.type}; expected a list")
             width = self.dense_width
             values = _numeric(column.flatten(), pa.float32(), f"dense column {dense!r}", where)
@@ -117,8 +122,9 @@ class Normalizer:
             if len(values) != n * width:
                 raise SchemaMismatchError(f"{where}: dense lists in {dense!r} are not all of length {width}")
             return pa.FixedSizeListArray.from_arrays(values, width)
-        columns = [_numeric(_column(batch, name, where), pa.float32(), f"dense column {name!r}", where)
-                   for name in dense]
+        columns = [
+            _numeric(_column(batch, name, where), pa.float32(), f"dense column {name!r}", where) for name in dense
+        ]
         # Arrow's row-major tensor conversion interleaves the columns in C++ (nulls -> NaN).
         matrix = pa.RecordBatch.from_arrays(columns, names=dense).to_tensor(null_to_nan=True, row_major=True)
         return pa.FixedSizeListArray.from_arrays(pa.array(np.asarray(matrix).reshape(-1)), len(dense))
@@ -128,11 +134,17 @@ class Normalizer:
         where = where or self.spec.name
         n = batch.num_rows
         m = self.mapping
-        sample_id = (_numeric(_column(batch, m.id, where), pa.int64(), f"id column {m.id!r}", where)
-                     if m.id else pa.nulls(n, pa.int64()))
+        sample_id = (
+            _numeric(_column(batch, m.id, where), pa.int64(), f"id column {m.id!r}", where)
+            if m.id
+            else pa.nulls(n, pa.int64())
+        )
         ts = _to_ts(_column(batch, m.ts, where), where)
-        label = (_numeric(_column(batch, m.label, where), pa.float32(), f"label column {m.label!r}", where)
-                 if m.label else pa.nulls(n, pa.float32()))
+        label = (
+            _numeric(_column(batch, m.label, where), pa.float32(), f"label column {m.label!r}", where)
+            if m.label
+            else pa.nulls(n, pa.float32())
+        )
         dense = self._dense(batch, n, where)
         sparse = [
             _numeric(_column(batch, native, where), pa.int64(), f"sparse column {native!r}", where)

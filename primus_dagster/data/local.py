@@ -33,11 +33,21 @@ from primus_dagster.spec import JobSpec, load_job_spec
 class LocalDataPlane:
     """Driver (Flight, loopback) + executor processes; see the module docstring."""
 
-    def __init__(self, job_path: str | Path, data_root: str | Path, tasks: Iterable[DataTask] = (), *,
-                 executors: int = 2, trainers: int = 1, token: str | None = None,
-                 kafka_bootstrap: str | None = None, driver: DataDriver | None = None,
-                 slow_ms_per_batch: dict[int, float] | None = None, heartbeat_s: float | None = None,
-                 shm: bool = True):
+    def __init__(
+        self,
+        job_path: str | Path,
+        data_root: str | Path,
+        tasks: Iterable[DataTask] = (),
+        *,
+        executors: int = 2,
+        trainers: int = 1,
+        token: str | None = None,
+        kafka_bootstrap: str | None = None,
+        driver: DataDriver | None = None,
+        slow_ms_per_batch: dict[int, float] | None = None,
+        heartbeat_s: float | None = None,
+        shm: bool = True,
+    ):
         self.job_path = str(job_path)
         self.job: JobSpec = load_job_spec(job_path)
         self.data_root = str(data_root)
@@ -48,9 +58,12 @@ class LocalDataPlane:
         self.heartbeat_s = heartbeat_s
         self.shm = shm  # executors offer shared memory to the readers (both on this machine)
         data = self.job.data
-        self.driver = driver or DataDriver(max_attempts=data.max_attempts,
-                                           failed_task_threshold=data.failed_task_threshold,
-                                           lease_s=data.lease.total_seconds(), trainers=trainers)
+        self.driver = driver or DataDriver(
+            max_attempts=data.max_attempts,
+            failed_task_threshold=data.failed_task_threshold,
+            lease_s=data.lease.total_seconds(),
+            trainers=trainers,
+        )
         self.driver.add_tasks(tasks)
         self.server = DriverServer(self.driver, token=token)
         self.processes: dict[int, subprocess.Popen[str]] = {}
@@ -63,10 +76,19 @@ class LocalDataPlane:
         return self.server.location
 
     def _spawn(self, index: int) -> subprocess.Popen[str]:
-        config = ExecutorConfig(driver=self.location, executor_id=f"data-{index}", job_spec=self.job_path,
-                                data_root=self.data_root, executor_index=index, trainers=self.trainers,
-                                kafka_bootstrap=self.kafka_bootstrap, slow_ms_per_batch=self.slow.get(index, 0.0),
-                                heartbeat_s=self.heartbeat_s, linger_s=0.5, shm=self.shm)
+        config = ExecutorConfig(
+            driver=self.location,
+            executor_id=f"data-{index}",
+            job_spec=self.job_path,
+            data_root=self.data_root,
+            executor_index=index,
+            trainers=self.trainers,
+            kafka_bootstrap=self.kafka_bootstrap,
+            slow_ms_per_batch=self.slow.get(index, 0.0),
+            heartbeat_s=self.heartbeat_s,
+            linger_s=0.5,
+            shm=self.shm,
+        )
         proc = start_executor_process(config, token=self.token)
         self.processes[index] = proc
         return proc

@@ -97,11 +97,21 @@ class RemoteReader:
     ``$PRIMUS_SHM=0``; see ``primus_dagster.data.executor.shm``).
     """
 
-    def __init__(self, driver: DriverAPI, trainer_id: int,
-                 executors: Sequence[str] | Callable[[], Iterable[str]] | None = None, *,
-                 token: str | None = None, queues: Sequence[str] = ("batch", "stream"), prefetch: int = 4,
-                 choose_queue: ChooseQueue | None = None, framework: str = "torch", refresh_s: float = 0.5,
-                 max_retries: int = 5, shm: bool | None = None):
+    def __init__(
+        self,
+        driver: DriverAPI,
+        trainer_id: int,
+        executors: Sequence[str] | Callable[[], Iterable[str]] | None = None,
+        *,
+        token: str | None = None,
+        queues: Sequence[str] = ("batch", "stream"),
+        prefetch: int = 4,
+        choose_queue: ChooseQueue | None = None,
+        framework: str = "torch",
+        refresh_s: float = 0.5,
+        max_retries: int = 5,
+        shm: bool | None = None,
+    ):
         self.driver = driver
         self.trainer_id = trainer_id
         self.claimant = f"trainer-{trainer_id}"  # the trainer id the driver sees (claims, barriers)
@@ -115,7 +125,8 @@ class RemoteReader:
         self._static = not callable(executors) and executors is not None
         fixed = list(executors) if self._static else []  # type: ignore[arg-type]
         self._list: Callable[[], Iterable[str]] = (
-            (lambda: fixed) if self._static else executors or self._driver_executors)  # type: ignore[assignment]
+            (lambda: fixed) if self._static else executors or self._driver_executors
+        )  # type: ignore[assignment]
         self._cond = threading.Condition()
         self._queues: dict[str, deque[tuple[float, TrainBatch]]] = {q: deque() for q in queues}
         self._received = dict.fromkeys(queues, 0)
@@ -130,8 +141,11 @@ class RemoteReader:
         self._listed: set[str] = set()
         self._discovery_done = self._static
         self._listed = self._discover() or set()
-        self._refresher = None if self._static else threading.Thread(
-            target=self._refresh_loop, name=f"reader-{trainer_id}-discovery", daemon=True)
+        self._refresher = (
+            None
+            if self._static
+            else threading.Thread(target=self._refresh_loop, name=f"reader-{trainer_id}-discovery", daemon=True)
+        )
         if self._refresher is not None:
             self._refresher.start()
 
@@ -148,8 +162,9 @@ class RemoteReader:
             return None
         with self._cond:
             for location in sorted(current - set(self._fetchers)):
-                thread = threading.Thread(target=self._fetch, args=(location,), daemon=True,
-                                          name=f"reader-{self.trainer_id}-{location}")
+                thread = threading.Thread(
+                    target=self._fetch, args=(location,), daemon=True, name=f"reader-{self.trainer_id}-{location}"
+                )
                 self._fetchers[location] = thread
                 self._alive += 1
                 thread.start()
@@ -202,15 +217,20 @@ class RemoteReader:
                 except fl.FlightUnauthenticatedError as exc:
                     self._fail(PermissionError(f"executor {location} rejected the token: {exc}"))
                     return
-                except (fl.FlightUnavailableError, fl.FlightCancelledError, fl.FlightTimedOutError,
-                        fl.FlightInternalError, ShmError) as exc:
+                except (
+                    fl.FlightUnavailableError,
+                    fl.FlightCancelledError,
+                    fl.FlightTimedOutError,
+                    fl.FlightInternalError,
+                    ShmError,
+                ) as exc:
                     if shm is not None:
                         shm.sweep()  # the executor died: remove the slot files nobody will map
                     attempts += 1
                     if self._closing or not self._retry(location, attempts):
                         log.info("reader %s: executor %s gone: %s", self.trainer_id, location, exc)
                         return
-                    time.sleep(min(2.0, 0.1 * 2 ** attempts))
+                    time.sleep(min(2.0, 0.1 * 2**attempts))
                 finally:
                     self._streams.pop(location, None)
                     if shm is not None:
@@ -243,8 +263,9 @@ class RemoteReader:
         with self._cond:
             self.stats["received"] += 1
         if meta.kind not in self._queues:
-            raise ValueError(f"batch {meta.batch_id.key()} has kind {meta.kind!r}; this reader has queues "
-                             f"{list(self._queues)}")
+            raise ValueError(
+                f"batch {meta.batch_id.key()} has kind {meta.kind!r}; this reader has queues {list(self._queues)}"
+            )
         if not self.driver.claim(self.claimant, meta.batch_id):
             with self._cond:
                 self.stats["dropped"] += 1
@@ -265,8 +286,10 @@ class RemoteReader:
 
     def _stats_locked(self) -> dict[str, QueueStat]:
         now = time.monotonic()
-        return {name: QueueStat(name, len(q), self.prefetch, self._received[name], now - q[0][0] if q else 0.0)
-                for name, q in self._queues.items()}
+        return {
+            name: QueueStat(name, len(q), self.prefetch, self._received[name], now - q[0][0] if q else 0.0)
+            for name, q in self._queues.items()
+        }
 
     def next_batch(self, kind: str | None = None, timeout: float | None = None) -> TrainBatch | None:
         """The next claimed batch (of ``kind``, or from the queue ``choose_queue`` picks); None once
@@ -291,8 +314,9 @@ class RemoteReader:
                     self.stats["rows"] += batch.rows
                     self._cond.notify_all()
                     return batch
-                if self._closing or (self._discovery_done and self._alive == 0 and
-                                     (kind is None or not self._queues[kind])):
+                if self._closing or (
+                    self._discovery_done and self._alive == 0 and (kind is None or not self._queues[kind])
+                ):
                     return None
                 wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                 if wait <= 0:

@@ -50,8 +50,14 @@ class DataTask:
 
     @classmethod
     def for_read(cls, stream: str, kind: Literal["batch", "stream"], read: ReadTask) -> "DataTask":
-        return cls(task_id=f"{stream}:{read.task_id}", stream=stream, kind=kind, partition=read.partition,
-                   read=read, size_bytes=read.size_bytes)
+        return cls(
+            task_id=f"{stream}:{read.task_id}",
+            stream=stream,
+            kind=kind,
+            partition=read.partition,
+            read=read,
+            size_bytes=read.size_bytes,
+        )
 
     @property
     def order_key(self) -> tuple[str, str, str]:
@@ -62,22 +68,29 @@ class DataTask:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "task_id": self.task_id, "stream": self.stream, "kind": self.kind,
-            "partition": self.partition.isoformat(), "read": self.read.to_dict(),
+            "task_id": self.task_id,
+            "stream": self.stream,
+            "kind": self.kind,
+            "partition": self.partition.isoformat(),
+            "read": self.read.to_dict(),
             "right_reads": [r.to_dict() for r in self.right_reads],
             "join": None if self.join is None else dict(self.join.__dict__),
-            "size_bytes": self.size_bytes, "meta": self.meta,
+            "size_bytes": self.size_bytes,
+            "meta": self.meta,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DataTask":
         return cls(
-            task_id=data["task_id"], stream=data["stream"], kind=data["kind"],
+            task_id=data["task_id"],
+            stream=data["stream"],
+            kind=data["kind"],
             partition=datetime.fromisoformat(data["partition"]),
             read=ReadTask.from_dict(data["read"]),
             right_reads=tuple(ReadTask.from_dict(r) for r in data.get("right_reads", [])),
             join=None if data.get("join") is None else JoinInfo(**data["join"]),
-            size_bytes=int(data.get("size_bytes", 0)), meta=dict(data.get("meta") or {}),
+            size_bytes=int(data.get("size_bytes", 0)),
+            meta=dict(data.get("meta") or {}),
         )
 
     def to_json(self) -> str:

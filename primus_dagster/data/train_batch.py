@@ -94,8 +94,11 @@ def to_train_batch(batch: pa.RecordBatch, meta: BatchMeta, framework: str = "tor
     ts = batch.column(names.index("ts")).view(pa.int64()).to_numpy(zero_copy_only=False)
     sid = batch.column(names.index("sample_id")) if "sample_id" in names else None
     sample_id = None if sid is None or sid.null_count == len(sid) else _numpy(sid, -1)
-    sparse = {name: _numpy(batch.column(i), 0) for i, name in enumerate(names)
-              if name not in _CANONICAL and pa.types.is_integer(batch.schema.field(i).type)}
+    sparse = {
+        name: _numpy(batch.column(i), 0)
+        for i, name in enumerate(names)
+        if name not in _CANONICAL and pa.types.is_integer(batch.schema.field(i).type)
+    }
     if framework == "torch":
         dense, label, ts = _torch(dense), _torch(label), _torch(ts)
         sample_id = None if sample_id is None else _torch(sample_id)

@@ -28,9 +28,7 @@ def parse_duration(value: Any) -> timedelta:
         match = _DURATION_RE.match(value)
         if match:
             return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
-    raise ValueError(
-        f"expected a duration such as '30m', '1h', '24h' or '7d', got {value!r}"
-    )
+    raise ValueError(f"expected a duration such as '30m', '1h', '24h' or '7d', got {value!r}")
 
 
 def format_duration(value: timedelta) -> str:
@@ -64,7 +62,5 @@ _SERIALIZE = PlainSerializer(format_duration, return_type=str)
 PositiveDuration = Annotated[timedelta, BeforeValidator(_positive), _SERIALIZE, _DURATION_SCHEMA]
 """A strictly positive duration (window lengths, slides, lease times)."""
 
-NonNegativeDuration = Annotated[
-    timedelta, BeforeValidator(_non_negative), _SERIALIZE, _DURATION_SCHEMA
-]
+NonNegativeDuration = Annotated[timedelta, BeforeValidator(_non_negative), _SERIALIZE, _DURATION_SCHEMA]
 """A duration that may be zero (label delay, lateness)."""

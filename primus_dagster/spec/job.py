@@ -118,8 +118,10 @@ class ModelSpec(StrictModel):
     memory_hidden: list[int] = Field(default_factory=lambda: [64, 32])
     adapt_hidden: list[int] = Field(default_factory=lambda: [128, 64])
     sparse_embeddings: bool = Field(
-        default=True, description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the "
-        "rows its batch touches (about 2x faster on CPU). DDP training uses dense gradients either way.")
+        default=True,
+        description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the "
+        "rows its batch touches (about 2x faster on CPU). DDP training uses dense gradients either way.",
+    )
 
 
 class TrainingSpec(StrictModel):
@@ -136,8 +138,10 @@ class TrainingSpec(StrictModel):
     )
     auc_tolerance: float = Field(default=0.005, ge=0, description="Max AUC drop vs the previous partition.")
     batch_lag: NonNegativeDuration = Field(
-        default="0h", description="Batch data of a training window comes from the window shifted back by this "
-        "(MTRM: the batch sources' label delay, e.g. 24h: the stream of today with the complete batch of yesterday).")
+        default="0h",
+        description="Batch data of a training window comes from the window shifted back by this "
+        "(MTRM: the batch sources' label delay, e.g. 24h: the stream of today with the complete batch of yesterday).",
+    )
     partition: Literal["hour", "day"] = Field(default="day", description="Granularity of the training asset.")
     eval_hours: int = Field(default=1, ge=1, description="Held-out hours after the window for next-hour AUC.")
     threads: int = Field(default=1, ge=1, description="torch intra-op threads per training executor.")
@@ -148,8 +152,10 @@ class TrainingSpec(StrictModel):
         # MTRM's memory tower learns batch data and its serving (adapt) tower learns the stream:
         # with one kind only, one tower would never train.
         if self.model.type == "mtrm" and self.mode in ("batch", "stream"):
-            raise ValueError(f"model type 'mtrm' needs batch and stream data: mode {self.mode!r} trains only one "
-                             "of its towers; use mode 'mixed' or 'batch_then_stream', or model type 'single'")
+            raise ValueError(
+                f"model type 'mtrm' needs batch and stream data: mode {self.mode!r} trains only one "
+                "of its towers; use mode 'mixed' or 'batch_then_stream', or model type 'single'"
+            )
         return self
 
 
@@ -163,8 +169,11 @@ class TrackingSpec(StrictModel):
 class JobSpec(StrictModel):
     """The whole training job: resources, data, training and tracking."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=53,
-                      description="DNS-1123 label (used for pods and runs).")
+    name: str = Field(
+        pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+        max_length=53,
+        description="DNS-1123 label (used for pods and runs).",
+    )
     pools: PoolsSpec = Field(default_factory=PoolsSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     data: DataPlaneSpec = Field(default_factory=DataPlaneSpec)

@@ -101,7 +101,9 @@ class ParquetSourceSpec(_SourceBase):
             fields = set(re.findall(r"{([^}]*)}", self.template))
             unknown = fields - _TEMPLATE_FIELDS
             if unknown:
-                raise ValueError(f"template {self.template!r} has unknown fields {sorted(unknown)}; use {{YYYY}} {{MM}} {{DD}} {{HH}}")
+                raise ValueError(
+                    f"template {self.template!r} has unknown fields {sorted(unknown)}; use {{YYYY}} {{MM}} {{DD}} {{HH}}"
+                )
             if self.granularity == "hour" and "HH" not in fields:
                 raise ValueError(f"template {self.template!r} of an hourly source needs {{HH}}")
         elif self.template is not None:
@@ -130,8 +132,12 @@ class IcebergCatalogSpec(StrictModel):
 
     name: str = "primus"
     uri: str | None = Field(default=None, description="Catalog URI; default sqlite:///<data root>/iceberg/catalog.db.")
-    warehouse: str | None = Field(default=None, description="Warehouse location; default <data root>/iceberg/warehouse.")
-    properties: dict[str, str] = Field(default_factory=dict, description="Extra catalog properties (type, credentials).")
+    warehouse: str | None = Field(
+        default=None, description="Warehouse location; default <data root>/iceberg/warehouse."
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict, description="Extra catalog properties (type, credentials)."
+    )
 
 
 class IcebergSourceSpec(_SourceBase):

@@ -33,19 +33,35 @@ def _flag(name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``synth`` options (and one flag per :class:`WorldConfig` knob) to ``parser``."""
     parser.add_argument("--spec", default="examples/job.yaml", help="job spec YAML (default: %(default)s)")
-    parser.add_argument("--data-root", default=_default_data_root(),
-                        help="where relative source locations resolve (default: $PRIMUS_DATA_ROOT or ./.primus/data)")
+    parser.add_argument(
+        "--data-root",
+        default=_default_data_root(),
+        help="where relative source locations resolve (default: $PRIMUS_DATA_ROOT or ./.primus/data)",
+    )
     span = parser.add_mutually_exclusive_group()
     span.add_argument("--days", type=int, default=None, help="days to write (default: 1)")
     span.add_argument("--hours", type=int, default=None, help="hours to write (alternative to --days)")
-    parser.add_argument("--start", default=None,
-                        help="first hour, ISO UTC (e.g. 2026-11-01 or 2026-11-01T06:00); default: the spec's dataset.start")
-    parser.add_argument("--sources", nargs="+", default=None, metavar="NAME",
-                        help="only these sources (batch shards stay those of the whole spec)")
-    parser.add_argument("--kafka-bootstrap", default=os.environ.get("PRIMUS_KAFKA_BOOTSTRAP_SERVERS"),
-                        help="Kafka host:port list for stream sources without bootstrap_servers "
-                             "(default: $PRIMUS_KAFKA_BOOTSTRAP_SERVERS, else a running `primus-dagster broker --detach`)")
-    parser.add_argument("--kafka-partitions", type=int, default=4, help="partitions of a topic created here (default: 4)")
+    parser.add_argument(
+        "--start",
+        default=None,
+        help="first hour, ISO UTC (e.g. 2026-11-01 or 2026-11-01T06:00); default: the spec's dataset.start",
+    )
+    parser.add_argument(
+        "--sources",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="only these sources (batch shards stay those of the whole spec)",
+    )
+    parser.add_argument(
+        "--kafka-bootstrap",
+        default=os.environ.get("PRIMUS_KAFKA_BOOTSTRAP_SERVERS"),
+        help="Kafka host:port list for stream sources without bootstrap_servers "
+        "(default: $PRIMUS_KAFKA_BOOTSTRAP_SERVERS, else a running `primus-dagster broker --detach`)",
+    )
+    parser.add_argument(
+        "--kafka-partitions", type=int, default=4, help="partitions of a topic created here (default: 4)"
+    )
     parser.add_argument("--files-per-hour", type=int, default=1, help="Parquet files per hour (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -55,15 +71,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = getattr(defaults, f.name)
         kind: Any = str if isinstance(default, timedelta) else type(default)
         shown = f"{default.total_seconds():g}s" if isinstance(default, timedelta) else default
-        world.add_argument(_flag(f.name), dest=f"world_{f.name}", type=kind, default=None, metavar=kind.__name__.upper()
-                           if kind is not str else "DURATION",
-                           help=f"{WorldConfig.HELP.get(f.name, f.name)} (default: {shown})")
+        world.add_argument(
+            _flag(f.name),
+            dest=f"world_{f.name}",
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper() if kind is not str else "DURATION",
+            help=f"{WorldConfig.HELP.get(f.name, f.name)} (default: {shown})",
+        )
 
 
 def world_config_from_args(args: argparse.Namespace) -> WorldConfig:
     """The :class:`WorldConfig` of the parsed flags (unset flags keep the defaults)."""
-    values = {f.name: getattr(args, f"world_{f.name}") for f in fields(WorldConfig)
-              if getattr(args, f"world_{f.name}", None) is not None}
+    values = {
+        f.name: getattr(args, f"world_{f.name}")
+        for f in fields(WorldConfig)
+        if getattr(args, f"world_{f.name}", None) is not None
+    }
     return WorldConfig(**values)
 
 
@@ -88,14 +112,24 @@ def print_summary(summary: WriteSummary, data_root: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"synthetic world: {summary.hours} hour(s), {summary.world_rows:,} impressions "
-                        f"(generated in {summary.generate_seconds:.2f}s) -> {data_root}")
+    table = Table(
+        title=f"synthetic world: {summary.hours} hour(s), {summary.world_rows:,} impressions "
+        f"(generated in {summary.generate_seconds:.2f}s) -> {data_root}"
+    )
     for column in ("source", "type", "kind", "rows", "MB", "files", "seconds", "rows/s"):
         table.add_column(column, justify="left" if column in ("source", "type", "kind") else "right", no_wrap=True)
     for s in summary.sources.values():
         rate = f"{s.rows / s.seconds:,.0f}" if s.seconds > 0 else "-"
-        table.add_row(s.name, s.type, s.kind, f"{s.rows:,}", f"{s.bytes / 2**20:.1f}", str(s.files or "-"),
-                      f"{s.seconds:.2f}", rate)
+        table.add_row(
+            s.name,
+            s.type,
+            s.kind,
+            f"{s.rows:,}",
+            f"{s.bytes / 2**20:.1f}",
+            str(s.files or "-"),
+            f"{s.seconds:.2f}",
+            rate,
+        )
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)
@@ -124,9 +158,12 @@ def run(args: argparse.Namespace) -> int:
         bootstrap = _embedded_bootstrap()
         if bootstrap is None:
             names = [s.name for s in chosen if s.type == "kafka"]
-            print(f"error: Kafka source(s) {names} need bootstrap servers: pass --kafka-bootstrap, set "
-                  f"PRIMUS_KAFKA_BOOTSTRAP_SERVERS, start `primus-dagster broker --detach`, or leave them out "
-                  f"with --sources", file=sys.stderr)
+            print(
+                f"error: Kafka source(s) {names} need bootstrap servers: pass --kafka-bootstrap, set "
+                f"PRIMUS_KAFKA_BOOTSTRAP_SERVERS, start `primus-dagster broker --detach`, or leave them out "
+                f"with --sources",
+                file=sys.stderr,
+            )
             return 2
     data_root = str(args.data_root)
     try:
@@ -134,9 +171,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    summary = write_world(job, SourceContext(data_root, bootstrap), world, range(hours), sources=args.sources,
-                          progress=not args.no_progress, files_per_hour=args.files_per_hour,
-                          kafka_partitions=args.kafka_partitions)
+    summary = write_world(
+        job,
+        SourceContext(data_root, bootstrap),
+        world,
+        range(hours),
+        sources=args.sources,
+        progress=not args.no_progress,
+        files_per_hour=args.files_per_hour,
+        kafka_partitions=args.kafka_partitions,
+    )
     if args.json:
         print(json.dumps(summary.as_dict()))
     else:
@@ -146,8 +190,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point (``python -m primus_dagster.synth.cli``)."""
-    parser = argparse.ArgumentParser(prog="primus-dagster synth", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="primus-dagster synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -211,12 +211,14 @@ class SyntheticWorld:
         cfg = config
         rng = np.random.default_rng([cfg.seed, 0])
         d = cfg.latent_dim
-        sigma = d ** -0.25  # <u, v> then has unit variance
+        sigma = d**-0.25  # <u, v> then has unit variance
         self.user_vectors = (rng.standard_normal((cfg.users, d)) * sigma).astype(np.float32)
         topic_centres = rng.standard_normal((cfg.topics, d))
         topic_p, _ = _zipf_weights(cfg.topics, 0.5, rng)
         self.item_topic = rng.choice(cfg.topics, size=cfg.items, p=topic_p).astype(np.int64)
-        item_raw = math.sqrt(0.5) * topic_centres[self.item_topic] + math.sqrt(0.5) * rng.standard_normal((cfg.items, d))
+        item_raw = math.sqrt(0.5) * topic_centres[self.item_topic] + math.sqrt(0.5) * rng.standard_normal(
+            (cfg.items, d)
+        )
         self.item_vectors = (item_raw * sigma).astype(np.float32)
         self.user_p, self.user_activity = _zipf_weights(cfg.users, cfg.popularity_skew, rng)
         self.item_p, self.item_popularity = _zipf_weights(cfg.items, cfg.popularity_skew, rng)
@@ -244,7 +246,9 @@ class SyntheticWorld:
             if j < cfg.n_dense:
                 direct += weight * rng.standard_normal(samples)
         rest = (
-            self.user_bias[users] + self.item_bias[items] + _DEVICE_EFFECT[self.user_device[users]]
+            self.user_bias[users]
+            + self.item_bias[items]
+            + _DEVICE_EFFECT[self.user_device[users]]
             + cfg.affinity_scale * self.affinity(users, items)
             + cfg.trend_scale * self.trend_std * rng.standard_normal(samples)
             + cfg.daily_amplitude * np.cos(rng.uniform(0, 2 * np.pi, samples))
@@ -291,7 +295,7 @@ class SyntheticWorld:
             parts.append(block)
         stacked = np.concatenate(parts) if len(parts) > 1 else parts[0]
         offset = first - b0 * _TREND_BLOCK
-        return stacked[offset: offset + last - first + 1]
+        return stacked[offset : offset + last - first + 1]
 
     def trend(self, hours: Sequence[int] | range) -> np.ndarray:
         """Trend strength ``x[h, topic]`` for the given hours (relative to start), shape (len, topics).
@@ -378,14 +382,24 @@ class SyntheticWorld:
         any model); ``with_trend=False`` drops this hour's trend term (the ceiling of a model that
         knows everything long-term and nothing of the current trends)."""
         cfg = self.config
-        users, items, topics, device = (table.column(c).to_numpy() for c in ("user_id", "item_id", "topic_id", "device"))
+        users, items, topics, device = (
+            table.column(c).to_numpy() for c in ("user_id", "item_id", "topic_id", "device")
+        )
         offsets = table.column("event_time").cast(pa.int64()).to_numpy() % HOUR_US
         tod = (self.epoch_hour(h) % 24) + offsets / HOUR_US
-        direct = sum((w * table.column(f"d{j}").to_numpy() for j, w in _DIRECT_EFFECTS if j < cfg.n_dense),
-                     np.zeros(len(table), dtype=np.float32))
-        logit = (self.bias + self.user_bias[users] + self.item_bias[items] + _DEVICE_EFFECT[device]
-                 + cfg.affinity_scale * self.affinity(users, items)
-                 + cfg.daily_amplitude * np.cos(2 * np.pi * (tod - cfg.peak_hour) / 24) + cfg.dense_scale * direct)
+        direct = sum(
+            (w * table.column(f"d{j}").to_numpy() for j, w in _DIRECT_EFFECTS if j < cfg.n_dense),
+            np.zeros(len(table), dtype=np.float32),
+        )
+        logit = (
+            self.bias
+            + self.user_bias[users]
+            + self.item_bias[items]
+            + _DEVICE_EFFECT[device]
+            + cfg.affinity_scale * self.affinity(users, items)
+            + cfg.daily_amplitude * np.cos(2 * np.pi * (tod - cfg.peak_hour) / 24)
+            + cfg.dense_scale * direct
+        )
         if with_trend:
             logit = logit + cfg.trend_scale * self.trend([h])[0][topics]
         return logit

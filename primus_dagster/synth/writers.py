@@ -85,8 +85,13 @@ class WriteSummary:
         return sum(s.rows for s in self.sources.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"hours": self.hours, "world_rows": self.world_rows, "generate_seconds": round(self.generate_seconds, 3),
-                "seconds": round(self.seconds, 3), "sources": {k: vars(v) for k, v in self.sources.items()}}
+        return {
+            "hours": self.hours,
+            "world_rows": self.world_rows,
+            "generate_seconds": round(self.generate_seconds, 3),
+            "seconds": round(self.seconds, 3),
+            "sources": {k: vars(v) for k, v in self.sources.items()},
+        }
 
 
 class _Writer:
@@ -110,8 +115,11 @@ class _ParquetWriter(_Writer):
         self.files_per_hour = max(1, files_per_hour)
         self.fs, self.root = fsspec.core.url_to_fs(context.resolve(spec.path).rstrip("/"), **spec.storage_options)
         self.root = self.root.rstrip("/")
-        self.arrow_fs = pafs.LocalFileSystem() if isinstance(self.fs, LocalFileSystem) else pafs.PyFileSystem(
-            pafs.FSSpecHandler(self.fs))
+        self.arrow_fs = (
+            pafs.LocalFileSystem()
+            if isinstance(self.fs, LocalFileSystem)
+            else pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+        )
 
     def _rm(self, path: str) -> None:
         if self.fs.exists(path):
@@ -166,8 +174,9 @@ class _DeltaWriter(_Writer):
         n = table.num_rows
         table = table.append_column(pa.field(spec.date_column, pa.string()), pa.array([day] * n, pa.string()))
         if spec.hour_column:
-            table = table.append_column(pa.field(spec.hour_column, pa.int32()),
-                                        pa.array(np.full(n, start.hour, dtype=np.int32)))
+            table = table.append_column(
+                pa.field(spec.hour_column, pa.int32()), pa.array(np.full(n, start.hour, dtype=np.int32))
+            )
         partition_by = [spec.date_column] + ([spec.hour_column] if self.hourly and spec.hour_column else [])
         predicate = f"{spec.date_column} = '{day}'"
         if spec.hour_column:
@@ -182,16 +191,27 @@ class _DeltaWriter(_Writer):
             known = set(before.column("path").to_pylist())
             same = pc.equal(before.column(f"partition.{spec.date_column}").cast(pa.string()), day)
             if len(partition_by) > 1:
-                same = pc.and_(same, pc.equal(before.column(f"partition.{spec.hour_column}").cast(pa.int64()), start.hour))
+                same = pc.and_(
+                    same, pc.equal(before.column(f"partition.{spec.hour_column}").cast(pa.int64()), start.hour)
+                )
             existing = bool(pc.any(same).as_py())
         if existing:
-            write_deltalake(self.uri, table, mode="overwrite", predicate=predicate,
-                            partition_by=partition_by, storage_options=self.options)
+            write_deltalake(
+                self.uri,
+                table,
+                mode="overwrite",
+                predicate=predicate,
+                partition_by=partition_by,
+                storage_options=self.options,
+            )
         else:
             write_deltalake(self.uri, table, mode="append", partition_by=partition_by, storage_options=self.options)
         actions = pa.table(DeltaTable(self.uri, storage_options=self.options).get_add_actions(flatten=True))
-        added = [size for path, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist())
-                 if path not in known]
+        added = [
+            size
+            for path, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist())
+            if path not in known
+        ]
         return int(sum(added)), len(added)
 
 
@@ -230,8 +250,9 @@ class _IcebergWriter(_Writer):
 
         iceberg_table = self._load(table.schema)
         end = start + timedelta(hours=1)
-        hour_filter = And(GreaterThanOrEqual(self.ts_column, start.isoformat()),
-                          LessThan(self.ts_column, end.isoformat()))
+        hour_filter = And(
+            GreaterThanOrEqual(self.ts_column, start.isoformat()), LessThan(self.ts_column, end.isoformat())
+        )
         # One Parquet file per hour, registered with add_files: its partition value comes from the
         # column statistics, so no Arrow-side partition transform (pyiceberg-core) is needed, and
         # replacing the hour is a metadata-only delete of whole files.
@@ -278,16 +299,24 @@ def json_values(table: pa.Table) -> pa.Array:
 class _KafkaWriter(_Writer):
     """JSON records keyed by user_id into partition ``user_id % partitions``, timestamp = event time."""
 
-    def __init__(self, spec: KafkaSourceSpec, context: SourceContext, partitions: int = 4,
-                 key_column: str = "user_id", ts_column: str = "event_time"):
+    def __init__(
+        self,
+        spec: KafkaSourceSpec,
+        context: SourceContext,
+        partitions: int = 4,
+        key_column: str = "user_id",
+        ts_column: str = "event_time",
+    ):
         from kafka import KafkaAdminClient, KafkaProducer
         from kafka.admin import NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
         bootstrap = spec.bootstrap_servers or context.kafka_bootstrap_servers
         if not bootstrap:
-            raise ValueError(f"source {spec.name!r}: no Kafka bootstrap servers (set bootstrap_servers in the spec, "
-                             f"--kafka-bootstrap or PRIMUS_KAFKA_BOOTSTRAP_SERVERS)")
+            raise ValueError(
+                f"source {spec.name!r}: no Kafka bootstrap servers (set bootstrap_servers in the spec, "
+                f"--kafka-bootstrap or PRIMUS_KAFKA_BOOTSTRAP_SERVERS)"
+            )
         self.spec, self.key_column, self.ts_column = spec, key_column, ts_column
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="primus-synth")
         try:
@@ -297,8 +326,12 @@ class _KafkaWriter(_Writer):
         finally:
             admin.close()
         self.producer = KafkaProducer(
-            bootstrap_servers=bootstrap, client_id="primus-synth", acks=1, linger_ms=20,
-            batch_size=512 * 1024, max_in_flight_requests_per_connection=1,  # keeps per-partition order on retries
+            bootstrap_servers=bootstrap,
+            client_id="primus-synth",
+            acks=1,
+            linger_ms=20,
+            batch_size=512 * 1024,
+            max_in_flight_requests_per_connection=1,  # keeps per-partition order on retries
         )
         deadline = time.monotonic() + 30
         while not (found := self.producer.partitions_for(spec.topic)) and time.monotonic() < deadline:
@@ -334,9 +367,12 @@ class _KafkaWriter(_Writer):
 
 # -- driver -----------------------------------------------------------------------------------
 def _make_writer(spec: Any, context: SourceContext, files_per_hour: int, kafka_partitions: int) -> _Writer:
-    makers = {"parquet": lambda: _ParquetWriter(spec, context, files_per_hour),
-              "delta": lambda: _DeltaWriter(spec, context), "iceberg": lambda: _IcebergWriter(spec, context),
-              "kafka": lambda: _KafkaWriter(spec, context, partitions=kafka_partitions)}
+    makers = {
+        "parquet": lambda: _ParquetWriter(spec, context, files_per_hour),
+        "delta": lambda: _DeltaWriter(spec, context),
+        "iceberg": lambda: _IcebergWriter(spec, context),
+        "kafka": lambda: _KafkaWriter(spec, context, partitions=kafka_partitions),
+    }
     if spec.type in makers:
         return makers[spec.type]()
     raise ValueError(f"source {spec.name!r}: no synthetic writer for type {spec.type!r}")
@@ -345,13 +381,25 @@ def _make_writer(spec: Any, context: SourceContext, files_per_hour: int, kafka_p
 def _progress(enabled: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("[bold]synth[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), disable=not enabled)
+    return Progress(
+        TextColumn("[bold]synth[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+    )
 
 
-def write_world(job: JobSpec, context: SourceContext, world: SyntheticWorld, hours: range,
-                sources: list[str] | None = None, progress: bool = True, files_per_hour: int = 1,
-                kafka_partitions: int = 4) -> WriteSummary:
+def write_world(
+    job: JobSpec,
+    context: SourceContext,
+    world: SyntheticWorld,
+    hours: range,
+    sources: list[str] | None = None,
+    progress: bool = True,
+    files_per_hour: int = 1,
+    kafka_partitions: int = 4,
+) -> WriteSummary:
     """Write ``hours`` (relative to ``world.start``) of the world to the spec's sources.
 
     ``sources`` restricts the writing to a subset by name; the batch shards stay those of the
@@ -381,8 +429,11 @@ def write_world(job: JobSpec, context: SourceContext, world: SyntheticWorld, hou
                 summary.world_rows += table.num_rows
                 shards = shard_of(table.column("sample_id"), len(batch_names)) if batch_names else None
                 for spec in chosen:
-                    part = stream if spec.kind == "stream" else table.filter(
-                        pa.array(shards == batch_names.index(spec.name)))  # type: ignore[operator]
+                    part = (
+                        stream
+                        if spec.kind == "stream"
+                        else table.filter(pa.array(shards == batch_names.index(spec.name)))
+                    )  # type: ignore[operator]
                     part = part.drop_columns([c for c in GROUND_TRUTH_COLUMNS if c in part.column_names])
                     t1 = time.perf_counter()
                     nbytes, files = writers[spec.name].write_hour(start, part)

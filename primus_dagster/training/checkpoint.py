@@ -25,8 +25,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointError", "checkpoint_name", "checkpoint_step",
-           "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Checkpoint",
+    "CheckpointError",
+    "checkpoint_name",
+    "checkpoint_step",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 CHECKPOINT_FORMAT = 1
 MODEL_FILE = "model.pt"
@@ -78,9 +85,15 @@ def checkpoint_step(name: str) -> int | None:
 
 
 def _progress(ckpt: Checkpoint) -> dict[str, Any]:
-    return {"format": CHECKPOINT_FORMAT, "step": int(ckpt.step), "samples": int(ckpt.samples),
-            "phase": ckpt.phase, "data_snapshot": ckpt.data_snapshot,
-            "source_versions": ckpt.source_versions, "extra": ckpt.extra}
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "step": int(ckpt.step),
+        "samples": int(ckpt.samples),
+        "phase": ckpt.phase,
+        "data_snapshot": ckpt.data_snapshot,
+        "source_versions": ckpt.source_versions,
+        "extra": ckpt.extra,
+    }
 
 
 def _fsync_dir(path: Path) -> None:
@@ -108,8 +121,9 @@ def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path
     try:
         progress = json.dumps(_progress(ckpt), indent=2, sort_keys=True)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint step {ckpt.step}: data_snapshot / source_versions / extra "
-                              f"must be JSON-serialisable: {exc}") from exc
+        raise CheckpointError(
+            f"checkpoint step {ckpt.step}: data_snapshot / source_versions / extra must be JSON-serialisable: {exc}"
+        ) from exc
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     old: Path | None = None
     try:
@@ -151,8 +165,9 @@ def _read_progress(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a checkpoint progress file (a JSON {type(data).__name__})")
     if data.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path}: unsupported checkpoint format {data.get('format')!r} "
-                              f"(expected {CHECKPOINT_FORMAT})")
+        raise CheckpointError(
+            f"{path}: unsupported checkpoint format {data.get('format')!r} (expected {CHECKPOINT_FORMAT})"
+        )
     missing = [key for key in ("step", "samples", "phase") if key not in data]
     if missing:
         raise CheckpointError(f"{path}: missing keys {missing}")
@@ -181,8 +196,13 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(f"{root}: no such checkpoint directory")
     progress = _read_progress(root / PROGRESS_FILE)
     states = _read_model(root / MODEL_FILE)
-    return Checkpoint(step=int(progress["step"]), samples=int(progress["samples"]),
-                      model_state=states["model"], optimizer_state=states["optimizer"],
-                      data_snapshot=progress.get("data_snapshot"),
-                      source_versions=dict(progress.get("source_versions") or {}),
-                      phase=str(progress["phase"]), extra=dict(progress.get("extra") or {}))
+    return Checkpoint(
+        step=int(progress["step"]),
+        samples=int(progress["samples"]),
+        model_state=states["model"],
+        optimizer_state=states["optimizer"],
+        data_snapshot=progress.get("data_snapshot"),
+        source_versions=dict(progress.get("source_versions") or {}),
+        phase=str(progress["phase"]),
+        extra=dict(progress.get("extra") or {}),
+    )

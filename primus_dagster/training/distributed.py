@@ -90,7 +90,7 @@ def _average_hook(state: _RankLoop, bucket):  # type: ignore[no-untyped-def]  # 
     for p in bucket.parameters():  # the bucket holds the parameters' gradients, flat, in this order
         n, d = p.numel(), state.divisor[state.group[id(p)]]
         if d > 1:
-            flat[offset:offset + n].div_(d)
+            flat[offset : offset + n].div_(d)
         if d and runs and runs[-1][1] == offset:
             runs[-1] = (runs[-1][0], offset + n)
         elif d:
@@ -135,8 +135,9 @@ class _RankLoop:
         model_spec = self.spec.model.model_copy(update={"sparse_embeddings": False})
         model = build_model(model_spec, n_dense, n_sparse, seed=self.spec.seed)
         mtrm = isinstance(model, MTRM)
-        ddp = DistributedDataParallel(model, find_unused_parameters=mtrm, forward_sync_buffers=False,
-                                      gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(
+            model, find_unused_parameters=mtrm, forward_sync_buffers=False, gradient_as_bucket_view=True
+        )
         self.group = {id(p): (name.split(".")[0] if mtrm else "all") for name, p in model.named_parameters()}
         ddp.register_comm_hook(self, _average_hook)
         self.trainer, self.widths = Trainer(model, self.spec, module=ddp, observe_labels=False), (n_dense, n_sparse)
@@ -154,8 +155,11 @@ class _RankLoop:
         wait_s, rounds = 0.0, 0
         while max_rounds is None or rounds < max_rounds:
             head = self._head(wait_s)
-            mine = [0, int(self.ended), -1, 0, 0] if head is None else \
-                [1, int(self.ended), int(head.kind == "stream"), head.dense.shape[1], head.sparse.shape[1]]
+            mine = (
+                [0, int(self.ended), -1, 0, 0]
+                if head is None
+                else [1, int(self.ended), int(head.kind == "stream"), head.dense.shape[1], head.sparse.shape[1]]
+            )
             rows = [torch.empty(5, dtype=torch.int64) for _ in range(dist.get_world_size())]
             dist.all_gather(rows, torch.tensor(mine, dtype=torch.int64))
             table = torch.stack(rows)
@@ -181,12 +185,24 @@ class _RankLoop:
     def result(self, rank: int, wall_s: float, cpu_s: float) -> RankResult:
         c = self.trainer.counters if self.trainer else TrainerStats()
         checksum, abs_sum = params_checksum(self.trainer.model) if self.trainer else ("", 0.0)
-        return RankResult(rank, c.step, c.samples, dict(c.samples_by_kind), wall_s, c.train_s, checksum, abs_sum,
-                          self.null_steps, cpu_s, self.sample_ids)
+        return RankResult(
+            rank,
+            c.step,
+            c.samples,
+            dict(c.samples_by_kind),
+            wall_s,
+            c.train_s,
+            checksum,
+            abs_sum,
+            self.null_steps,
+            cpu_s,
+            self.sample_ids,
+        )
 
 
-def _serve(rank: int, world_size: int, init_method: str, n_threads: int, out_queue: Any,
-           body: Callable[[], RankResult]) -> None:
+def _serve(
+    rank: int, world_size: int, init_method: str, n_threads: int, out_queue: Any, body: Callable[[], RankResult]
+) -> None:
     """Join the group, run ``body``; put ``(rank, "ok", result)`` or ``(rank, "error", (time, traceback))``
     -- the time taken before leaving the group, whose end makes the other ranks fail too."""
     torch.set_num_threads(n_threads)
@@ -200,16 +216,27 @@ def _serve(rank: int, world_size: int, init_method: str, n_threads: int, out_que
         dist.destroy_process_group()
 
 
-def ddp_worker(rank: int, world_size: int, init_method: str, driver_location: str, token: str | None,
-               training_spec_json: str, n_threads: int, out_queue: Any, record_ids: bool) -> None:
+def ddp_worker(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    driver_location: str,
+    token: str | None,
+    training_spec_json: str,
+    n_threads: int,
+    out_queue: Any,
+    record_ids: bool,
+) -> None:
     """One rank of :func:`run_ddp`: reads trainer ``rank``'s batches from the data plane and trains."""
 
     def body() -> RankResult:
         spec = TrainingSpec.model_validate_json(training_spec_json)
         started, cpu0 = time.perf_counter(), time.process_time()
         chooser = MixturePriority(spec.priority_weights, seed=spec.seed + rank) if spec.mode == "mixed" else None
-        with DriverClient(driver_location, token=token) as client, \
-                RemoteReader(client, rank, token=token, choose_queue=chooser) as reader:
+        with (
+            DriverClient(driver_location, token=token) as client,
+            RemoteReader(client, rank, token=token, choose_queue=chooser) as reader,
+        ):
             loop = _RankLoop(spec, lambda wait_s: reader.next_batch(timeout=wait_s), record_ids)
             loop.run()
         return loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
@@ -217,8 +244,16 @@ def ddp_worker(rank: int, world_size: int, init_method: str, driver_location: st
     _serve(rank, world_size, init_method, n_threads, out_queue, body)
 
 
-def ddp_in_memory_worker(rank: int, world_size: int, init_method: str, training_spec_json: str, n_threads: int,
-                         out_queue: Any, shard_paths: list[str], warmup_steps: int) -> None:
+def ddp_in_memory_worker(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    training_spec_json: str,
+    n_threads: int,
+    out_queue: Any,
+    shard_paths: list[str],
+    warmup_steps: int,
+) -> None:
     """One rank on in-memory micro-batches (``torch.save``-d dicts of dense, sparse, label, kind at
     ``shard_paths[rank]``): ``warmup_steps`` rounds, then the timed loop over the whole shard. ``extra``:
     seconds in the comm hook, bytes it allreduced per round, seconds of one allreduce of that size."""
@@ -240,20 +275,29 @@ def ddp_in_memory_worker(rank: int, world_size: int, init_method: str, training_
         flat, probe0 = torch.zeros(int(per_step) // 4), time.perf_counter()
         for _ in range(5):
             dist.all_reduce(flat)
-        result.extra = {"comm_hook_s": loop.comm_s, "allreduce_bytes_per_step": per_step,
-                        "allreduce_probe_s": (time.perf_counter() - probe0) / 5}
+        result.extra = {
+            "comm_hook_s": loop.comm_s,
+            "allreduce_bytes_per_step": per_step,
+            "allreduce_probe_s": (time.perf_counter() - probe0) / 5,
+        }
         return result
 
     _serve(rank, world_size, init_method, n_threads, out_queue, body)
 
 
-def _launch(target: Callable[..., None], world_size: int, make_args: Callable[[int, str, Any], tuple[Any, ...]],
-            timeout_s: float) -> list[RankResult]:
+def _launch(
+    target: Callable[..., None],
+    world_size: int,
+    make_args: Callable[[int, str, Any], tuple[Any, ...]],
+    timeout_s: float,
+) -> list[RankResult]:
     """Spawn ``world_size`` ranks of ``target(*make_args(rank, init_method, out_queue))``; their results."""
     out: Any = (ctx := mp.get_context("spawn")).Queue()
     init, deadline = f"tcp://127.0.0.1:{free_port()}", time.monotonic() + timeout_s
-    procs = [ctx.Process(target=target, args=make_args(rank, init, out), name=f"ddp-rank-{rank}", daemon=True)
-             for rank in range(world_size)]
+    procs = [
+        ctx.Process(target=target, args=make_args(rank, init, out), name=f"ddp-rank-{rank}", daemon=True)
+        for rank in range(world_size)
+    ]
     results, errors, dead = dict[int, RankResult](), dict[int, tuple[float, str]](), dict[int, int]()
     try:
         for proc in procs:
@@ -274,8 +318,10 @@ def _launch(target: Callable[..., None], world_size: int, make_args: Callable[[i
                 proc.join(5)
     if errors:  # the first to fail is the cause; the others lost their peer
         rank = min(errors, key=lambda r: errors[r][0])
-        raise RuntimeError(f"DDP rank {rank} failed (exit code {procs[rank].exitcode}; failed ranks: "
-                           f"{sorted(errors)}):\n{errors[rank][1]}")
+        raise RuntimeError(
+            f"DDP rank {rank} failed (exit code {procs[rank].exitcode}; failed ranks: "
+            f"{sorted(errors)}):\n{errors[rank][1]}"
+        )
     for rank, code in dead.items():
         raise RuntimeError(f"DDP rank {rank} died with exit code {code}")
     if len(results) < world_size:
@@ -283,19 +329,58 @@ def _launch(target: Callable[..., None], world_size: int, make_args: Callable[[i
     return [results[r] for r in range(world_size)]
 
 
-def run_ddp(plane: LocalDataPlane, spec: TrainingSpec, world_size: int, *, threads_per_rank: int = 1,
-            record_ids: bool = False, timeout_s: float = 600) -> list[RankResult]:
+def run_ddp(
+    plane: LocalDataPlane,
+    spec: TrainingSpec,
+    world_size: int,
+    *,
+    threads_per_rank: int = 1,
+    record_ids: bool = False,
+    timeout_s: float = 600,
+) -> list[RankResult]:
     """Train ``spec``'s model on the plane's data with ``world_size`` DDP ranks (``spawn``-ed
     processes, gloo on loopback); results by rank. RuntimeError naming the rank when one fails."""
     if plane.trainers != world_size:
         raise ValueError(f"the data plane serves {plane.trainers} trainers; world_size is {world_size}")
-    return _launch(ddp_worker, world_size, lambda rank, init, out: (rank, world_size, init, plane.location, plane.token,
-                   spec.model_dump_json(), threads_per_rank, out, record_ids), timeout_s)
+    return _launch(
+        ddp_worker,
+        world_size,
+        lambda rank, init, out: (
+            rank,
+            world_size,
+            init,
+            plane.location,
+            plane.token,
+            spec.model_dump_json(),
+            threads_per_rank,
+            out,
+            record_ids,
+        ),
+        timeout_s,
+    )
 
 
-def run_ddp_in_memory(shard_paths: list[str], spec: TrainingSpec, *, threads_per_rank: int = 1,
-                      warmup_steps: int = 5, timeout_s: float = 600) -> list[RankResult]:
+def run_ddp_in_memory(
+    shard_paths: list[str],
+    spec: TrainingSpec,
+    *,
+    threads_per_rank: int = 1,
+    warmup_steps: int = 5,
+    timeout_s: float = 600,
+) -> list[RankResult]:
     """:func:`ddp_in_memory_worker` on ``len(shard_paths)`` ranks (benchmarks: DDP without a data plane)."""
-    return _launch(ddp_in_memory_worker, len(shard_paths), lambda rank, init, out: (
-        rank, len(shard_paths), init, spec.model_dump_json(), threads_per_rank, out, list(shard_paths), warmup_steps),
-        timeout_s)
+    return _launch(
+        ddp_in_memory_worker,
+        len(shard_paths),
+        lambda rank, init, out: (
+            rank,
+            len(shard_paths),
+            init,
+            spec.model_dump_json(),
+            threads_per_rank,
+            out,
+            list(shard_paths),
+            warmup_steps,
+        ),
+        timeout_s,
+    )

@@ -59,8 +59,15 @@ def held_out_features(job: JobSpec, context: SourceContext, tasks: list[DataTask
             adapter.close()
 
 
-def evaluate_window(job: JobSpec, context: SourceContext, model: nn.Module, start: datetime,
-                    end: datetime, *, max_rows: int | None = 2_000_000) -> HeldOut | None:
+def evaluate_window(
+    job: JobSpec,
+    context: SourceContext,
+    model: nn.Module,
+    start: datetime,
+    end: datetime,
+    *,
+    max_rows: int | None = 2_000_000,
+) -> HeldOut | None:
     """Evaluate ``model`` on ``[start, end)``; None when no source has data there yet."""
     window = TimeWindow(start, end)
     with Planner.for_job(job, context) as planner:

@@ -101,11 +101,17 @@ class TrainingResult:
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "mlflow_run_id": self.run_id, "mlflow_run_url": self.run_url, "model_uri": self.model_uri or "",
-            "window_start": self.window.start.isoformat(), "window_end": self.window.end.isoformat(),
-            "samples": self.stats.get("samples", 0), "steps": self.stats.get("step", 0),
-            "samples_per_s": self.stats.get("samples_per_s", 0.0), "wall_s": round(self.wall_s, 2),
-            "checkpoints": len(self.checkpoints), "resumed_from_step": self.resumed_from_step,
+            "mlflow_run_id": self.run_id,
+            "mlflow_run_url": self.run_url,
+            "model_uri": self.model_uri or "",
+            "window_start": self.window.start.isoformat(),
+            "window_end": self.window.end.isoformat(),
+            "samples": self.stats.get("samples", 0),
+            "steps": self.stats.get("step", 0),
+            "samples_per_s": self.stats.get("samples_per_s", 0.0),
+            "wall_s": round(self.wall_s, 2),
+            "checkpoints": len(self.checkpoints),
+            "resumed_from_step": self.resumed_from_step,
             "warm_started_from": self.warm_started_from,
             "source_versions": self.source_versions,
         }
@@ -130,23 +136,39 @@ def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow
         if lag and "batch" in kinds:
             batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
             not_ready += [n for n in batch_plan.not_ready if job.dataset.source(n.source).kind == "batch"]
-            tasks += [replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
-                      for t in batch_plan.tasks if t.kind == "batch"]
+            tasks += [
+                replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
+                for t in batch_plan.tasks
+                if t.kind == "batch"
+            ]
     tasks.sort(key=lambda t: t.order_key)
     if not tasks:
         missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
-        raise NoTrainingDataError(f"job {job.name}: no ready data in window {window} "
-                                  f"(batch lag {lag}; {missing or 'no sources of the mode'})")
+        raise NoTrainingDataError(
+            f"job {job.name}: no ready data in window {window} (batch lag {lag}; {missing or 'no sources of the mode'})"
+        )
     return tasks
 
 
 def _params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
     t, m = job.training, job.training.model
-    return {"job": job.name, "mode": t.mode, "model": m.type, "embedding_dim": m.embedding_dim,
-            "hash_buckets": m.hash_buckets, "memory_hidden": m.memory_hidden, "adapt_hidden": m.adapt_hidden,
-            "batch_size": t.batch_size, "learning_rate": t.learning_rate, "seed": t.seed,
-            "priority_weights": t.priority_weights, "batch_lag": str(t.batch_lag), "window_start": window.start.isoformat(),
-            "window_end": window.end.isoformat(), "data_executors": executors}
+    return {
+        "job": job.name,
+        "mode": t.mode,
+        "model": m.type,
+        "embedding_dim": m.embedding_dim,
+        "hash_buckets": m.hash_buckets,
+        "memory_hidden": m.memory_hidden,
+        "adapt_hidden": m.adapt_hidden,
+        "batch_size": t.batch_size,
+        "learning_rate": t.learning_rate,
+        "seed": t.seed,
+        "priority_weights": t.priority_weights,
+        "batch_lag": str(t.batch_lag),
+        "window_start": window.start.isoformat(),
+        "window_end": window.end.isoformat(),
+        "data_executors": executors,
+    }
 
 
 class _Run:
@@ -176,16 +198,23 @@ class _Run:
             self.tracker.set_tags({"primus.model": str(model_summary(model))})
             if self.pending is not None:
                 ck = self.pending
-                self.trainer.restore(ck.model_state, ck.optimizer_state, step=ck.step, samples=ck.samples,
-                                     samples_by_kind=ck.extra.get("samples_by_kind"))
+                self.trainer.restore(
+                    ck.model_state,
+                    ck.optimizer_state,
+                    step=ck.step,
+                    samples=ck.samples,
+                    samples_by_kind=ck.extra.get("samples_by_kind"),
+                )
                 self.next_checkpoint = ck.step + self.spec.checkpoint_every_steps
             elif self.warm is not None:
                 try:
                     self.trainer.model.load_state_dict(self.warm.model_state)
                     self.trainer.optimizer.load_state_dict(self.warm.optimizer_state)
                 except (RuntimeError, ValueError) as exc:
-                    raise ValueError(f"cannot warm-start from run key {self.cfg.warm_start!r}: its model does not "
-                                     f"fit this job's (was training.model or the columns changed?): {exc}") from exc
+                    raise ValueError(
+                        f"cannot warm-start from run key {self.cfg.warm_start!r}: its model does not "
+                        f"fit this job's (was training.model or the columns changed?): {exc}"
+                    ) from exc
         return self.trainer
 
     def checkpoint(self, phase: Phase, snapshot: dict[str, Any] | None, *, phase_done: bool) -> None:
@@ -194,21 +223,36 @@ class _Run:
             return
         model_state, optimizer_state = trainer.state()
         stats = trainer.stats()
-        ck = Checkpoint(step=trainer.step, samples=trainer.counters.samples, model_state=model_state,
-                        optimizer_state=optimizer_state, data_snapshot=snapshot, source_versions=self.versions,
-                        phase=phase.name,
-                        extra={"phase_done": phase_done, "samples_by_kind": dict(trainer.counters.samples_by_kind),
-                               "mode": self.spec.mode, "window": [self.cfg.window.start.isoformat(),
-                                                                  self.cfg.window.end.isoformat()],
-                               "n_dense": trainer.model.n_dense, "n_sparse": trainer.model.n_sparse,
-                               "stats": stats})
+        ck = Checkpoint(
+            step=trainer.step,
+            samples=trainer.counters.samples,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
+            data_snapshot=snapshot,
+            source_versions=self.versions,
+            phase=phase.name,
+            extra={
+                "phase_done": phase_done,
+                "samples_by_kind": dict(trainer.counters.samples_by_kind),
+                "mode": self.spec.mode,
+                "window": [self.cfg.window.start.isoformat(), self.cfg.window.end.isoformat()],
+                "n_dense": trainer.model.n_dense,
+                "n_sparse": trainer.model.n_sparse,
+                "stats": stats,
+            },
+        )
         directory = save_checkpoint(ck, self.workdir / "checkpoint")
         self.tracker.log_checkpoint(directory, trainer.step)
         self.tracker.log_metrics({"checkpoint_step": trainer.step}, trainer.step)
         self.checkpoints.append(trainer.step)
         self.next_checkpoint = trainer.step + self.spec.checkpoint_every_steps
-        log.info("checkpoint at step %d (%s, phase %s%s)", trainer.step, f"{ck.samples} samples", phase.name,
-                 ", done" if phase_done else "")
+        log.info(
+            "checkpoint at step %d (%s, phase %s%s)",
+            trainer.step,
+            f"{ck.samples} samples",
+            phase.name,
+            ", done" if phase_done else "",
+        )
 
     def report(self, phase: Phase, force: bool = False) -> None:
         now = time.monotonic()
@@ -216,8 +260,12 @@ class _Run:
             return
         self._last_progress = now
         stats = self.trainer.stats()
-        metrics = {"loss": stats["loss"], "samples_per_s": stats["samples_per_s"], "samples": stats["samples"],
-                   "train_auc": self.trainer.recent_auc()}
+        metrics = {
+            "loss": stats["loss"],
+            "samples_per_s": stats["samples_per_s"],
+            "samples": stats["samples"],
+            "train_auc": self.trainer.recent_auc(),
+        }
         self.tracker.log_metrics(metrics, self.trainer.step)
         if self.cfg.progress is not None:
             self.cfg.progress({"phase": phase.name, **stats, "train_auc": metrics["train_auc"]})
@@ -229,8 +277,12 @@ def _driver_for(cfg: TrainingJob, run: _Run, phase: Phase, resume: Checkpoint | 
         driver = DataDriver.restore(resume.data_snapshot)
         log.info("phase %s: data progress restored from the checkpoint at step %d", phase.name, resume.step)
     else:
-        driver = DataDriver(max_attempts=data.max_attempts, failed_task_threshold=data.failed_task_threshold,
-                            lease_s=data.lease.total_seconds(), trainers=1)
+        driver = DataDriver(
+            max_attempts=data.max_attempts,
+            failed_task_threshold=data.failed_task_threshold,
+            lease_s=data.lease.total_seconds(),
+            trainers=1,
+        )
         driver.add_tasks(phase_tasks(run.tasks, phase))
     driver.source_versions = dict(run.versions)
     return driver
@@ -240,12 +292,23 @@ def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, ex
     spec = cfg.job.training
     # Mixed: q_i weighs the upstream backlog (tasks of each kind not read yet) -- a stream surge
     # raises the stream's share while batch data keeps flowing.
-    chooser = MixturePriority(spec.priority_weights, seed=spec.seed,
-                              backlog_fn=driver.backlog_by_kind) if phase.prioritised else None
+    chooser = (
+        MixturePriority(spec.priority_weights, seed=spec.seed, backlog_fn=driver.backlog_by_kind)
+        if phase.prioritised
+        else None
+    )
     token = secrets.token_hex(16)
     slow = dict.fromkeys(range(executors), cfg.slow_ms_per_batch) if cfg.slow_ms_per_batch else None
-    with LocalDataPlane(cfg.job_path, cfg.data_root, driver=driver, executors=executors, trainers=1, token=token,
-                        kafka_bootstrap=cfg.kafka_bootstrap, slow_ms_per_batch=slow) as plane:
+    with LocalDataPlane(
+        cfg.job_path,
+        cfg.data_root,
+        driver=driver,
+        executors=executors,
+        trainers=1,
+        token=token,
+        kafka_bootstrap=cfg.kafka_bootstrap,
+        slow_ms_per_batch=slow,
+    ) as plane:
         with plane.reader(0, choose_queue=chooser) as reader:
             for batch in reader:
                 feats = features_from_batch(batch)
@@ -294,20 +357,34 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
             raise NoTrainingDataError(f"job {job.name}: the window {cfg.window} produced no batches")
         evaluation = None
         if cfg.evaluate:
-            evaluation = evaluate_window(job, context, run.trainer.model, cfg.window.end,
-                                         cfg.window.end + timedelta(hours=spec.eval_hours))
+            evaluation = evaluate_window(
+                job, context, run.trainer.model, cfg.window.end, cfg.window.end + timedelta(hours=spec.eval_hours)
+            )
             if evaluation is not None:
-                tracker.log_metrics({f"eval_{k}": float(v) for k, v in evaluation.result.to_dict().items()
-                                     if isinstance(v, (int, float))}, run.trainer.step)
+                tracker.log_metrics(
+                    {
+                        f"eval_{k}": float(v)
+                        for k, v in evaluation.result.to_dict().items()
+                        if isinstance(v, (int, float))
+                    },
+                    run.trainer.step,
+                )
                 tracker.set_tags({"primus.eval_labels": evaluation.labels})
         model_uri = tracker.log_model(run.trainer.model)
         status = "FINISHED"
-        return TrainingResult(run_id=tracker.run_id, run_url=tracker.run_url, model_uri=model_uri,
-                              window=cfg.window, stats=run.trainer.stats(), evaluation=evaluation,
-                              source_versions=run.versions, checkpoints=run.checkpoints,
-                              resumed_from_step=None if resume is None else resume.step,
-                              warm_started_from=warm_from,
-                              wall_s=time.perf_counter() - started)
+        return TrainingResult(
+            run_id=tracker.run_id,
+            run_url=tracker.run_url,
+            model_uri=model_uri,
+            window=cfg.window,
+            stats=run.trainer.stats(),
+            evaluation=evaluation,
+            source_versions=run.versions,
+            checkpoints=run.checkpoints,
+            resumed_from_step=None if resume is None else resume.step,
+            warm_started_from=warm_from,
+            wall_s=time.perf_counter() - started,
+        )
     finally:
         tracker.finish(status)
         if run.samples_log is not None:
@@ -338,6 +415,7 @@ def _load_resume(tracker: MlflowTracker, run: _Run) -> Checkpoint | None:
         return None
     checkpoint = load_checkpoint(directory)
     run.pending = checkpoint
-    log.info("resuming run %s from its checkpoint at step %d (phase %s)", tracker.run_id, checkpoint.step,
-             checkpoint.phase)
+    log.info(
+        "resuming run %s from its checkpoint at step %d (phase %s)", tracker.run_id, checkpoint.step, checkpoint.phase
+    )
     return checkpoint

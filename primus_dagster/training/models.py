@@ -254,8 +254,12 @@ def _count(module: nn.Module) -> int:
 
 def model_summary(model: nn.Module) -> dict:
     """Parameter counts, e.g. ``{"type": "mtrm", "params": N, "memory_params": M, "adapt_params": A, ...}``."""
-    summary = {"type": getattr(model, "model_type", type(model).__name__), "params": _count(model),
-               "n_dense": getattr(model, "n_dense", None), "n_sparse": getattr(model, "n_sparse", None)}
+    summary = {
+        "type": getattr(model, "model_type", type(model).__name__),
+        "params": _count(model),
+        "n_dense": getattr(model, "n_dense", None),
+        "n_sparse": getattr(model, "n_sparse", None),
+    }
     if isinstance(model, MTRM):
         summary.update(memory_params=_count(model.memory), adapt_params=_count(model.adapt))
     return summary

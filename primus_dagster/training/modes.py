@@ -57,8 +57,10 @@ def phase_index(mode: str, name: str) -> int:
     """Position of phase ``name`` in ``mode`` (for resuming from a checkpoint)."""
     names = [p.name for p in phases(mode)]
     if name not in names:
-        raise ValueError(f"checkpoint phase {name!r} is not a phase of mode {mode!r} ({names}); "
-                         "was the job's training.mode changed since the checkpoint?")
+        raise ValueError(
+            f"checkpoint phase {name!r} is not a phase of mode {mode!r} ({names}); "
+            "was the job's training.mode changed since the checkpoint?"
+        )
     return names.index(name)
 
 

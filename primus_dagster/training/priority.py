@@ -36,8 +36,9 @@ def sigmoid(x: float) -> float:
     return z / (1.0 + z)
 
 
-def backlog_signals(stats: Mapping[str, QueueStat], *, lag_scale_s: float = 0.0,
-                    backlog: Mapping[str, float] | None = None) -> dict[str, float]:
+def backlog_signals(
+    stats: Mapping[str, QueueStat], *, lag_scale_s: float = 0.0, backlog: Mapping[str, float] | None = None
+) -> dict[str, float]:
     """The normalised backlog signal ``q_i`` of every queue in ``stats``.
 
     * ``b_i``, the backlog of queue ``i``: ``backlog[i]`` when ``backlog`` has that key (e.g. the
@@ -75,8 +76,10 @@ def _check_weights(weights: Mapping[str, float]) -> None:
         except (TypeError, ValueError):
             value = math.nan
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"priority weight of {name!r} must be a finite number >= 0, got {weight!r} "
-                             f"(priority_weights={dict(weights)})")
+            raise ValueError(
+                f"priority weight of {name!r} must be a finite number >= 0, got {weight!r} "
+                f"(priority_weights={dict(weights)})"
+            )
 
 
 def mixture_probabilities(weights: Mapping[str, float], signals: Mapping[str, float]) -> dict[str, float]:
@@ -95,8 +98,10 @@ def mixture_probabilities(weights: Mapping[str, float], signals: Mapping[str, fl
         return {}
     used = {name: float(weights.get(name, 1.0)) for name in signals}
     if not any(w > 0 for w in used.values()):
-        raise ValueError(f"every priority weight is 0 for queues {list(signals)} (weights {used}): "
-                         "at least one queue needs a positive weight")
+        raise ValueError(
+            f"every priority weight is 0 for queues {list(signals)} (weights {used}): "
+            "at least one queue needs a positive weight"
+        )
     # q is clipped to +-500 so that sigmoid never underflows to 0 (the share stays positive)
     raw = {name: used[name] * sigmoid(max(-500.0, min(500.0, q))) for name, q in signals.items()}
     total = sum(raw.values())
@@ -122,12 +127,20 @@ class MixturePriority:
         choose.picks        # Counter({"batch": 812, "stream": 1236})
     """
 
-    def __init__(self, weights: Mapping[str, float], *, seed: int = 0, lag_scale_s: float = 0.0,
-                 backlog_fn: Callable[[], Mapping[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        weights: Mapping[str, float],
+        *,
+        seed: int = 0,
+        lag_scale_s: float = 0.0,
+        backlog_fn: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
         _check_weights(weights)
         if weights and not any(float(w) > 0 for w in weights.values()):
-            raise ValueError(f"every priority weight is 0 (priority_weights={dict(weights)}): "
-                             "at least one queue needs a positive weight")
+            raise ValueError(
+                f"every priority weight is 0 (priority_weights={dict(weights)}): "
+                "at least one queue needs a positive weight"
+            )
         if lag_scale_s < 0:
             raise ValueError(f"lag_scale_s must be >= 0, got {lag_scale_s}")
         self.weights = dict(weights)

@@ -49,5 +49,5 @@ def read_sample_log(path: str | Path) -> Iterator[tuple[int, np.ndarray]]:
         step, n = int(data[at]), int(data[at + 1])
         if at + 2 + n > data.size:
             break  # torn by a kill mid-write
-        yield step, data[at + 2: at + 2 + n]
+        yield step, data[at + 2 : at + 2 + n]
         at += 2 + n

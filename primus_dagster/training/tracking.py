@@ -59,7 +59,7 @@ def _artifact_root(tracking_uri: str) -> str | None:
     default one); None (MLflow's default) for servers and file stores."""
     if not tracking_uri.startswith("sqlite:///"):
         return None
-    db = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+    db = tracking_uri[len("sqlite:///") :].split("?", 1)[0]
     if not db or db == ":memory:":
         return None
     root = Path(db).absolute().parent / "artifacts"
@@ -94,7 +94,7 @@ def use_tracking_uri(uri: str) -> Iterator[None]:
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 class MlflowTracker:
@@ -157,12 +157,17 @@ class MlflowTracker:
         """The most recent run with ``run_key`` when it is not FINISHED (else None)."""
         if "'" in run_key:
             raise ValueError(f"run_key must not contain a single quote: {run_key!r}")
-        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
-                                       order_by=["attributes.start_time DESC"], max_results=1)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         return runs[0] if runs and runs[0].info.status != "FINISHED" else None
 
-    def start(self, run_key: str, params: Mapping[str, Any], tags: Mapping[str, Any] | None = None,
-              resume: bool = True) -> str:
+    def start(
+        self, run_key: str, params: Mapping[str, Any], tags: Mapping[str, Any] | None = None, resume: bool = True
+    ) -> str:
         """Open the run for ``run_key`` and return its id.
 
         With ``resume``, the most recent run tagged ``primus.run_key == run_key`` is reused when
@@ -179,8 +184,12 @@ class MlflowTracker:
             old = found.data.params
             differing = sorted(k for k in values if k in old and old[k] != values[k])
             if differing:
-                log.warning("MLflow run %s (run_key %s) resumed with different params %s; keeping the logged ones",
-                            self.run_id, run_key, {k: (old[k], values[k]) for k in differing})
+                log.warning(
+                    "MLflow run %s (run_key %s) resumed with different params %s; keeping the logged ones",
+                    self.run_id,
+                    run_key,
+                    {k: (old[k], values[k]) for k in differing},
+                )
             values = {k: v for k, v in values.items() if k not in old}
         else:
             run = self.client.create_run(self.experiment_id, run_name=run_key, tags={RUN_KEY_TAG: run_key})
@@ -219,16 +228,22 @@ class MlflowTracker:
         """The id of the most recent FINISHED run with ``run_key`` (a warm start's source), or None."""
         if "'" in run_key:
             raise ValueError(f"run_key must not contain a single quote: {run_key!r}")
-        runs = self.client.search_runs([self.experiment_id], filter_string=(
-            f"tags.`{RUN_KEY_TAG}` = '{run_key}' and attributes.status = 'FINISHED'"),
-            order_by=["attributes.start_time DESC"], max_results=1)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(f"tags.`{RUN_KEY_TAG}` = '{run_key}' and attributes.status = 'FINISHED'"),
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         return runs[0].info.run_id if runs else None
 
     def checkpoint_steps(self, run_id: str | None = None) -> list[int]:
         """The steps of the checkpoints logged in ``run_id`` (default: the current run), ascending."""
         run_id = run_id or self._require_run()
-        steps = (checkpoint_step(Path(info.path).name)
-                 for info in self.client.list_artifacts(run_id, CHECKPOINTS) if info.is_dir)
+        steps = (
+            checkpoint_step(Path(info.path).name)
+            for info in self.client.list_artifacts(run_id, CHECKPOINTS)
+            if info.is_dir
+        )
         return sorted(step for step in steps if step is not None)
 
     def latest_checkpoint(self, dest: str | os.PathLike[str] | None = None, run_id: str | None = None) -> Path | None:
@@ -244,8 +259,9 @@ class MlflowTracker:
         return Path(local)
 
     # ------------------------------------------------------------------ the model
-    def log_model(self, model: torch.nn.Module, *, name: str = "model",
-                  input_example: dict[str, Any] | None = None) -> str:
+    def log_model(
+        self, model: torch.nn.Module, *, name: str = "model", input_example: dict[str, Any] | None = None
+    ) -> str:
         """Log ``model`` with ``mlflow.pytorch`` into the current run; its ``models:/<id>`` URI.
 
         Saved as a (cloud)pickle -- MLflow's ``pt2`` format needs tensor-only inputs and our
@@ -262,9 +278,16 @@ class MlflowTracker:
         logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)
         metadata = {"primus_input_example": input_example} if input_example is not None else None
         with use_tracking_uri(self.tracking_uri):
-            info = mlflow.pytorch.log_model(model, name=name, run_id=run_id, model_id=logged.model_id,
-                                            serialization_format="pickle", pip_requirements=["torch"],
-                                            signature=False, metadata=metadata)
+            info = mlflow.pytorch.log_model(
+                model,
+                name=name,
+                run_id=run_id,
+                model_id=logged.model_id,
+                serialization_format="pickle",
+                pip_requirements=["torch"],
+                signature=False,
+                metadata=metadata,
+            )
         return info.model_uri
 
     def finish(self, status: str = "FINISHED") -> None:

@@ -86,8 +86,10 @@ class RecOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != set(self.parts):
-            raise ValueError(f"optimizer state has parts {sorted(state)}, this model needs {sorted(self.parts)} "
-                             "(was training.model.sparse_embeddings changed?)")
+            raise ValueError(
+                f"optimizer state has parts {sorted(state)}, this model needs {sorted(self.parts)} "
+                "(was training.model.sparse_embeddings changed?)"
+            )
         for name, part in self.parts.items():
             part.load_state_dict(state[name])
 
@@ -103,16 +105,22 @@ class TrainerStats:
     train_s: float = 0.0  # seconds inside optimiser steps (this process, since start or restore)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "samples": self.samples, "samples_batch": self.samples_by_kind.get("batch", 0),
-                "samples_stream": self.samples_by_kind.get("stream", 0), "loss": self.loss_ema,
-                "train_s": round(self.train_s, 3)}
+        return {
+            "step": self.step,
+            "samples": self.samples,
+            "samples_batch": self.samples_by_kind.get("batch", 0),
+            "samples_stream": self.samples_by_kind.get("stream", 0),
+            "loss": self.loss_ema,
+            "train_s": round(self.train_s, 3),
+        }
 
 
 class Trainer:
     """Adam on BCE-with-logits; ``module`` is what runs forward (e.g. a DDP wrapper of ``model``)."""
 
-    def __init__(self, model: nn.Module, spec: TrainingSpec, *, module: nn.Module | None = None,
-                 observe_labels: bool = True):
+    def __init__(
+        self, model: nn.Module, spec: TrainingSpec, *, module: nn.Module | None = None, observe_labels: bool = True
+    ):
         keep_freed_memory()
         self.model = model
         self.module = module if module is not None else model
@@ -180,10 +188,18 @@ class Trainer:
         """(model state, optimizer state) for a checkpoint."""
         return self.model.state_dict(), self.optimizer.state_dict()
 
-    def restore(self, model_state: dict[str, Any], optimizer_state: dict[str, Any], *, step: int, samples: int,
-                samples_by_kind: dict[str, int] | None = None) -> None:
+    def restore(
+        self,
+        model_state: dict[str, Any],
+        optimizer_state: dict[str, Any],
+        *,
+        step: int,
+        samples: int,
+        samples_by_kind: dict[str, int] | None = None,
+    ) -> None:
         """Continue from a checkpoint."""
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
-        self.counters = TrainerStats(step=step, samples=samples,
-                                     samples_by_kind=dict(samples_by_kind or {"batch": 0, "stream": 0}))
+        self.counters = TrainerStats(
+            step=step, samples=samples, samples_by_kind=dict(samples_by_kind or {"batch": 0, "stream": 0})
+        )

@@ -22,9 +22,14 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     env.pop("DAGSTER_HOME", None)
     env.pop("PRIMUS_DATA_ROOT", None)
     env.update({"PRIMUS_HOME": str(tmp_path / "home"), "COLUMNS": "200"})
-    proc = subprocess.run([str(Path(sys.executable).with_name("primus-dagster")), "demo", "--hours", "2",
-                           "--rows-per-hour", "200"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("primus-dagster")), "demo", "--hours", "2", "--rows-per-hour", "200"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "materialised partition 2026-11-01-01:00 (2/2)" in out
@@ -34,8 +39,11 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     assert re.search(r"MLflow run [0-9a-f]{32}", out)
     assert (tmp_path / "home" / "mlflow" / "mlflow.db").exists()
     port = re.search(r"Kafka 127\.0\.0\.1:(\d+)", out).group(1)
-    leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline"])
-                 if any(f"127.0.0.1:{port}" in part for part in (p.info["cmdline"] or []))]
+    leftovers = [
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if any(f"127.0.0.1:{port}" in part for part in (p.info["cmdline"] or []))
+    ]
     assert leftovers == []
     assert not (tmp_path / "home" / "broker.json").exists()
     assert (tmp_path / "home" / "dagster_home" / "dagster.yaml").exists()

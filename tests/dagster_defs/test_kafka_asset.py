@@ -28,8 +28,12 @@ def test_kafka_asset_counts_bad_records_and_records_offsets(kafka_broker, tmp_pa
     for i, bad in enumerate([b"{not json", b'{"id": 99, "t": "soon", "y": 1, "d": 0.1}', b"[1, 2]"]):
         producer.send(topic, bad, partition=0, timestamp_ms=ms + 30_000 + i)
     # One record in the next hour: the stream has moved past hour 0, so it is ready.
-    producer.send(topic, json.dumps({"id": 100, "t": ms + 3_600_000, "y": 0, "d": 0.0}).encode(),
-                  partition=0, timestamp_ms=ms + 3_600_000)
+    producer.send(
+        topic,
+        json.dumps({"id": 100, "t": ms + 3_600_000, "y": 0, "d": 0.0}).encode(),
+        partition=0,
+        timestamp_ms=ms + 3_600_000,
+    )
     producer.flush()
     producer.close()
 
@@ -43,10 +47,14 @@ dataset:
       sources:
         - {{name: events, type: kafka, kind: stream, topic: {topic}, columns: {{ts: t, label: y, id: id, dense: [d]}}}}
 """)
-    result = materialize(build_source_assets(job), partition_key="2026-11-01-00:00", resources={
-        "storage": PrimusStorageResource(data_root=str(tmp_path)),
-        "kafka": KafkaResource(bootstrap_servers=kafka_broker.bootstrap_servers),
-    })
+    result = materialize(
+        build_source_assets(job),
+        partition_key="2026-11-01-00:00",
+        resources={
+            "storage": PrimusStorageResource(data_root=str(tmp_path)),
+            "kafka": KafkaResource(bootstrap_servers=kafka_broker.bootstrap_servers),
+        },
+    )
     meta = result.get_asset_materialization_events()[0].materialization.metadata
     assert meta["rows"].value == 20
     assert meta["bad_records"].value == 3

@@ -29,7 +29,7 @@ dataset:
   start: 2026-11-01
   streams:
     - name: history
-      window: {'1d' if granularity == 'day' else '2h'}
+      window: {"1d" if granularity == "day" else "2h"}
       sources:
         - name: clicks
           type: parquet
@@ -45,14 +45,17 @@ def write_partition(root: Path, start: datetime, n: int, rel: str | None = None,
     directory = root / "pq" / rel
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(n)
-    table = pa.table({
-        "sample_id": pa.array(np.arange(n), pa.int64()),
-        "event_time": pa.array([start + timedelta(seconds=offset_s + i % 3600) for i in range(n)],
-                               pa.timestamp("us", tz="UTC")),
-        "click": pa.array(rng.integers(0, 2, n), pa.int32()),
-        "user_id": pa.array(rng.integers(0, 9, n), pa.int64()),
-        "d0": pa.array(rng.random(n), pa.float32()),
-    })
+    table = pa.table(
+        {
+            "sample_id": pa.array(np.arange(n), pa.int64()),
+            "event_time": pa.array(
+                [start + timedelta(seconds=offset_s + i % 3600) for i in range(n)], pa.timestamp("us", tz="UTC")
+            ),
+            "click": pa.array(rng.integers(0, 2, n), pa.int32()),
+            "user_id": pa.array(rng.integers(0, 9, n), pa.int64()),
+            "d0": pa.array(rng.random(n), pa.float32()),
+        }
+    )
     path = directory / "part-0.parquet"
     pq.write_table(table, path)
     (directory / "_SUCCESS").touch()
@@ -74,8 +77,9 @@ def test_partitions_definition_follows_granularity() -> None:
 
 def test_materialize_records_metadata(tmp_path: Path) -> None:
     write_partition(tmp_path, T0, 500)
-    result = materialize(build_source_assets(job_for()), partition_key="2026-11-01-00:00",
-                         resources=resources(tmp_path))
+    result = materialize(
+        build_source_assets(job_for()), partition_key="2026-11-01-00:00", resources=resources(tmp_path)
+    )
     assert result.success
     (event,) = result.get_asset_materialization_events()
     meta = event.materialization.metadata
@@ -88,8 +92,7 @@ def test_materialize_records_metadata(tmp_path: Path) -> None:
 
 def test_daily_partition(tmp_path: Path) -> None:
     write_partition(tmp_path, T0, 50, rel="dt=2026-11-01")
-    result = materialize(build_source_assets(job_for("day")), partition_key="2026-11-01",
-                         resources=resources(tmp_path))
+    result = materialize(build_source_assets(job_for("day")), partition_key="2026-11-01", resources=resources(tmp_path))
     assert result.get_asset_materialization_events()[0].materialization.metadata["rows"].value == 50
 
 
@@ -101,8 +104,12 @@ def _failure_message(result) -> str:
 def test_not_ready_partition_fails_with_reason(tmp_path: Path) -> None:
     path = write_partition(tmp_path, T0, 10)
     (path.parent / "_SUCCESS").unlink()
-    result = materialize(build_source_assets(job_for()), partition_key="2026-11-01-00:00",
-                         resources=resources(tmp_path), raise_on_error=False)
+    result = materialize(
+        build_source_assets(job_for()),
+        partition_key="2026-11-01-00:00",
+        resources=resources(tmp_path),
+        raise_on_error=False,
+    )
     assert not result.success
     message = _failure_message(result)
     assert "not ready" in message and "_SUCCESS" in message
@@ -111,8 +118,12 @@ def test_not_ready_partition_fails_with_reason(tmp_path: Path) -> None:
 def test_corrupt_file_fails_naming_it(tmp_path: Path) -> None:
     path = write_partition(tmp_path, T0, 10)
     path.write_bytes(b"not parquet at all")
-    result = materialize(build_source_assets(job_for()), partition_key="2026-11-01-00:00",
-                         resources=resources(tmp_path), raise_on_error=False)
+    result = materialize(
+        build_source_assets(job_for()),
+        partition_key="2026-11-01-00:00",
+        resources=resources(tmp_path),
+        raise_on_error=False,
+    )
     assert str(path) in _failure_message(result)
 
 
@@ -120,18 +131,27 @@ def test_empty_partition_needs_allow_empty(tmp_path: Path) -> None:
     directory = tmp_path / "pq" / "dt=2026-11-01" / "hour=00"
     directory.mkdir(parents=True)
     (directory / "_SUCCESS").touch()
-    failed = materialize(build_source_assets(job_for()), partition_key="2026-11-01-00:00",
-                         resources=resources(tmp_path), raise_on_error=False)
+    failed = materialize(
+        build_source_assets(job_for()),
+        partition_key="2026-11-01-00:00",
+        resources=resources(tmp_path),
+        raise_on_error=False,
+    )
     assert "empty" in _failure_message(failed)
-    ok = materialize(build_source_assets(job_for(allow_empty=True)), partition_key="2026-11-01-00:00",
-                     resources=resources(tmp_path))
+    ok = materialize(
+        build_source_assets(job_for(allow_empty=True)), partition_key="2026-11-01-00:00", resources=resources(tmp_path)
+    )
     assert ok.success
 
 
 def test_rows_outside_the_partition_are_rejected(tmp_path: Path) -> None:
     write_partition(tmp_path, T0, 10, offset_s=3595)  # some rows fall into the next hour
-    result = materialize(build_source_assets(job_for()), partition_key="2026-11-01-00:00",
-                         resources=resources(tmp_path), raise_on_error=False)
+    result = materialize(
+        build_source_assets(job_for()),
+        partition_key="2026-11-01-00:00",
+        resources=resources(tmp_path),
+        raise_on_error=False,
+    )
     assert "outside the partition" in _failure_message(result)
 
 

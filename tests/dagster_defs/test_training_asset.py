@@ -50,13 +50,16 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     (tmp_path / "data").mkdir()
     env = make_job(tmp_path / "data", mode="mixed", hours=4, extra_training="partition: hour\nbatch_lag: 1h")
     asset = build_training_asset(env["job"], env["job_path"])
-    resources = {"storage": PrimusStorageResource(data_root=str(env["root"])), "kafka": KafkaResource(),
-                 "mlflow": MlflowResource(), "executor_pool": ExecutorPoolResource(data_executors=1)}
+    resources = {
+        "storage": PrimusStorageResource(data_root=str(env["root"])),
+        "kafka": KafkaResource(),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(data_executors=1),
+    }
     instance = DagsterInstance.ephemeral()
     key = AssetKey("train_test_model")
     for partition in ("2026-11-01-02:00", "2026-11-01-03:00"):
-        result = materialize([asset], partition_key=partition, instance=instance, resources=resources,
-                             run_config=QUIET)
+        result = materialize([asset], partition_key=partition, instance=instance, resources=resources, run_config=QUIET)
         assert result.success
         (event,) = result.get_asset_materialization_events()
         meta = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
@@ -69,4 +72,5 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
             assert "warm_started_from" not in meta  # None: nothing before the first partition
     assert meta["warm_started_from"] == first_run  # continuous training: day 2 goes on from day 1's model
     assert check.metadata["previous_auc"].value == pytest.approx(
-        instance.fetch_materializations(key, limit=2).records[1].asset_materialization.metadata["eval_auc"].value)
+        instance.fetch_materializations(key, limit=2).records[1].asset_materialization.metadata["eval_auc"].value
+    )

@@ -49,20 +49,54 @@ print(json.dumps({"meta": meta, "checkpoints": checkpoints, "scored": int(scores
 def test_dagster_asset_materialize_trains_and_mlflow_holds_a_loadable_model(tmp_path: Path, kafka_broker) -> None:
     home = tmp_path / "primus_home"
     env = dict(os.environ)
-    env.update({"PRIMUS_HOME": str(home), "PRIMUS_DATA_ROOT": str(home / "data"),
-                "DAGSTER_HOME": str(home / "dagster_home"),
-                "PRIMUS_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers})
+    env.update(
+        {
+            "PRIMUS_HOME": str(home),
+            "PRIMUS_DATA_ROOT": str(home / "data"),
+            "DAGSTER_HOME": str(home / "dagster_home"),
+            "PRIMUS_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
+        }
+    )
     (home / "dagster_home").mkdir(parents=True)
     (home / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     # Two days and two hours: day 1 (batch, lagged 24 h), day 2 (stream), an evaluation hour, and
     # one more hour so the stream has moved past the evaluation hour.
-    subprocess.run([PRIMUS, "synth", "--spec", "examples/job.yaml", "--hours", "50", "--rows-per-hour", "150"],
-                   cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=400)
-    proc = subprocess.run([DAGSTER, "asset", "materialize", "-m", "definitions", "--select", "ctr_demo_model",
-                           "--partition", "2026-11-02"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    subprocess.run(
+        [PRIMUS, "synth", "--spec", "examples/job.yaml", "--hours", "50", "--rows-per-hour", "150"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    proc = subprocess.run(
+        [
+            DAGSTER,
+            "asset",
+            "materialize",
+            "-m",
+            "definitions",
+            "--select",
+            "ctr_demo_model",
+            "--partition",
+            "2026-11-02",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = subprocess.run([sys.executable, "-c", READ_BACK, str(home / "data")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", READ_BACK, str(home / "data")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     meta = got["meta"]

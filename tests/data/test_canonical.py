@@ -24,14 +24,16 @@ dataset:
 
 def test_dense_columns_are_stacked_and_ids_cast() -> None:
     norm = Normalizer(source("{ts: t, label: y, id: i, dense: [a, b], sparse: {user: u}}"))
-    batch = pa.record_batch({
-        "t": pa.array([1_700_000_000_000, 1_700_000_000_500], pa.int64()),  # epoch ms
-        "y": pa.array([1, None], pa.int8()),
-        "i": pa.array([5, 6], pa.int32()),
-        "a": pa.array([1.0, 2.0], pa.float64()),
-        "b": pa.array([3, 4], pa.int16()),
-        "u": pa.array([7, 8], pa.int32()),
-    })
+    batch = pa.record_batch(
+        {
+            "t": pa.array([1_700_000_000_000, 1_700_000_000_500], pa.int64()),  # epoch ms
+            "y": pa.array([1, None], pa.int8()),
+            "i": pa.array([5, 6], pa.int32()),
+            "a": pa.array([1.0, 2.0], pa.float64()),
+            "b": pa.array([3, 4], pa.int16()),
+            "u": pa.array([7, 8], pa.int32()),
+        }
+    )
     out = norm(batch)
     assert out.schema == canonical_schema(norm.mapping, 2)
     assert out.schema.names == ["sample_id", "ts", "label", "dense", "user", "source", "kind"]

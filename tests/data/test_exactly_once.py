@@ -73,13 +73,19 @@ def world(tmp_path_factory: pytest.TempPathFactory, kafka_broker) -> dict:
             for batch in adapter.read(task.read):
                 expected.update((task.stream, i) for i in batch.column("sample_id").to_pylist())
     assert {s for s, _ in expected} == {"history", "live"}
-    return {"root": root, "job_path": job_path, "tasks": tasks, "expected": expected,
-            "bootstrap": kafka_broker.bootstrap_servers}
+    return {
+        "root": root,
+        "job_path": job_path,
+        "tasks": tasks,
+        "expected": expected,
+        "bootstrap": kafka_broker.bootstrap_servers,
+    }
 
 
 def plane(world: dict, **kwargs) -> LocalDataPlane:
-    return LocalDataPlane(world["job_path"], world["root"], kafka_bootstrap=world["bootstrap"],
-                          heartbeat_s=0.2, **kwargs)
+    return LocalDataPlane(
+        world["job_path"], world["root"], kafka_bootstrap=world["bootstrap"], heartbeat_s=0.2, **kwargs
+    )
 
 
 def delivered(batch) -> list[tuple[str, int]]:

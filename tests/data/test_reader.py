@@ -70,7 +70,12 @@ def test_choosers() -> None:
 
     assert batch_first(stats(1, 1)) == "batch" and batch_first(stats(0, 2)) == "stream"
     rr = RoundRobin()
-    assert [rr(stats(1, 1)), rr(stats(1, 1)), rr(stats(1, 0)), rr(stats(0, 3))] == ["batch", "stream", "batch", "stream"]
+    assert [rr(stats(1, 1)), rr(stats(1, 1)), rr(stats(1, 0)), rr(stats(0, 3))] == [
+        "batch",
+        "stream",
+        "batch",
+        "stream",
+    ]
 
 
 def test_reader_routes_kinds_and_reports_consumed_batches(tmp_path: Path) -> None:
@@ -101,8 +106,10 @@ def test_duplicates_from_two_executors_are_dropped(tmp_path: Path) -> None:
     tasks = plan(job, tmp_path)
     ledger = FakeDriver(tasks)  # the reader's driver: the claim ledger
     other = FakeDriver(tasks)  # a second executor handed the same tasks (as after a lost lease)
-    with DataExecutor(ledger, job, "data-0", str(tmp_path), heartbeat_s=0.05) as a, \
-            DataExecutor(other, job, "data-1", str(tmp_path), heartbeat_s=0.05) as b:
+    with (
+        DataExecutor(ledger, job, "data-0", str(tmp_path), heartbeat_s=0.05) as a,
+        DataExecutor(other, job, "data-1", str(tmp_path), heartbeat_s=0.05) as b,
+    ):
         with RemoteReader(ledger, 0, [a.location, b.location], prefetch=2) as reader:
             got = [i for batch in reader for i in batch.sample_id.tolist()]
     assert sorted(got) == ids

@@ -50,8 +50,9 @@ dataset:
 """
 
 
-def tree(tmp_path: Path, max_attempts: int, threshold: float, hours: int = 2,
-         files: int = 3) -> tuple[Path, list[DataTask], list[list[int]]]:
+def tree(
+    tmp_path: Path, max_attempts: int, threshold: float, hours: int = 2, files: int = 3
+) -> tuple[Path, list[DataTask], list[list[int]]]:
     """The job spec, its tasks (one per file, chronological) and each task's sample ids."""
     ids = write_tree(tmp_path, hours=hours, files=files, rows=ROWS)
     spec = tmp_path / "job.yaml"
@@ -59,7 +60,7 @@ def tree(tmp_path: Path, max_attempts: int, threshold: float, hours: int = 2,
     tasks = plan(parse_job_spec(spec.read_text()), tmp_path, hours=hours)
     assert len(tasks) == hours * files
     # write_tree numbers the rows file after file, in the same (hour, file) order as the plan.
-    return spec, tasks, [ids[i * ROWS:(i + 1) * ROWS] for i in range(len(tasks))]
+    return spec, tasks, [ids[i * ROWS : (i + 1) * ROWS] for i in range(len(tasks))]
 
 
 def garbage(path: str) -> None:
@@ -80,7 +81,7 @@ def corrupt_second_row_group(path: str) -> int:
     column = meta.row_group(1).column(0)
     offset = column.dictionary_page_offset or column.data_page_offset
     data = bytearray(Path(path).read_bytes())
-    data[offset:offset + 16] = b"\xff" * 16
+    data[offset : offset + 16] = b"\xff" * 16
     Path(path).write_bytes(bytes(data))
     return meta.row_group(0).num_rows
 
@@ -113,7 +114,8 @@ def test_corrupt_file_is_retried_then_reported_and_the_rest_is_delivered_once(tm
     assert info["attempts"] == 3 and info["failures"] == 3
     assert tasks[bad].read.uri in info["error"] and "magic bytes" in info["error"]
     assert [(r["task_id"], r["uri"], r["attempts"], r["failures"]) for r in report] == [
-        (tasks[bad].task_id, tasks[bad].read.uri, 3, 3)]
+        (tasks[bad].task_id, tasks[bad].read.uri, 3, 3)
+    ]
     assert tasks[bad].read.uri in report[0]["error"]
     # The others ran once each and delivered every row exactly once; nothing of the corrupt file.
     assert all(o["state"] == "succeeded" and o["attempts"] == 1 and o["rows"] == ROWS for o in others)
@@ -184,7 +186,7 @@ def test_a_task_failing_mid_file_never_delivers_a_batch_twice(tmp_path: Path) ->
     # were delivered -- once (re-runs skip claimed batches) and only from the readable prefix.
     claimed = info["claimed"]
     assert set(claimed) <= set(range(0, prefix, BATCH_ROWS))
-    delivered_bad = [i for first in claimed for i in ids[bad][first:first + BATCH_ROWS]]
+    delivered_bad = [i for first in claimed for i in ids[bad][first : first + BATCH_ROWS]]
     assert Counter(got) == Counter([*ids[0], *ids[1], *delivered_bad])
     assert driver.status()["done"] and not driver.status()["failed"]
 

@@ -77,37 +77,75 @@ def _mutate(path: str, value: object, delete: bool = False) -> str:
 
 BAD_SPECS = [
     # (description, yaml text, expected key path, expected words in the message)
-    ("misspelled source key", _mutate("dataset.streams.0.sources.0.pathh", "p"),
-     "dataset.streams[0].sources[0].pathh", "unknown key"),
-    ("negative window", _mutate("dataset.streams.0.window", "-1h"),
-     "dataset.streams[0].window", "positive"),
-    ("window not a duration", _mutate("dataset.streams.0.window", "soon"),
-     "dataset.streams[0].window", "duration"),
-    ("unknown source type", _mutate("dataset.streams.0.sources.0.type", "csv"),
-     "dataset.streams[0].sources[0]", "parquet"),
-    ("bad granularity", _mutate("dataset.streams.0.sources.0.granularity", "minute"),
-     "dataset.streams[0].sources[0].granularity", "hour"),
-    ("bad kind", _mutate("dataset.streams.0.sources.0.kind", "micro"),
-     "dataset.streams[0].sources[0].kind", "batch"),
-    ("missing path", _mutate("dataset.streams.0.sources.0.path", None, delete=True),
-     "dataset.streams[0].sources[0].path", "required"),
+    (
+        "misspelled source key",
+        _mutate("dataset.streams.0.sources.0.pathh", "p"),
+        "dataset.streams[0].sources[0].pathh",
+        "unknown key",
+    ),
+    ("negative window", _mutate("dataset.streams.0.window", "-1h"), "dataset.streams[0].window", "positive"),
+    ("window not a duration", _mutate("dataset.streams.0.window", "soon"), "dataset.streams[0].window", "duration"),
+    (
+        "unknown source type",
+        _mutate("dataset.streams.0.sources.0.type", "csv"),
+        "dataset.streams[0].sources[0]",
+        "parquet",
+    ),
+    (
+        "bad granularity",
+        _mutate("dataset.streams.0.sources.0.granularity", "minute"),
+        "dataset.streams[0].sources[0].granularity",
+        "hour",
+    ),
+    ("bad kind", _mutate("dataset.streams.0.sources.0.kind", "micro"), "dataset.streams[0].sources[0].kind", "batch"),
+    (
+        "missing path",
+        _mutate("dataset.streams.0.sources.0.path", None, delete=True),
+        "dataset.streams[0].sources[0].path",
+        "required",
+    ),
     ("misspelled top-level key", _mutate("trainning", {"mode": "batch"}), "trainning", "unknown key"),
     ("bad training mode", _mutate("training", {"mode": "online"}), "training.mode", "batch_then_stream"),
-    ("negative label delay", _mutate("dataset.streams.0.sources.0.label_delay", "-5m"),
-     "dataset.streams[0].sources[0].label_delay", "negative"),
-    ("window not whole hours", _mutate("dataset.streams.0.window", "90m"),
-     "dataset.streams[0]", "whole number"),
+    (
+        "negative label delay",
+        _mutate("dataset.streams.0.sources.0.label_delay", "-5m"),
+        "dataset.streams[0].sources[0].label_delay",
+        "negative",
+    ),
+    ("window not whole hours", _mutate("dataset.streams.0.window", "90m"), "dataset.streams[0]", "whole number"),
     ("bad job name", _mutate("name", "Tiny Job"), "name", "pattern"),
-    ("replicas out of bounds", _mutate("pools", {"data": {"replicas": 9, "max_replicas": 4}}),
-     "pools.data", "max_replicas"),
-    ("thresholds inverted", _mutate("scaling", {"horizontal": {"scale_up_threshold": 0.2, "scale_down_threshold": 0.5}}),
-     "scaling.horizontal", "below"),
-    ("template without HH", _mutate("dataset.streams.0.sources.0.layout", "template").replace("path: p", "path: p\n      template: '{YYYY}{MM}{DD}'"),
-     "dataset.streams[0].sources[0]", "{HH}"),
-    ("empty dense list", _mutate("dataset.streams.0.sources.0.columns", {"ts": "t", "dense": []}),
-     "dataset.streams[0].sources[0].columns.dense", "at least one"),
-    ("unknown metric", _mutate("scaling", {"horizontal": {"metrics": [{"name": "gpu", "weight": 1}]}}),
-     "scaling.horizontal.metrics[0].name", "buffer_fill"),
+    (
+        "replicas out of bounds",
+        _mutate("pools", {"data": {"replicas": 9, "max_replicas": 4}}),
+        "pools.data",
+        "max_replicas",
+    ),
+    (
+        "thresholds inverted",
+        _mutate("scaling", {"horizontal": {"scale_up_threshold": 0.2, "scale_down_threshold": 0.5}}),
+        "scaling.horizontal",
+        "below",
+    ),
+    (
+        "template without HH",
+        _mutate("dataset.streams.0.sources.0.layout", "template").replace(
+            "path: p", "path: p\n      template: '{YYYY}{MM}{DD}'"
+        ),
+        "dataset.streams[0].sources[0]",
+        "{HH}",
+    ),
+    (
+        "empty dense list",
+        _mutate("dataset.streams.0.sources.0.columns", {"ts": "t", "dense": []}),
+        "dataset.streams[0].sources[0].columns.dense",
+        "at least one",
+    ),
+    (
+        "unknown metric",
+        _mutate("scaling", {"horizontal": {"metrics": [{"name": "gpu", "weight": 1}]}}),
+        "scaling.horizontal.metrics[0].name",
+        "buffer_fill",
+    ),
     ("no streams", _mutate("dataset.streams", []), "dataset.streams", "at least 1"),
     ("string for an integer", _mutate("data", {"planner_threads": "four"}), "data.planner_threads", "integer"),
     ("end before start", _mutate("dataset.end", "2026-10-01"), "dataset", "after start"),
@@ -142,13 +180,16 @@ def test_several_problems_are_all_reported() -> None:
 
 
 def test_duplicate_source_names_rejected() -> None:
-    text = MINIMAL + """    - name: other
+    text = (
+        MINIMAL
+        + """    - name: other
       sources:
         - name: clicks
           type: kafka
           topic: t
           columns: {ts: t, dense: [a]}
 """
+    )
     with pytest.raises(SpecError, match="used twice"):
         parse_job_spec(text)
 

@@ -161,7 +161,10 @@ def test_config_durations_and_validation() -> None:
         WorldConfig(trend_persistence=1.0)
     with pytest.raises(ValueError, match="whole UTC hour"):
         SyntheticWorld(WorldConfig(**SMALL), START + timedelta(minutes=5))
-    assert WorldConfig(n_dense=2, **SMALL) and SyntheticWorld(WorldConfig(n_dense=2, **SMALL), START).hour(0).num_columns == 11
+    assert (
+        WorldConfig(n_dense=2, **SMALL)
+        and SyntheticWorld(WorldConfig(n_dense=2, **SMALL), START).hour(0).num_columns == 11
+    )
 
 
 def test_shard_of_is_stable_and_balanced() -> None:

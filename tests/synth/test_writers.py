@@ -70,8 +70,9 @@ def read_iceberg(job: JobSpec, root: Path) -> pa.Table:
 def written(tmp_path: Path) -> tuple[JobSpec, SyntheticWorld, Path, object]:
     job = make_job()
     world = make_world(job)
-    summary = write_world(job, SourceContext(str(tmp_path)), world, range(3), sources=BATCH,
-                          progress=False, files_per_hour=2)
+    summary = write_world(
+        job, SourceContext(str(tmp_path)), world, range(3), sources=BATCH, progress=False, files_per_hour=2
+    )
     return job, world, tmp_path, summary
 
 
@@ -92,8 +93,11 @@ def test_parquet_layout_and_markers(written: tuple) -> None:
 def test_batch_shards_are_disjoint_and_their_union_is_the_world(written: tuple) -> None:
     job, world, root, summary = written
     expected = world_rows(world, range(3))
-    parts = {"pq": read_parquet(root / "parquet/imp"), "dl": read_delta(root / "delta/imp"),
-             "ice": read_iceberg(job, root)}
+    parts = {
+        "pq": read_parquet(root / "parquet/imp"),
+        "dl": read_delta(root / "delta/imp"),
+        "ice": read_iceberg(job, root),
+    }
     ids = {name: set(t.column("sample_id").to_pylist()) for name, t in parts.items()}
     assert not (ids["pq"] & ids["dl"]) and not (ids["pq"] & ids["ice"]) and not (ids["dl"] & ids["ice"])
     union = pa.concat_tables([t.select(expected.column_names).cast(expected.schema) for t in parts.values()])
@@ -144,7 +148,9 @@ def test_adapters_see_the_written_partitions(written: tuple) -> None:
 
 
 def test_daily_parquet_marker_waits_for_the_whole_day(tmp_path: Path) -> None:
-    spec = SPEC.replace("path: parquet/imp,", "path: daily, granularity: day, layout: template, template: '{YYYY}{MM}{DD}',")
+    spec = SPEC.replace(
+        "path: parquet/imp,", "path: daily, granularity: day, layout: template, template: '{YYYY}{MM}{DD}',"
+    )
     job = parse_job_spec(spec.replace("TOPIC", "t"))
     world = SyntheticWorld(WorldConfig(seed=1, users=50, items=20, topics=3, rows_per_hour=30), job.dataset.start)
     context = SourceContext(str(tmp_path))
@@ -171,11 +177,19 @@ def test_kafka_stream_copy(tmp_path: Path, kafka_broker: object) -> None:
     job = make_job(topic)
     world = make_world(job)
     bootstrap = kafka_broker.bootstrap_servers  # type: ignore[attr-defined]
-    summary = write_world(job, SourceContext(str(tmp_path), bootstrap), world, range(2), sources=["ev"],
-                          progress=False, kafka_partitions=3)
+    summary = write_world(
+        job,
+        SourceContext(str(tmp_path), bootstrap),
+        world,
+        range(2),
+        sources=["ev"],
+        progress=False,
+        kafka_partitions=3,
+    )
     expected = world_rows(world, range(2))
-    stream_clicks = int(pa.concat_tables([world.stream_copy(world.hour(h)) for h in range(2)])
-                        .column("click").to_numpy().sum())
+    stream_clicks = int(
+        pa.concat_tables([world.stream_copy(world.hour(h)) for h in range(2)]).column("click").to_numpy().sum()
+    )
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
     partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
     assert len(partitions) == 3

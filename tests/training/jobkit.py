@@ -43,22 +43,40 @@ training:
 {extra_training}tracking: {{tracking_uri: "sqlite:///{root}/mlflow.db", experiment: train-test}}
 """
 
-PARQUET_STREAM = ("{name: events, type: parquet, kind: stream, batch_rows: 500, path: parquet/events, "
-                  "columns: *cols}")
-KAFKA_STREAM = ("{name: events, type: kafka, kind: stream, batch_rows: 500, topic: TOPIC, "
-                "max_records_per_task: 1000, columns: *cols}")
+PARQUET_STREAM = "{name: events, type: parquet, kind: stream, batch_rows: 500, path: parquet/events, columns: *cols}"
+KAFKA_STREAM = (
+    "{name: events, type: kafka, kind: stream, batch_rows: 500, topic: TOPIC, "
+    "max_records_per_task: 1000, columns: *cols}"
+)
 
 
-def make_job(root: Path, *, mode: str = "mixed", model: str = "mtrm", every: int = 5, hours: int = 3,
-             kafka: str | None = None, topic: str = "train-events", rows_per_hour: int = 1500,
-             extra_training: str = "") -> dict:
+def make_job(
+    root: Path,
+    *,
+    mode: str = "mixed",
+    model: str = "mtrm",
+    every: int = 5,
+    hours: int = 3,
+    kafka: str | None = None,
+    topic: str = "train-events",
+    rows_per_hour: int = 1500,
+    extra_training: str = "",
+) -> dict:
     """Write the job spec and ``hours`` + 2 hours of the world (an evaluation hour, and one more so
     Kafka's hours are complete); returns paths, the window and the spec."""
     stream = KAFKA_STREAM.replace("TOPIC", topic) if kafka else PARQUET_STREAM
     root.mkdir(parents=True, exist_ok=True)
     job_path = root / "job.yaml"
-    job_path.write_text(JOB.format(mode=mode, model=model, every=every, root=root, stream_source=stream,
-                                   extra_training="".join(f"  {line}\n" for line in extra_training.splitlines())))
+    job_path.write_text(
+        JOB.format(
+            mode=mode,
+            model=model,
+            every=every,
+            root=root,
+            stream_source=stream,
+            extra_training="".join(f"  {line}\n" for line in extra_training.splitlines()),
+        )
+    )
     job = load_job_spec(job_path)
     context = SourceContext(str(root), kafka)
     window = None

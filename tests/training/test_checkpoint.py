@@ -32,17 +32,27 @@ def trained(steps: int = 3) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-SNAPSHOT = {"format": 1, "barrier_id": 4, "source_versions": {"delta": 7},
-            "config": {"max_attempts": 3, "lease_s": 30.0, "trainers": 1},
-            "tasks": [{"payload": {"kind": "batch", "path": "part-0"}, "state": "done", "rows": 1024}]}
+SNAPSHOT = {
+    "format": 1,
+    "barrier_id": 4,
+    "source_versions": {"delta": 7},
+    "config": {"max_attempts": 3, "lease_s": 30.0, "trainers": 1},
+    "tasks": [{"payload": {"kind": "batch", "path": "part-0"}, "state": "done", "rows": 1024}],
+}
 
 
 def make(step: int = 12, **extra: object) -> tuple[Checkpoint, torch.nn.Module, torch.optim.Optimizer]:
     model, optimizer = trained()
-    ckpt = Checkpoint(step=step, samples=step * 8, model_state=model.state_dict(),
-                      optimizer_state=optimizer.state_dict(), data_snapshot=SNAPSHOT,
-                      source_versions={"delta": 7, "kafka": {"events/0": 1234}}, phase="mixed",
-                      extra={"window": ["2024-01-01T00", "2024-01-01T06"], "metrics": {"loss": 0.5}, **extra})
+    ckpt = Checkpoint(
+        step=step,
+        samples=step * 8,
+        model_state=model.state_dict(),
+        optimizer_state=optimizer.state_dict(),
+        data_snapshot=SNAPSHOT,
+        source_versions={"delta": 7, "kafka": {"events/0": 1234}},
+        phase="mixed",
+        extra={"window": ["2024-01-01T00", "2024-01-01T06"], "metrics": {"loss": 0.5}, **extra},
+    )
     return ckpt, model, optimizer
 
 
@@ -92,8 +102,16 @@ def test_round_trip_model_adam_and_snapshot(tmp_path: Path) -> None:
 
 def test_none_snapshot_round_trips(tmp_path: Path) -> None:
     model, optimizer = trained(steps=0)
-    ckpt = Checkpoint(step=0, samples=0, model_state=model.state_dict(), optimizer_state=optimizer.state_dict(),
-                      data_snapshot=None, source_versions={}, phase="batch", extra={})
+    ckpt = Checkpoint(
+        step=0,
+        samples=0,
+        model_state=model.state_dict(),
+        optimizer_state=optimizer.state_dict(),
+        data_snapshot=None,
+        source_versions={},
+        phase="batch",
+        extra={},
+    )
     loaded = load_checkpoint(save_checkpoint(ckpt, tmp_path / "c"))
     assert loaded.data_snapshot is None and loaded.extra == {} and loaded.optimizer_state["state"] == {}
 

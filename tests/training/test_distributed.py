@@ -77,11 +77,23 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
     """2 in-memory ranks, rounds of equal and of different kinds == one process whose every parameter
     takes the mean gradient of the ranks that trained its tower in the round (Adam, same seed)."""
     torch.manual_seed(0)
-    spec = TrainingSpec(mode="mixed", batch_size=64, model={"type": "mtrm", "embedding_dim": 4, "hash_buckets": 500,
-                                                            "memory_hidden": [8], "adapt_hidden": [8]})
-    shards = [[{"dense": torch.randn(64, 3), "sparse": torch.randint(-10**9, 10**9, (64, 2)),
-                "label": (torch.rand(64) < 0.3).float(), "kind": k} for k in kinds.split()]
-              for kinds in ("batch stream batch stream", "batch batch stream stream")]
+    spec = TrainingSpec(
+        mode="mixed",
+        batch_size=64,
+        model={"type": "mtrm", "embedding_dim": 4, "hash_buckets": 500, "memory_hidden": [8], "adapt_hidden": [8]},
+    )
+    shards = [
+        [
+            {
+                "dense": torch.randn(64, 3),
+                "sparse": torch.randint(-(10**9), 10**9, (64, 2)),
+                "label": (torch.rand(64) < 0.3).float(),
+                "kind": k,
+            }
+            for k in kinds.split()
+        ]
+        for kinds in ("batch stream batch stream", "batch batch stream stream")
+    ]
     for rank, shard in enumerate(shards):
         torch.save(shard, tmp_path / f"{rank}.pt")
     results = run_ddp_in_memory([str(tmp_path / "0.pt"), str(tmp_path / "1.pt")], spec, warmup_steps=1)
@@ -104,8 +116,12 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
 
 
 def test_a_failing_rank_is_named(tmp_path: Path) -> None:
-    micro = {"dense": torch.zeros(4, 3), "sparse": torch.zeros(4, 2, dtype=torch.int64), "label": torch.zeros(4),
-             "kind": "batch"}
+    micro = {
+        "dense": torch.zeros(4, 3),
+        "sparse": torch.zeros(4, 2, dtype=torch.int64),
+        "label": torch.zeros(4),
+        "kind": "batch",
+    }
     torch.save([micro], tmp_path / "good.pt")
     spec = TrainingSpec(mode="batch", batch_size=4, model={"type": "single", "hash_buckets": 64, "embedding_dim": 2})
     # rank 1 fails first; rank 0 then loses its peer (it may fail too): the message names rank 1

@@ -56,8 +56,9 @@ def test_log_loss_by_hand_and_clipped() -> None:
 
 @pytest.mark.parametrize("kind", ["single", "mtrm"])
 def test_evaluate_over_synthetic_hour(features: Features, kind: str) -> None:
-    model = build_model(ModelSpec(type=kind, **SMALL), n_dense=features.dense.shape[1],
-                        n_sparse=features.sparse.shape[1], seed=3)
+    model = build_model(
+        ModelSpec(type=kind, **SMALL), n_dense=features.dense.shape[1], n_sparse=features.sparse.shape[1], seed=3
+    )
     model.train()
     result = evaluate(model, chunks(features, 256))
     assert model.training  # the previous mode is restored

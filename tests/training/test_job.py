@@ -34,9 +34,17 @@ pytestmark = pytest.mark.integration
 def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="mixed", model="mtrm", every=5)
     phases = []
-    result = run_training_job(TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2,
-                                          record_samples=tmp_path / "samples.bin",
-                                          progress=lambda p: phases.append(p["phase"])))
+    result = run_training_job(
+        TrainingJob(
+            env["job"],
+            env["job_path"],
+            env["root"],
+            env["window"],
+            executors=2,
+            record_samples=tmp_path / "samples.bin",
+            progress=lambda p: phases.append(p["phase"]),
+        )
+    )
     expected = expected_ids(env)
     trained = Counter(int(i) for _, ids in read_sample_log(tmp_path / "samples.bin") for i in ids)
     assert trained == expected
@@ -71,8 +79,17 @@ def _some_batch(env: dict):
 def test_batch_then_stream_pretrains_on_the_batch_window_then_follows_the_stream(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="batch_then_stream", model="mtrm", every=1000)
     phases: list[str] = []
-    result = run_training_job(TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1,
-                                          evaluate=False, progress=lambda p: phases.append(p["phase"])))
+    result = run_training_job(
+        TrainingJob(
+            env["job"],
+            env["job_path"],
+            env["root"],
+            env["window"],
+            executors=1,
+            evaluate=False,
+            progress=lambda p: phases.append(p["phase"]),
+        )
+    )
     assert phases == sorted(phases)  # "batch" ... then "stream" ...
     assert phases[0] == "batch" and phases[-1] == "stream"
     assert result.evaluation is None
@@ -80,16 +97,46 @@ def test_batch_then_stream_pretrains_on_the_batch_window_then_follows_the_stream
 
 
 def _train_cmd(env: dict, log: Path) -> list[str]:
-    return [sys.executable, "-m", "primus_dagster.cli", "train", str(env["job_path"]), "--hours", "3",
-            "--data-root", str(env["root"]), "--kafka-bootstrap", env["kafka"], "--executors", "2",
-            "--record-samples", str(log), "--no-eval", "--json", "--slow-executors-ms", "40"]
+    return [
+        sys.executable,
+        "-m",
+        "primus_dagster.cli",
+        "train",
+        str(env["job_path"]),
+        "--hours",
+        "3",
+        "--data-root",
+        str(env["root"]),
+        "--kafka-bootstrap",
+        env["kafka"],
+        "--executors",
+        "2",
+        "--record-samples",
+        str(log),
+        "--no-eval",
+        "--json",
+        "--slow-executors-ms",
+        "40",
+    ]
 
 
 def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_path: Path, kafka_broker) -> None:
-    env = make_job(tmp_path, mode="mixed", model="mtrm", every=8, kafka=kafka_broker.bootstrap_servers,
-                   topic="train-kill", rows_per_hour=6000)
-    first = subprocess.Popen(_train_cmd(env, tmp_path / "run1.bin"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = make_job(
+        tmp_path,
+        mode="mixed",
+        model="mtrm",
+        every=8,
+        kafka=kafka_broker.bootstrap_servers,
+        topic="train-kill",
+        rows_per_hour=6000,
+    )
+    first = subprocess.Popen(
+        _train_cmd(env, tmp_path / "run1.bin"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     killed_after = None
     deadline = time.monotonic() + 120
     for line in first.stderr:  # type: ignore[union-attr]

@@ -146,7 +146,9 @@ class QueueSim:
         self.rates, self.backlog, self.capacity = rates, backlog, capacity
 
     def stats(self) -> dict[str, QueueStat]:
-        return {name: stat(name, min(self.capacity, int(b)), capacity=self.capacity) for name, b in self.backlog.items()}
+        return {
+            name: stat(name, min(self.capacity, int(b)), capacity=self.capacity) for name, b in self.backlog.items()
+        }
 
     def run(self, choose: MixturePriority, draws: int) -> tuple[dict[str, int], float, float]:
         """Picks per queue, the expected stream picks (sum of p) and their variance (sum of p(1-p))."""

@@ -126,9 +126,16 @@ def tiny_checkpoint(step: int) -> Checkpoint:
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.ones(2, 3)).sum().backward()
     optimizer.step()
-    return Checkpoint(step=step, samples=step * 2, model_state=model.state_dict(),
-                      optimizer_state=optimizer.state_dict(), data_snapshot={"barrier_id": step},
-                      source_versions={"delta": step}, phase="batch", extra={})
+    return Checkpoint(
+        step=step,
+        samples=step * 2,
+        model_state=model.state_dict(),
+        optimizer_state=optimizer.state_dict(),
+        data_snapshot={"barrier_id": step},
+        source_versions={"delta": step},
+        phase="batch",
+        extra={},
+    )
 
 
 def test_checkpoints_as_artifacts(uri: str, exp: str, store: Path, tmp_path: Path) -> None:

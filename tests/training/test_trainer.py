@@ -15,8 +15,12 @@ SMALL = {"embedding_dim": 4, "hash_buckets": 512, "memory_hidden": [8], "adapt_h
 
 def batch(kind: str, rows: int = 64) -> Features:
     g = torch.Generator().manual_seed(1)
-    return Features(torch.randn(rows, 3, generator=g), torch.randint(0, 40, (rows, 2), generator=g),
-                    (torch.rand(rows, generator=g) < 0.3).float(), kind)
+    return Features(
+        torch.randn(rows, 3, generator=g),
+        torch.randint(0, 40, (rows, 2), generator=g),
+        (torch.rand(rows, generator=g) < 0.3).float(),
+        kind,
+    )
 
 
 def test_a_step_updates_only_the_embedding_rows_its_batch_touched() -> None:

@@ -16,6 +16,12 @@ from primus_dagster.data.driver.server import DriverServer
 from primus_dagster.data.driver.state import DataDriver
 
 __all__ = [
-    "DataDriver", "DriverAPI", "DriverClient", "DriverServer", "DriverUnavailableError", "ExecutorReport",
-    "JobFailedError", "Lease",
+    "DataDriver",
+    "DriverAPI",
+    "DriverClient",
+    "DriverServer",
+    "DriverUnavailableError",
+    "ExecutorReport",
+    "JobFailedError",
+    "Lease",
 ]

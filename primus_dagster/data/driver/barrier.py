@@ -34,8 +34,10 @@ class BarrierTracker:
         if self.open is None:
             self.open, self.arrived = barrier_id, set()
         elif barrier_id != self.open:
-            raise ValueError(f"barrier {barrier_id} from {trainer_id} while barrier {self.open} is still "
-                             f"waiting for {trainers - len(self.arrived)} trainer(s)")
+            raise ValueError(
+                f"barrier {barrier_id} from {trainer_id} while barrier {self.open} is still "
+                f"waiting for {trainers - len(self.arrived)} trainer(s)"
+            )
         self.arrived.add(trainer_id)
         return len(self.arrived) >= trainers
 

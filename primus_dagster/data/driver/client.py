@@ -79,7 +79,8 @@ class DriverClient:
                 if time.monotonic() + delay > give_up:
                     raise DriverUnavailableError(
                         f"data driver at {self.location} unreachable ({action}, {tries} tries in "
-                        f"{self.retry_s:g}s): {err}") from err
+                        f"{self.retry_s:g}s): {err}"
+                    ) from err
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightServerError as err:

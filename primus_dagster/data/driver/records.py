@@ -31,19 +31,36 @@ class JobFailedError(RuntimeError):
         self.report = report
         self.total = total
         self.threshold = threshold
-        lines = [f"{r['task_id']} (uri {r['uri']}): failed {r['failures']}x in {r['attempts']} attempts, "
-                 f"last error: {r['error']}" for r in report[:20]]
+        lines = [
+            f"{r['task_id']} (uri {r['uri']}): failed {r['failures']}x in {r['attempts']} attempts, "
+            f"last error: {r['error']}"
+            for r in report[:20]
+        ]
         if len(report) > 20:
             lines.append(f"... and {len(report) - 20} more")
-        super().__init__(f"data job failed: {len(report)} of {total} tasks failed "
-                         f"(threshold {threshold:.2%}):\n  " + "\n  ".join(lines))
+        super().__init__(
+            f"data job failed: {len(report)} of {total} tasks failed "
+            f"(threshold {threshold:.2%}):\n  " + "\n  ".join(lines)
+        )
 
 
 class TaskRecord:
     """One row of the task table (``__slots__``: millions of them)."""
 
-    __slots__ = ("task", "state", "attempts", "failures", "owner", "deadline", "error", "rows", "batches",
-                 "claimed", "consumed", "consumed_rows")
+    __slots__ = (
+        "task",
+        "state",
+        "attempts",
+        "failures",
+        "owner",
+        "deadline",
+        "error",
+        "rows",
+        "batches",
+        "claimed",
+        "consumed",
+        "consumed_rows",
+    )
 
     def __init__(self, task: DataTask) -> None:
         self.task = task
@@ -83,23 +100,44 @@ class TaskRecord:
         return count == self.batches and self.consumed_rows == self.rows
 
     def failure_row(self) -> dict[str, Any]:
-        return {"task_id": self.task.task_id, "uri": self.task.read.uri, "attempts": self.attempts,
-                "failures": self.failures, "error": self.error}
+        return {
+            "task_id": self.task.task_id,
+            "uri": self.task.read.uri,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "error": self.error,
+        }
 
     def describe(self) -> dict[str, Any]:
         """Everything about the task but its payload (for tests, debugging, the UI)."""
-        return {"task_id": self.task.task_id, "state": self.state, "attempts": self.attempts,
-                "failures": self.failures, "owner": self.owner, "deadline": self.deadline, "error": self.error,
-                "rows": self.rows, "batches": self.batches,
-                "claimed": [] if self.claimed is None else self.claimed.to_list(),
-                "consumed": [] if self.consumed is None else self.consumed.to_list(),
-                "consumed_rows": self.consumed_rows, "consumed_done": self.consumed_done}
+        return {
+            "task_id": self.task.task_id,
+            "state": self.state,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "owner": self.owner,
+            "deadline": self.deadline,
+            "error": self.error,
+            "rows": self.rows,
+            "batches": self.batches,
+            "claimed": [] if self.claimed is None else self.claimed.to_list(),
+            "consumed": [] if self.consumed is None else self.consumed.to_list(),
+            "consumed_rows": self.consumed_rows,
+            "consumed_done": self.consumed_done,
+        }
 
     def to_snapshot(self) -> dict[str, Any]:
-        return {"task": self.task.to_dict(), "state": self.state, "attempts": self.attempts,
-                "failures": self.failures, "error": self.error, "rows": self.rows, "batches": self.batches,
-                "consumed": [] if self.consumed is None else self.consumed.to_list(),
-                "consumed_rows": self.consumed_rows}
+        return {
+            "task": self.task.to_dict(),
+            "state": self.state,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "error": self.error,
+            "rows": self.rows,
+            "batches": self.batches,
+            "consumed": [] if self.consumed is None else self.consumed.to_list(),
+            "consumed_rows": self.consumed_rows,
+        }
 
     @classmethod
     def from_snapshot(cls, entry: dict[str, Any]) -> "TaskRecord":

@@ -65,8 +65,11 @@ HANDLERS: dict[str, Handler] = {
     "fail": lambda d, b: d.fail(b["executor_id"], b["task_id"], str(b["error"])) or {},
     "claim": lambda d, b: {"first": d.claim(b["trainer_id"], batch_from_dict(b["batch"]))},
     "claim_many": lambda d, b: {"first": d.claim_many(b["trainer_id"], [batch_from_dict(x) for x in b["batches"]])},
-    "barrier": lambda d, b: {"snapshot": d.barrier(b["trainer_id"], [batch_from_dict(x) for x in b.get("consumed", [])],
-                                                   int(b["barrier_id"]))},
+    "barrier": lambda d, b: {
+        "snapshot": d.barrier(
+            b["trainer_id"], [batch_from_dict(x) for x in b.get("consumed", [])], int(b["barrier_id"])
+        )
+    },
     "barrier_snapshot": lambda d, b: {"snapshot": d.barrier_snapshot()},
     "executors": lambda d, b: {"executors": {k: report_to_dict(v) for k, v in d.executors().items()}},
     "status": lambda d, b: d.status(),
@@ -93,8 +96,15 @@ class DriverServer(flight.FlightServerBase):
             DriverClient(server.location).status()
     """
 
-    def __init__(self, driver: DataDriver, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 *, dedup_entries: int = 4096):
+    def __init__(
+        self,
+        driver: DataDriver,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        *,
+        dedup_entries: int = 4096,
+    ):
         self.driver = driver
         self.host = host
         self._token = token
@@ -139,7 +149,7 @@ class DriverServer(flight.FlightServerBase):
             raise
         except (JobFailedError, KeyError, ValueError, TypeError) as err:
             raise flight.FlightServerError(f"{kind}: {err}", error_info(err)) from None
-        return (payload[i:i + CHUNK_BYTES] for i in range(0, max(len(payload), 1), CHUNK_BYTES))
+        return (payload[i : i + CHUNK_BYTES] for i in range(0, max(len(payload), 1), CHUNK_BYTES))
 
     def _dispatch(self, kind: str, handler: Handler, body: dict[str, Any], request_id: str | None) -> bytes:
         if request_id is None:
@@ -158,8 +168,9 @@ class DriverServer(flight.FlightServerBase):
         """Start the lease-expiry timer (the server already accepts calls); returns ``self``."""
         if self._timer is None:
             interval = max(0.01, self.driver.lease_s / 4)
-            self._timer = threading.Thread(target=self._expire_loop, args=(interval,), name="driver-expiry",
-                                           daemon=True)
+            self._timer = threading.Thread(
+                target=self._expire_loop, args=(interval,), name="driver-expiry", daemon=True
+            )
             self._timer.start()
         return self
 

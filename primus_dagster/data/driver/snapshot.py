@@ -47,11 +47,18 @@ class SnapshotMixin:
     """Snapshot methods of :class:`~.state.DataDriver` (kept here to keep the state machine short)."""
 
     def _snapshot_locked(self, barrier_id: int | None) -> dict[str, Any]:
-        return {"format": SNAPSHOT_FORMAT, "barrier_id": barrier_id,
-                "source_versions": json.loads(json.dumps(self.source_versions)),
-                "config": {"max_attempts": self.max_attempts, "failed_task_threshold": self.failed_task_threshold,
-                           "lease_s": self.lease_s, "trainers": self.trainers},
-                "tasks": [rec.to_snapshot() for rec in self._tasks.values()]}
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "barrier_id": barrier_id,
+            "source_versions": json.loads(json.dumps(self.source_versions)),
+            "config": {
+                "max_attempts": self.max_attempts,
+                "failed_task_threshold": self.failed_task_threshold,
+                "lease_s": self.lease_s,
+                "trainers": self.trainers,
+            },
+            "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-serialisable state: tasks (payload, state, attempts, failures, error, rows, batches,
@@ -67,8 +74,9 @@ class SnapshotMixin:
     def restore(cls, snapshot: dict[str, Any], **kwargs: Any) -> Any:
         """A driver in the state of ``snapshot`` (see the module docstring); ``kwargs`` override its config."""
         if snapshot.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"not a data driver snapshot (format {snapshot.get('format')!r}, "
-                             f"expected {SNAPSHOT_FORMAT!r})")
+            raise ValueError(
+                f"not a data driver snapshot (format {snapshot.get('format')!r}, expected {SNAPSHOT_FORMAT!r})"
+            )
         driver = cls(**{**snapshot.get("config", {}), **kwargs})
         for entry in snapshot["tasks"]:
             driver._insert(TaskRecord.from_snapshot(entry))
@@ -81,4 +89,3 @@ class SnapshotMixin:
     def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> Any:
         """:meth:`restore` from a file written by :meth:`save`."""
         return cls.restore(read_snapshot(path), **kwargs)
-

@@ -63,6 +63,7 @@ _BUSY = frozenset((NEW, PENDING, RUNNING))
 def _count(rows: Any) -> int:
     return 0 if rows is None else len(rows)
 
+
 OrderKey = tuple[str, str, str]
 
 
@@ -90,11 +91,21 @@ class DataDriver(SnapshotMixin):
         driver.raise_if_failed()
     """
 
-    def __init__(self, max_attempts: int = 3, failed_task_threshold: float = 0.05, lease_s: float = 60.0,
-                 trainers: int = 1, clock: Callable[[], float] = time.monotonic, *, pending_window: int = 1024):
+    def __init__(
+        self,
+        max_attempts: int = 3,
+        failed_task_threshold: float = 0.05,
+        lease_s: float = 60.0,
+        trainers: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        pending_window: int = 1024,
+    ):
         if max_attempts < 1 or not 0 <= failed_task_threshold <= 1 or lease_s <= 0 or trainers < 1:
-            raise ValueError(f"bad driver config: max_attempts={max_attempts}, failed_task_threshold="
-                             f"{failed_task_threshold}, lease_s={lease_s}, trainers={trainers}")
+            raise ValueError(
+                f"bad driver config: max_attempts={max_attempts}, failed_task_threshold="
+                f"{failed_task_threshold}, lease_s={lease_s}, trainers={trainers}"
+            )
         self.max_attempts = max_attempts
         self.failed_task_threshold = failed_task_threshold
         self.lease_s = float(lease_s)
@@ -283,8 +294,9 @@ class DataDriver(SnapshotMixin):
             if rec.deadline > now:  # extended by a heartbeat: re-file under the new deadline
                 heapq.heappush(heap, (rec.deadline, attempt, task_id))
                 continue
-            self._retry_or_fail(rec, f"lease expired: executor {rec.owner} sent no heartbeat for "
-                                     f"{self.lease_s:g}s (attempt {attempt})")
+            self._retry_or_fail(
+                rec, f"lease expired: executor {rec.owner} sent no heartbeat for {self.lease_s:g}s (attempt {attempt})"
+            )
             expired.append(task_id)
         if self._delivery:
             expired += self._reopen_undelivered(now)
@@ -358,11 +370,17 @@ class DataDriver(SnapshotMixin):
         threshold tolerated); ``consumed_done``: succeeded tasks whose every batch was consumed;
         ``failed_tasks``: the first 100 rows of :meth:`failure_report` (``counts["failed"]``: all)."""
         horizon = self._clock() - self.lease_s
-        return {"counts": dict(self._counts), "total": len(self._tasks), "done": self._done(),
-                "failed": self._job_failed(), "failed_tasks": self.failure_report(100), **self._stats,
-                "barrier_id": self._barriers.last,
-                "executors": sum(seen >= horizon for _, seen in self._executors.values()),
-                "source_versions": dict(self.source_versions)}
+        return {
+            "counts": dict(self._counts),
+            "total": len(self._tasks),
+            "done": self._done(),
+            "failed": self._job_failed(),
+            "failed_tasks": self.failure_report(100),
+            **self._stats,
+            "barrier_id": self._barriers.last,
+            "executors": sum(seen >= horizon for _, seen in self._executors.values()),
+            "source_versions": dict(self.source_versions),
+        }
 
     def backlog_by_kind(self) -> dict[str, int]:
         """Tasks not yet read (new, pending or running) per kind: the upstream backlog the mixture

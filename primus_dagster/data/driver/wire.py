@@ -35,12 +35,12 @@ ACTIONS: dict[str, str] = {
     "barrier": '{"trainer_id", "consumed": [batch], "barrier_id"} -> {"snapshot": snapshot | null}',
     "barrier_snapshot": '{} -> {"snapshot": snapshot | null}',
     "executors": '{} -> {"executors": {executor_id: report}}',
-    "status": '{} -> status',
+    "status": "{} -> status",
     "add_tasks": '{"tasks": [DataTask.to_dict()]} -> {"added": int}',
-    "snapshot": '{} -> snapshot',
+    "snapshot": "{} -> snapshot",
     "source_versions": '{"set": {..} | null} -> {"source_versions": {..}}',
     "expire": '{} -> {"expired": [task_id]}',
-    "raise_if_failed": '{} -> {} (or a JobFailedError)',
+    "raise_if_failed": "{} -> {} (or a JobFailedError)",
     "failure_report": '{} -> {"failed_tasks": [{"task_id", "uri", "attempts", "failures", "error"}]}',
     "task_info": '{"task_id"} -> task info',
 }
@@ -51,13 +51,21 @@ DEDUP_ACTIONS = frozenset({"lease", "claim", "claim_many"})
 
 
 def lease_to_dict(lease: Lease) -> dict[str, Any]:
-    return {"task": lease.task.to_dict(), "attempt": lease.attempt, "deadline": lease.deadline,
-            "claimed_rows": list(lease.claimed_rows)}
+    return {
+        "task": lease.task.to_dict(),
+        "attempt": lease.attempt,
+        "deadline": lease.deadline,
+        "claimed_rows": list(lease.claimed_rows),
+    }
 
 
 def lease_from_dict(data: dict[str, Any]) -> Lease:
-    return Lease(task=DataTask.from_dict(data["task"]), attempt=int(data["attempt"]),
-                 deadline=float(data["deadline"]), claimed_rows=tuple(int(r) for r in data.get("claimed_rows", ())))
+    return Lease(
+        task=DataTask.from_dict(data["task"]),
+        attempt=int(data["attempt"]),
+        deadline=float(data["deadline"]),
+        claimed_rows=tuple(int(r) for r in data.get("claimed_rows", ())),
+    )
 
 
 def report_to_dict(report: ExecutorReport) -> dict[str, Any]:
@@ -65,8 +73,12 @@ def report_to_dict(report: ExecutorReport) -> dict[str, Any]:
 
 
 def report_from_dict(data: dict[str, Any]) -> ExecutorReport:
-    return ExecutorReport(executor_id=data["executor_id"], address=data.get("address", ""),
-                          running=list(data.get("running", [])), metrics=dict(data.get("metrics", {})))
+    return ExecutorReport(
+        executor_id=data["executor_id"],
+        address=data.get("address", ""),
+        running=list(data.get("running", [])),
+        metrics=dict(data.get("metrics", {})),
+    )
 
 
 def batch_to_dict(batch: BatchId) -> dict[str, Any]:

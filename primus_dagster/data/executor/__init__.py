@@ -27,7 +27,22 @@ from primus_dagster.data.executor.wire import BatchMeta, decode_ticket, encode_t
 from primus_dagster.data.flight_auth import bearer_options
 
 __all__ = [
-    "READY_PREFIX", "TOKEN_ENV", "BatchMeta", "DataExecutor", "DatasetServer", "ExecutorConfig", "Item",
-    "TrainerBuffers", "bearer_options", "build_executor", "connect_driver", "decode_ticket", "encode_ticket",
-    "from_wire", "main", "start_executor_process", "to_wire", "wait_ready",
+    "READY_PREFIX",
+    "TOKEN_ENV",
+    "BatchMeta",
+    "DataExecutor",
+    "DatasetServer",
+    "ExecutorConfig",
+    "Item",
+    "TrainerBuffers",
+    "bearer_options",
+    "build_executor",
+    "connect_driver",
+    "decode_ticket",
+    "encode_ticket",
+    "from_wire",
+    "main",
+    "start_executor_process",
+    "to_wire",
+    "wait_ready",
 ]

@@ -45,8 +45,9 @@ class TrainerBuffers(Generic[T]):
         with self._cond:
             return [len(q) for q in self._queues]
 
-    def put(self, item: T, shuffle: Shuffle, abort: Callable[[], bool] | None = None,
-            poll_s: float = 0.1) -> int | None:
+    def put(
+        self, item: T, shuffle: Shuffle, abort: Callable[[], bool] | None = None, poll_s: float = 0.1
+    ) -> int | None:
         """Put ``item`` into the buffer the shuffle chooses, waiting while it is full.
 
         Returns the trainer index, or None when ``abort()`` turned true (or the buffers were
@@ -73,8 +74,13 @@ class TrainerBuffers(Generic[T]):
                 if waiting:
                     self.waiting -= 1
 
-    def get(self, trainer: int, finished: Callable[[], bool] | None = None,
-            timeout: float | None = None, poll_s: float = 0.1) -> T | None:
+    def get(
+        self,
+        trainer: int,
+        finished: Callable[[], bool] | None = None,
+        timeout: float | None = None,
+        poll_s: float = 0.1,
+    ) -> T | None:
         """The oldest item of ``trainer``'s buffer; None when it is empty and ``finished()`` is
         true, after ``timeout`` seconds, or once the buffers are closed."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -76,12 +76,28 @@ class _Counters:
 class DataExecutor:
     """One data executor (see module docstring); thread-safe, restartable only by a new instance."""
 
-    def __init__(self, driver: DriverAPI, job: JobSpec, executor_id: str, data_root: str = ".", *,
-                 executor_index: int | None = None, trainers: int | None = None,
-                 task_runners: int | None = None, buffer_batches: int | None = None,
-                 token: str | None = None, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 kafka_bootstrap: str | None = None, heartbeat_s: float | None = None,
-                 slow_ms_per_batch: float = 0.0, poll_s: float = 0.05, serve: bool = True, shm: bool = True):
+    def __init__(
+        self,
+        driver: DriverAPI,
+        job: JobSpec,
+        executor_id: str,
+        data_root: str = ".",
+        *,
+        executor_index: int | None = None,
+        trainers: int | None = None,
+        task_runners: int | None = None,
+        buffer_batches: int | None = None,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+        kafka_bootstrap: str | None = None,
+        heartbeat_s: float | None = None,
+        slow_ms_per_batch: float = 0.0,
+        poll_s: float = 0.05,
+        serve: bool = True,
+        shm: bool = True,
+    ):
         self.driver = driver
         self.job = job
         self.executor_id = executor_id
@@ -95,8 +111,19 @@ class DataExecutor:
         self.shuffles = {s.name: make_shuffle(s.shuffle, self.index, self.trainers) for s in job.dataset.streams}
         self.targets = sorted({t for s in self.shuffles.values() for t in s.targets()})
         self.buffers: TrainerBuffers[Item] = TrainerBuffers(self.trainers, buffer_batches or job.data.buffer_batches)
-        self.server = (DatasetServer(self, host=host, port=port, token=token, slow_ms_per_batch=slow_ms_per_batch,
-                                     advertise=advertise, shm=shm) if serve else None)
+        self.server = (
+            DatasetServer(
+                self,
+                host=host,
+                port=port,
+                token=token,
+                slow_ms_per_batch=slow_ms_per_batch,
+                advertise=advertise,
+                shm=shm,
+            )
+            if serve
+            else None
+        )
         self.location = self.server.location if self.server else f"inproc://{executor_id}"
         self._lock = threading.Condition()
         self._tasks: dict[str, _TaskRun] = {}
@@ -122,8 +149,10 @@ class DataExecutor:
         self._heartbeat_once()
         hb = threading.Thread(target=self._heartbeat_loop, name=f"{self.executor_id}-heartbeat", daemon=True)
         hb.start()
-        runners = [threading.Thread(target=self._runner, name=f"{self.executor_id}-runner-{i}", daemon=True)
-                   for i in range(self.task_runners)]
+        runners = [
+            threading.Thread(target=self._runner, name=f"{self.executor_id}-runner-{i}", daemon=True)
+            for i in range(self.task_runners)
+        ]
         for t in runners:
             t.start()
         threading.Thread(target=self._watch_runners, args=(runners,), daemon=True).start()
@@ -368,8 +397,11 @@ class DataExecutor:
         """rows_per_s / batches_per_s since the last call, buffer_fill, cpu, rss_bytes, tasks_running."""
         with self._lock:
             rows, batches, running = self.counters.rows_read, self.counters.batches_read, len(self._tasks)
-        return {**self._meter.sample(rows, batches), "buffer_fill": self.buffers.fill_ratio(self.targets),
-                "tasks_running": float(running)}
+        return {
+            **self._meter.sample(rows, batches),
+            "buffer_fill": self.buffers.fill_ratio(self.targets),
+            "tasks_running": float(running),
+        }
 
     def report(self) -> ExecutorReport:
         with self._lock:

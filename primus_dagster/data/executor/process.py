@@ -70,13 +70,35 @@ class ExecutorConfig:
 
     def argv(self) -> list[str]:
         """Command-line arguments (without the token)."""
-        out = ["--driver", self.driver, "--executor-id", self.executor_id, "--job-spec", self.job_spec,
-               "--data-root", self.data_root, "--host", self.host, "--port", str(self.port),
-               "--slow-ms-per-batch", str(self.slow_ms_per_batch), "--drain-s", str(self.drain_s),
-               "--linger-s", str(self.linger_s), "--log-level", self.log_level]
-        optional = {"--advertise": self.advertise, "--executor-index": self.executor_index,
-                    "--trainers": self.trainers, "--kafka-bootstrap": self.kafka_bootstrap,
-                    "--heartbeat-s": self.heartbeat_s}
+        out = [
+            "--driver",
+            self.driver,
+            "--executor-id",
+            self.executor_id,
+            "--job-spec",
+            self.job_spec,
+            "--data-root",
+            self.data_root,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--slow-ms-per-batch",
+            str(self.slow_ms_per_batch),
+            "--drain-s",
+            str(self.drain_s),
+            "--linger-s",
+            str(self.linger_s),
+            "--log-level",
+            self.log_level,
+        ]
+        optional = {
+            "--advertise": self.advertise,
+            "--executor-index": self.executor_index,
+            "--trainers": self.trainers,
+            "--kafka-bootstrap": self.kafka_bootstrap,
+            "--heartbeat-s": self.heartbeat_s,
+        }
         for flag, value in optional.items():
             if value is not None:
                 out += [flag, str(value)]
@@ -102,8 +124,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ExecutorConfig, str |
     p.add_argument("--drain-s", type=float, default=10.0, help="after SIGTERM, serve buffered batches this long")
     p.add_argument("--linger-s", type=float, default=2.0, help="wait this long for open streams to end")
     p.add_argument("--log-level", default="WARNING")
-    p.add_argument("--no-shm", dest="shm", action="store_false",
-                   help="serve over Flight only (no shared-memory path for readers on this host)")
+    p.add_argument(
+        "--no-shm",
+        dest="shm",
+        action="store_false",
+        help="serve over Flight only (no shared-memory path for readers on this host)",
+    )
     ns = p.parse_args(argv)
     token = ns.token or os.environ.get(TOKEN_ENV) or None
     fields = {k: v for k, v in vars(ns).items() if k != "token"}
@@ -121,10 +147,20 @@ def build_executor(config: ExecutorConfig, driver: DriverAPI, token: str | None 
     """The in-process :class:`DataExecutor` a process with ``config`` runs."""
     job = load_job_spec(config.job_spec)
     return DataExecutor(
-        driver, job, config.executor_id, config.data_root, executor_index=config.executor_index,
-        trainers=config.trainers, token=token, host=config.host, port=config.port, advertise=config.advertise,
-        kafka_bootstrap=config.kafka_bootstrap, heartbeat_s=config.heartbeat_s,
-        slow_ms_per_batch=config.slow_ms_per_batch, shm=config.shm,
+        driver,
+        job,
+        config.executor_id,
+        config.data_root,
+        executor_index=config.executor_index,
+        trainers=config.trainers,
+        token=token,
+        host=config.host,
+        port=config.port,
+        advertise=config.advertise,
+        kafka_bootstrap=config.kafka_bootstrap,
+        heartbeat_s=config.heartbeat_s,
+        slow_ms_per_batch=config.slow_ms_per_batch,
+        shm=config.shm,
     )
 
 
@@ -156,8 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one executor until the driver is done or SIGTERM; see the module docstring."""
     config, token = parse_args(argv)
     use_jemalloc()
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     executor = build_executor(config, connect_driver(config.driver, token), token)
     stop = {"requested": False}
 
@@ -179,9 +216,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def start_executor_process(config: ExecutorConfig, token: str | None = None, *, python: str = sys.executable,
-                           env: dict[str, str] | None = None, stderr: Any = None,
-                           cwd: str | None = None) -> subprocess.Popen[str]:
+def start_executor_process(
+    config: ExecutorConfig,
+    token: str | None = None,
+    *,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    stderr: Any = None,
+    cwd: str | None = None,
+) -> subprocess.Popen[str]:
     """Start ``python -m primus_dagster.data.executor`` with ``config``; stdout is a pipe
     (read the ready line with :func:`wait_ready`), the token goes through the environment."""
     child_env = dict(os.environ if env is None else env)
@@ -191,8 +234,14 @@ def start_executor_process(config: ExecutorConfig, token: str | None = None, *, 
         child_env[TOKEN_ENV] = token
     else:
         child_env.pop(TOKEN_ENV, None)
-    return subprocess.Popen([python, "-m", "primus_dagster.data.executor", *config.argv()], env=child_env,
-                            stdout=subprocess.PIPE, stderr=stderr, cwd=cwd, text=True)
+    return subprocess.Popen(
+        [python, "-m", "primus_dagster.data.executor", *config.argv()],
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        cwd=cwd,
+        text=True,
+    )
 
 
 def wait_ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
@@ -212,6 +261,6 @@ def wait_ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
             if not line:
                 break
             if line.startswith(READY_PREFIX):
-                return str(json.loads(line[len(READY_PREFIX):])["address"])
+                return str(json.loads(line[len(READY_PREFIX) :])["address"])
     code = proc.poll()
     raise RuntimeError(f"executor process {proc.pid} did not become ready in {timeout:g}s (exit code {code})")

@@ -31,8 +31,10 @@ def _right_events(task: DataTask, adapter_for: AdapterFor, key: str) -> list[pa.
         for batch in adapter.read(read):
             missing = [c for c in (key, "ts") if c not in batch.schema.names]
             if missing:
-                raise KeyError(f"join {task.task_id}: right source {read.source} ({read.uri}) has no canonical "
-                               f"column(s) {missing}; the join key must be a canonical column (e.g. sample_id)")
+                raise KeyError(
+                    f"join {task.task_id}: right source {read.source} ({read.uri}) has no canonical "
+                    f"column(s) {missing}; the join key must be a canonical column (e.g. sample_id)"
+                )
             out.append(batch.select([key, "ts"]))
     return out
 
@@ -52,8 +54,10 @@ def task_batches(task: DataTask, adapter_for: AdapterFor) -> Iterator[pa.RecordB
         if batch.num_rows == 0:
             continue
         if info.key not in batch.schema.names:
-            raise KeyError(f"join {task.task_id}: left source {task.read.source} ({task.read.uri}) has no canonical "
-                           f"column {info.key!r}; the join key must be a canonical column (e.g. sample_id)")
+            raise KeyError(
+                f"join {task.task_id}: left source {task.read.source} ({task.read.uri}) has no canonical "
+                f"column {info.key!r}; the join key must be a canonical column (e.g. sample_id)"
+            )
         if right is None:
             key_type = batch.schema.field(info.key).type
             empty = pa.schema([pa.field(info.key, key_type), pa.field("ts", TS_TYPE)])

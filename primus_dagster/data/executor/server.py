@@ -65,9 +65,18 @@ class BatchFeed(Protocol):
 class DatasetServer(fl.FlightServerBase):
     """Flight server streaming a :class:`BatchFeed`'s per-trainer buffers (see module docstring)."""
 
-    def __init__(self, feed: BatchFeed, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 slow_ms_per_batch: float = 0.0, advertise: str | None = None, shm: bool = True,
-                 shm_slots: int = 32, shm_inflight: int = 4):
+    def __init__(
+        self,
+        feed: BatchFeed,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        slow_ms_per_batch: float = 0.0,
+        advertise: str | None = None,
+        shm: bool = True,
+        shm_slots: int = 32,
+        shm_inflight: int = 4,
+    ):
         if token is None and host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("dataset server listens on %s without a token: anyone who reaches it can read batches", host)
         middleware = {"auth": BearerTokenMiddlewareFactory(token, "dataset server")} if token else None
@@ -116,8 +125,9 @@ class DatasetServer(fl.FlightServerBase):
             with self._lock:
                 self.active_streams -= 1
 
-    def _shm_stream(self, trainer: int, schema: pa.Schema,
-                    context: fl.ServerCallContext) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    def _shm_stream(
+        self, trainer: int, schema: pa.Schema, context: fl.ServerCallContext
+    ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         """Like ``_stream``, with the batches in shared-memory slots (see ``shm``)."""
         assert self.shm is not None
         pool = SlotPool(self.shm, self.shm_slots, self.shm_inflight)
@@ -172,8 +182,15 @@ class DatasetServer(fl.FlightServerBase):
                 back.append(pending)
             for item in reversed(back):
                 self.feed.unserved(item, trainer)
-            log.info("shm stream %d (trainer %d): %d batches in shared memory, %d inline, %d slots, %d given back",
-                     pool.stream, trainer, pool.shm_batches, pool.inline_batches, len(pool.slots), len(back))
+            log.info(
+                "shm stream %d (trainer %d): %d batches in shared memory, %d inline, %d slots, %d given back",
+                pool.stream,
+                trainer,
+                pool.shm_batches,
+                pool.inline_batches,
+                len(pool.slots),
+                len(back),
+            )
             pool.close()
             with self._lock:
                 self.active_streams -= 1

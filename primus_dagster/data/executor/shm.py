@@ -141,7 +141,7 @@ class ShmDir:
             self.nonce = secrets.token_hex(16)
             (tmp / PROBE_NAME).write_text(self.nonce)
             # Renamed only once locked: a sweeper never sees an unlocked primus-data-* directory.
-            self.path = root / f"{PREFIX}{os.getpid()}-{tmp.name[len(TMP_PREFIX):]}"
+            self.path = root / f"{PREFIX}{os.getpid()}-{tmp.name[len(TMP_PREFIX) :]}"
             os.rename(tmp, self.path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -202,7 +202,7 @@ class Slot:
     def write(self, batch: pa.RecordBatch, seq: int, length: int) -> None:
         """Write ``batch`` (``length`` IPC bytes) into the slot and mark it ``SENT`` as ``seq``."""
         assert self._mm is not None and self.header is not None
-        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memoryview(self._mm)[HEADER:HEADER + length]))
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memoryview(self._mm)[HEADER : HEADER + length]))
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
         self.header[1] = seq

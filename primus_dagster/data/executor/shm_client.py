@@ -70,8 +70,16 @@ def connect_shm(location: str, client: fl.FlightClient, options: fl.FlightCallOp
             return None
     except fl.FlightUnauthenticatedError:
         raise
-    except (fl.FlightError, pa.ArrowException, NotImplementedError, OSError, ValueError, KeyError, IndexError,
-            TypeError) as exc:  # an executor without shm-info (older) raises NotImplementedError
+    except (
+        fl.FlightError,
+        pa.ArrowException,
+        NotImplementedError,
+        OSError,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+    ) as exc:  # an executor without shm-info (older) raises NotImplementedError
         log.debug("no shared memory with %s: %s", location, exc)
         return None
     return ShmClient(directory)
@@ -138,8 +146,9 @@ class ShmClient:
         mapping = known[1]
         header = mapping.header
         if int(header[0]) != SENT or int(header[1]) != seq or HEADER + length > mapping.size:
-            raise ShmError(f"shared-memory slot {name} does not hold batch {seq} (state {int(header[0])}, "
-                           f"seq {int(header[1])})")
+            raise ShmError(
+                f"shared-memory slot {name} does not hold batch {seq} (state {int(header[0])}, seq {int(header[1])})"
+            )
         header[0] = RECEIVED
         buffer = pa.foreign_buffer(mapping.address + HEADER, length, base=_Lease(mapping, seq))
         batch = pa.ipc.open_stream(buffer).read_next_batch()
@@ -150,6 +159,7 @@ class ShmClient:
         """After a broken stream: remove the executor's directory once the executor is dead. In the
         background, for up to ``patience_s``: a SIGKILLed process's sockets may close (and break
         the stream) before its lock is released."""
+
         def run() -> None:
             deadline = time.monotonic() + patience_s
             while not remove_if_dead(self.dir) and self.dir.exists() and time.monotonic() < deadline:

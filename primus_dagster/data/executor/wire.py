@@ -121,8 +121,9 @@ def _constant(batch: pa.RecordBatch, name: str) -> str | None:
     return None if value is None else str(value)
 
 
-def to_wire(batch: pa.RecordBatch, batch_id: BatchId, stream: str,
-            kind: str | None = None, source: str | None = None) -> tuple[pa.RecordBatch, BatchMeta]:
+def to_wire(
+    batch: pa.RecordBatch, batch_id: BatchId, stream: str, kind: str | None = None, source: str | None = None
+) -> tuple[pa.RecordBatch, BatchMeta]:
     """Split a canonical batch into its wire batch (no dictionary columns) and its metadata.
 
     ``kind``/``source`` default to the batch's own constant columns.
@@ -147,8 +148,7 @@ def _one_value(value: str, zeros: pa.Array) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(zeros, pa.array([value]), safe=False)
 
 
-def from_wire(wire: pa.RecordBatch,
-              raw_meta: bytes | pa.Buffer | BatchMeta | None) -> tuple[pa.RecordBatch, BatchMeta]:
+def from_wire(wire: pa.RecordBatch, raw_meta: bytes | pa.Buffer | BatchMeta | None) -> tuple[pa.RecordBatch, BatchMeta]:
     """The canonical batch (``source``/``kind`` restored) and its metadata (raw, or decoded)."""
     meta = raw_meta if isinstance(raw_meta, BatchMeta) else decode_meta(raw_meta)
     if meta.rows != wire.num_rows:
@@ -157,8 +157,10 @@ def from_wire(wire: pa.RecordBatch,
     dict_type = pa.dictionary(pa.int32(), pa.string())
     zeros = pa.array(np.zeros(n, dtype=np.int32))  # shared by both (arrays are immutable)
     arrays = list(wire.columns) + [_one_value(meta.source, zeros), _one_value(meta.kind, zeros)]
-    fields = list(wire.schema) + [pa.field("source", dict_type, nullable=False),
-                                  pa.field("kind", dict_type, nullable=False)]
+    fields = list(wire.schema) + [
+        pa.field("source", dict_type, nullable=False),
+        pa.field("kind", dict_type, nullable=False),
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), meta
 
 
@@ -170,6 +172,8 @@ def conform(wire: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBat
     try:
         return wire.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, TypeError) as exc:
-        raise SchemaMismatchError(f"{where}: batch schema ({wire.schema.to_string(show_schema_metadata=False)}) "
-                                  f"does not match this executor's stream schema "
-                                  f"({schema.to_string(show_schema_metadata=False)}): {exc}") from None
+        raise SchemaMismatchError(
+            f"{where}: batch schema ({wire.schema.to_string(show_schema_metadata=False)}) "
+            f"does not match this executor's stream schema "
+            f"({schema.to_string(show_schema_metadata=False)}): {exc}"
+        ) from None

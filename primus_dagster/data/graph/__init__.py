@@ -23,7 +23,25 @@ from primus_dagster.data.graph.planner import Planner, clip_window
 from primus_dagster.data.graph.report import plan_report, render_plan
 
 __all__ = [
-    "ConsumerCount", "JoinerOp", "ListingCache", "NotReady", "Plan", "PlanStats", "Planner", "Segment",
-    "SinkOp", "SourceOp", "TaskBlock", "TaskGraph", "TaskSequence", "TimerOp", "aligned_windows", "clip_window",
-    "compile_graph", "fusion_key", "join_labels", "plan_report", "render_plan",
+    "ConsumerCount",
+    "JoinerOp",
+    "ListingCache",
+    "NotReady",
+    "Plan",
+    "PlanStats",
+    "Planner",
+    "Segment",
+    "SinkOp",
+    "SourceOp",
+    "TaskBlock",
+    "TaskGraph",
+    "TaskSequence",
+    "TimerOp",
+    "aligned_windows",
+    "clip_window",
+    "compile_graph",
+    "fusion_key",
+    "join_labels",
+    "plan_report",
+    "render_plan",
 ]

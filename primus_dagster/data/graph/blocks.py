@@ -45,13 +45,31 @@ class TaskBlock:
     holds is ~20-40 bytes a file and the allocator's arenas of the listing garbage are freed.
     """
 
-    __slots__ = ("partition", "version", "prefix", "blob", "offsets", "sizes", "spans", "rows", "task_version",
-                 "versions")
+    __slots__ = (
+        "partition",
+        "version",
+        "prefix",
+        "blob",
+        "offsets",
+        "sizes",
+        "spans",
+        "rows",
+        "task_version",
+        "versions",
+    )
 
-    def __init__(self, partition: datetime, version: str | None, prefix: str, names: Sequence[str],
-                 sizes: array, spans: tuple[tuple[int, int | None], ...] | None = None,
-                 rows: tuple[int | None, ...] | None = None, task_version: str | None = None,
-                 versions: tuple[str | None, ...] | None = None):
+    def __init__(
+        self,
+        partition: datetime,
+        version: str | None,
+        prefix: str,
+        names: Sequence[str],
+        sizes: array,
+        spans: tuple[tuple[int, int | None], ...] | None = None,
+        rows: tuple[int | None, ...] | None = None,
+        task_version: str | None = None,
+        versions: tuple[str | None, ...] | None = None,
+    ):
         if len(names) != len(sizes):
             raise ValueError(f"{len(names)} names but {len(sizes)} sizes")
         self.partition = partition
@@ -83,8 +101,17 @@ class TaskBlock:
         task_versions = {t.version for t in tasks}
         task_version = next(iter(task_versions)) if len(task_versions) == 1 else None
         versions = None if len(task_versions) <= 1 else tuple(t.version for t in tasks)
-        return cls(partition, version, prefix, names, array("q", [t.size_bytes for t in tasks]),
-                   spans, rows, task_version, versions)
+        return cls(
+            partition,
+            version,
+            prefix,
+            names,
+            array("q", [t.size_bytes for t in tasks]),
+            spans,
+            rows,
+            task_version,
+            versions,
+        )
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -94,14 +121,21 @@ class TaskBlock:
         return sum(self.sizes)
 
     def uri(self, i: int) -> str:
-        return self.prefix + self.blob[self.offsets[i]:self.offsets[i + 1]]
+        return self.prefix + self.blob[self.offsets[i] : self.offsets[i + 1]]
 
     def read_task(self, i: int, source: str) -> ReadTask:
         """Task ``i`` as a :class:`ReadTask` of consumer ``source``."""
         start, stop = (0, None) if self.spans is None else self.spans[i]
-        return ReadTask(source, self.partition, self.uri(i), start, stop, self.sizes[i],
-                        None if self.rows is None else self.rows[i],
-                        self.task_version if self.versions is None else self.versions[i])
+        return ReadTask(
+            source,
+            self.partition,
+            self.uri(i),
+            start,
+            stop,
+            self.sizes[i],
+            None if self.rows is None else self.rows[i],
+            self.task_version if self.versions is None else self.versions[i],
+        )
 
     def read_tasks(self, source: str) -> Iterator[ReadTask]:
         for i in range(len(self.sizes)):
@@ -162,5 +196,10 @@ class ListingCache:
         return key in self._blocks
 
     def stats(self) -> dict[str, Any]:
-        return {"partitions": len(self._blocks), "files": self.files, "hits": self.hits, "misses": self.misses,
-                "evictions": self.evictions}
+        return {
+            "partitions": len(self._blocks),
+            "files": self.files,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+        }

@@ -40,8 +40,10 @@ def _micros(values: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not pa.types.is_timestamp(values.type):
         raise TypeError(f"join: time column {name!r} must be a timestamp, got {values.type}")
     as_us = pc.cast(values, pa.timestamp("us", values.type.tz), safe=False).cast(pa.int64())
-    return (pc.fill_null(as_us, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
-            as_us.is_null().to_numpy(zero_copy_only=False))
+    return (
+        pc.fill_null(as_us, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+        as_us.is_null().to_numpy(zero_copy_only=False),
+    )
 
 
 def _watermark_us(watermark: datetime) -> int:
@@ -49,8 +51,14 @@ def _watermark_us(watermark: datetime) -> int:
     return (wm - _EPOCH) // timedelta(microseconds=1)
 
 
-def join_labels(left: pa.Table, right: pa.Table, info: JoinInfo, ts_col: str = "ts",
-                watermark: datetime | None = None, label_col: str = "label") -> pa.Table:
+def join_labels(
+    left: pa.Table,
+    right: pa.Table,
+    info: JoinInfo,
+    ts_col: str = "ts",
+    watermark: datetime | None = None,
+    label_col: str = "label",
+) -> pa.Table:
     """``left`` with ``label_col`` (float32) set by the join rule (module docstring).
 
     ``watermark``: how far the right side is known to be complete; None means complete for
@@ -83,8 +91,8 @@ def join_labels(left: pa.Table, right: pa.Table, info: JoinInfo, ts_col: str = "
         rank = rank.astype(np.int64).reshape(-1)
         width = np.int64(len(values) + 1)
         composite = np.sort(right_code * width + rank[:nr])
-        first = np.searchsorted(composite, code * width + rank[nr:nr + nq], side="left")
-        last = np.searchsorted(composite, code * width + rank[nr + nq:], side="right")
+        first = np.searchsorted(composite, code * width + rank[nr : nr + nq], side="left")
+        last = np.searchsorted(composite, code * width + rank[nr + nq :], side="right")
         matched[query] = last > first
 
     if watermark is None:

@@ -49,12 +49,26 @@ def fusion_key(spec: SourceSpec, context: SourceContext) -> tuple[Any, ...]:
     Names, kinds, column mappings and batch sizes are per consumer and do not matter.
     """
     if spec.type == "parquet":
-        return ("parquet", _norm_location(context.resolve(spec.path)), spec.granularity, spec.layout,
-                spec.template, spec.success_marker, spec.split_row_groups,
-                spec.target_task_bytes if spec.split_row_groups else None, _items(spec.storage_options))
+        return (
+            "parquet",
+            _norm_location(context.resolve(spec.path)),
+            spec.granularity,
+            spec.layout,
+            spec.template,
+            spec.success_marker,
+            spec.split_row_groups,
+            spec.target_task_bytes if spec.split_row_groups else None,
+            _items(spec.storage_options),
+        )
     if spec.type == "delta":
-        return ("delta", _norm_location(context.resolve(spec.uri)), spec.granularity, spec.date_column,
-                spec.hour_column if spec.granularity == "hour" else None, _items(spec.storage_options))
+        return (
+            "delta",
+            _norm_location(context.resolve(spec.uri)),
+            spec.granularity,
+            spec.date_column,
+            spec.hour_column if spec.granularity == "hour" else None,
+            _items(spec.storage_options),
+        )
     if spec.type == "iceberg":
         cat = spec.catalog
         where = cat.uri or f"default-catalog@{_norm_location(context.resolve('.'))}"
@@ -193,15 +207,40 @@ class TaskGraph:
         nodes = []
         for op in self.nodes.values():
             if isinstance(op, TimerOp):
-                nodes.append({"id": op.id, "op": "timer", "stream": op.stream, "window": format_duration(op.window),
-                              "slide": format_duration(op.slide), "sources": [list(g) for g in op.granularities]})
+                nodes.append(
+                    {
+                        "id": op.id,
+                        "op": "timer",
+                        "stream": op.stream,
+                        "window": format_duration(op.window),
+                        "slide": format_duration(op.slide),
+                        "sources": [list(g) for g in op.granularities],
+                    }
+                )
             elif isinstance(op, SourceOp):
-                nodes.append({"id": op.id, "op": "source", "type": op.type, "location": op.location,
-                              "granularity": op.granularity, "fused": op.fused,
-                              "consumers": [{"stream": s, "source": n} for s, n in op.consumers]})
+                nodes.append(
+                    {
+                        "id": op.id,
+                        "op": "source",
+                        "type": op.type,
+                        "location": op.location,
+                        "granularity": op.granularity,
+                        "fused": op.fused,
+                        "consumers": [{"stream": s, "source": n} for s, n in op.consumers],
+                    }
+                )
             elif isinstance(op, JoinerOp):
-                nodes.append({"id": op.id, "op": "joiner", "stream": op.stream, "left": op.left, "right": op.right,
-                              "key": op.key, "lateness": format_duration(op.lateness)})
+                nodes.append(
+                    {
+                        "id": op.id,
+                        "op": "joiner",
+                        "stream": op.stream,
+                        "left": op.left,
+                        "right": op.right,
+                        "key": op.key,
+                        "lateness": format_duration(op.lateness),
+                    }
+                )
             else:
                 nodes.append({"id": op.id, "op": "sink"})
         return {"nodes": nodes, "edges": [{"from": a, "to": b, "label": label} for a, b, label in self.edges]}
@@ -210,8 +249,10 @@ class TaskGraph:
         sources = self.sources
         fused = sum(1 for op in sources if op.fused)
         consumers = sum(len(op.consumers) for op in sources)
-        lines = [f"DTGG graph: {len(self.timers)} timer(s), {len(sources)} source op(s) for {consumers} "
-                 f"consumer(s) ({fused} fused), {len(self.joiners)} joiner(s), 1 sink"]
+        lines = [
+            f"DTGG graph: {len(self.timers)} timer(s), {len(sources)} source op(s) for {consumers} "
+            f"consumer(s) ({fused} fused), {len(self.joiners)} joiner(s), 1 sink"
+        ]
         for op in self.nodes.values():
             if isinstance(op, TimerOp):
                 lines.append(f"  {op.id}  window={format_duration(op.window)} slide={format_duration(op.slide)}")
@@ -219,8 +260,7 @@ class TaskGraph:
                 who = ", ".join(f"{s}/{n}" for s, n in op.consumers)
                 lines.append(f"  {op.id}  per {op.granularity}{'  FUSED' if op.fused else ''}  feeds: {who}")
             elif isinstance(op, JoinerOp):
-                lines.append(f"  {op.id}  {op.left} ⋈ {op.right} on {op.key}, "
-                             f"lateness {format_duration(op.lateness)}")
+                lines.append(f"  {op.id}  {op.left} ⋈ {op.right} on {op.key}, lateness {format_duration(op.lateness)}")
             else:
                 lines.append(f"  {op.id}")
         lines.append("  edges:")
@@ -238,8 +278,13 @@ def compile_graph(dataset: DatasetSpec, context: SourceContext) -> TaskGraph:
     """The task graph of ``dataset``: pure (no I/O); sources with equal fusion keys share one op."""
     graph = TaskGraph(dataset)
     for stream in dataset.streams:
-        timer = TimerOp(f"timer:{stream.name}", stream.name, stream.window, _slide(stream),
-                        tuple((s.name, s.granularity) for s in stream.sources))
+        timer = TimerOp(
+            f"timer:{stream.name}",
+            stream.name,
+            stream.window,
+            _slide(stream),
+            tuple((s.name, s.granularity) for s in stream.sources),
+        )
         graph.nodes[timer.id] = timer
     by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
     for stream, source in dataset.all_sources():

@@ -53,10 +53,16 @@ class Segment:
         read = self.block.read_task(i, self.source)
         if self.join is None:
             return DataTask.for_read(self.stream, self.kind, read)
-        return DataTask(task_id=f"{self.stream}:{read.task_id}", stream=self.stream, kind=self.kind,
-                        partition=read.partition, read=read,
-                        right_reads=self.right_reads() if right_reads is None else right_reads,
-                        join=self.join, size_bytes=read.size_bytes)
+        return DataTask(
+            task_id=f"{self.stream}:{read.task_id}",
+            stream=self.stream,
+            kind=self.kind,
+            partition=read.partition,
+            read=read,
+            right_reads=self.right_reads() if right_reads is None else right_reads,
+            join=self.join,
+            size_bytes=read.size_bytes,
+        )
 
     def tasks(self) -> Iterator[DataTask]:
         right = self.right_reads()  # shared by the segment's join tasks
@@ -115,8 +121,13 @@ class NotReady:
     state: Literal["not_ready", "waiting", "error"] = "not_ready"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stream": self.stream, "source": self.source, "partition": self.partition.isoformat(),
-                "state": self.state, "reason": self.reason}
+        return {
+            "stream": self.stream,
+            "source": self.source,
+            "partition": self.partition.isoformat(),
+            "state": self.state,
+            "reason": self.reason,
+        }
 
 
 @dataclass

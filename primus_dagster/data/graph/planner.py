@@ -64,8 +64,14 @@ def clip_window(dataset: DatasetSpec, window: TimeWindow) -> TimeWindow | None:
 class Planner:
     """Plans windows of ``dataset`` with ``threads`` listing workers (see module docstring)."""
 
-    def __init__(self, dataset: DatasetSpec, context: SourceContext, threads: int = 4,
-                 cache: ListingCache | None = None, adapter_factory: AdapterFactory = make_adapter):
+    def __init__(
+        self,
+        dataset: DatasetSpec,
+        context: SourceContext,
+        threads: int = 4,
+        cache: ListingCache | None = None,
+        adapter_factory: AdapterFactory = make_adapter,
+    ):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.dataset, self.context, self.threads = dataset, context, threads
@@ -221,9 +227,9 @@ class Planner:
             return False, "ready but empty (set allow_empty: true if that is expected)", "error"
         return True, "", ""
 
-    def _assemble(self, consumer_starts: dict[tuple[str, str], list[datetime]],
-                  results: dict[tuple[str, datetime], _Listed]
-                  ) -> tuple[list[Segment], list[NotReady], dict[tuple[str, str], ConsumerCount]]:
+    def _assemble(
+        self, consumer_starts: dict[tuple[str, str], list[datetime]], results: dict[tuple[str, datetime], _Listed]
+    ) -> tuple[list[Segment], list[NotReady], dict[tuple[str, str], ConsumerCount]]:
         graph = self.graph
         segments: list[Segment] = []
         not_ready: list[NotReady] = []
@@ -253,8 +259,10 @@ class Planner:
                             r_ok, r_reason, _ = self._usable(results[(graph.source_of[joiner.right], r)], right_spec)
                             if not r_ok:
                                 blocks = None
-                                reason = (f"waiting for {joiner.right} up to {end.isoformat()} (lateness "
-                                          f"{joiner.lateness}): partition {r.isoformat()}: {r_reason}")
+                                reason = (
+                                    f"waiting for {joiner.right} up to {end.isoformat()} (lateness "
+                                    f"{joiner.lateness}): partition {r.isoformat()}: {r_reason}"
+                                )
                                 break
                             blocks.append(results[(graph.source_of[joiner.right], r)].block)
                         if blocks is None:

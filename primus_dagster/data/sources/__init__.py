@@ -13,6 +13,15 @@ from primus_dagster.data.sources.registry import make_adapter
 from primus_dagster.data.sources.scan import PartitionScan, scan_partition, scan_problems
 
 __all__ = [
-    "Partition", "PartitionNotReadyError", "PartitionScan", "ReadTask", "SourceAdapter",
-    "SourceContext", "SourceReadError", "TimeWindow", "make_adapter", "scan_partition", "scan_problems",
+    "Partition",
+    "PartitionNotReadyError",
+    "PartitionScan",
+    "ReadTask",
+    "SourceAdapter",
+    "SourceContext",
+    "SourceReadError",
+    "TimeWindow",
+    "make_adapter",
+    "scan_partition",
+    "scan_problems",
 ]

@@ -122,9 +122,16 @@ class ReadTask:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready fields (no deep copy: every field is a scalar; snapshots hold millions)."""
-        return {"source": self.source, "partition": self.partition.isoformat(), "uri": self.uri,
-                "start": self.start, "stop": self.stop, "size_bytes": self.size_bytes, "rows": self.rows,
-                "version": self.version}
+        return {
+            "source": self.source,
+            "partition": self.partition.isoformat(),
+            "uri": self.uri,
+            "start": self.start,
+            "stop": self.stop,
+            "size_bytes": self.size_bytes,
+            "rows": self.rows,
+            "version": self.version,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReadTask":

@@ -46,10 +46,17 @@ from primus_dagster.spec.sources import DeltaSourceSpec
 
 # Reader features that do not change how a data file maps onto the table's rows and columns,
 # so reading the listed files one by one with plain Parquet is correct.
-HANDLED_READER_FEATURES = frozenset({
-    "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType", "variantType-preview",
-    "typeWidening", "typeWidening-preview",
-})
+HANDLED_READER_FEATURES = frozenset(
+    {
+        "timestampNtz",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+        "variantType",
+        "variantType-preview",
+        "typeWidening",
+        "typeWidening-preview",
+    }
+)
 _MAX_CACHED_PARTITIONS = 4096
 
 
@@ -61,8 +68,12 @@ class UnsupportedDeltaFeatureError(RuntimeError):
     """The table needs a reader feature (deletion vectors, column mapping, ...) not handled here."""
 
 
-def check_reader_protocol(uri: str, min_reader_version: int, reader_features: list[str] | None,
-                          configuration: dict[str, str | None] | None = None) -> None:
+def check_reader_protocol(
+    uri: str,
+    min_reader_version: int,
+    reader_features: list[str] | None,
+    configuration: dict[str, str | None] | None = None,
+) -> None:
     """Raise :class:`UnsupportedDeltaFeatureError` if a file-by-file reader would misread the table."""
     unsupported = sorted(set(reader_features or ()) - HANDLED_READER_FEATURES)
     mode = (configuration or {}).get("delta.columnMapping.mode")
@@ -113,12 +124,11 @@ class DeltaSource(SourceAdapter):
         try:
             table = DeltaTable(self.uri, version=version, storage_options=self.spec.storage_options or None)
         except TableNotFoundError as exc:
-            raise DeltaTableNotFoundError(
-                f"no Delta table at {self.uri!r} (source {self.spec.name!r}): {exc}"
-            ) from exc
+            raise DeltaTableNotFoundError(f"no Delta table at {self.uri!r} (source {self.spec.name!r}): {exc}") from exc
         protocol = table.protocol()
-        check_reader_protocol(self.uri, protocol.min_reader_version, protocol.reader_features,
-                              table.metadata().configuration)
+        check_reader_protocol(
+            self.uri, protocol.min_reader_version, protocol.reader_features, table.metadata().configuration
+        )
         return table
 
     def table(self, refresh: bool = True) -> DeltaTable:
@@ -128,8 +138,9 @@ class DeltaSource(SourceAdapter):
         elif refresh:
             self._table.update_incremental()
             protocol = self._table.protocol()
-            check_reader_protocol(self.uri, protocol.min_reader_version, protocol.reader_features,
-                                  self._table.metadata().configuration)
+            check_reader_protocol(
+                self.uri, protocol.min_reader_version, protocol.reader_features, self._table.metadata().configuration
+            )
         return self._table
 
     def version(self) -> str | None:
@@ -148,9 +159,11 @@ class DeltaSource(SourceAdapter):
         hour_col = f"partition.{self.spec.hour_column}" if self.spec.granularity == "hour" else None
         for col, name in ((date_col, self.spec.date_column), (hour_col, self.spec.hour_column)):
             if col is not None and col not in actions.column_names and actions.num_rows:
-                have = [c[len("partition."):] for c in actions.column_names if c.startswith("partition.")]
-                raise ValueError(f"{self.uri}: Delta table is not partitioned by {name!r} "
-                                 f"(partition columns: {have}); set date_column/hour_column in the source spec")
+                have = [c[len("partition.") :] for c in actions.column_names if c.startswith("partition.")]
+                raise ValueError(
+                    f"{self.uri}: Delta table is not partitioned by {name!r} "
+                    f"(partition columns: {have}); set date_column/hour_column in the source spec"
+                )
         by_key = {self._key(s): s for s in starts}
         out: dict[datetime, list[ReadTask]] = {s: [] for s in starts}
         if not actions.num_rows:
@@ -168,8 +181,16 @@ class DeltaSource(SourceAdapter):
             start = by_key.get((date_text, None if hour is None else int(hour)))
             if start is None:
                 continue
-            out[start].append(ReadTask(source=self.spec.name, partition=start, uri=self._file_uri(root, path),
-                                       size_bytes=int(size), rows=rows, version=version))
+            out[start].append(
+                ReadTask(
+                    source=self.spec.name,
+                    partition=start,
+                    uri=self._file_uri(root, path),
+                    size_bytes=int(size),
+                    rows=rows,
+                    version=version,
+                )
+            )
         for tasks in out.values():
             tasks.sort(key=lambda t: t.uri)
         return out
@@ -202,13 +223,21 @@ class DeltaSource(SourceAdapter):
             date, hour = self._key(start)
             where = f"{self.spec.date_column}={date}" + (f"/{self.spec.hour_column}={hour}" if hour is not None else "")
             rows = None if any(t.rows is None for t in tasks) else sum(t.rows or 0 for t in tasks)
-            out.append(Partition(
-                source=self.spec.name, start=start, end=start + step, ready=bool(tasks),
-                location=f"{self.uri.rstrip('/')}/{where}", version=version, files=len(tasks),
-                bytes=sum(t.size_bytes for t in tasks), rows=rows,
-                reason=None if tasks else f"no committed files for {where} at table version {version}",
-                detail={"table_version": int(version), "partition_values": where},
-            ))
+            out.append(
+                Partition(
+                    source=self.spec.name,
+                    start=start,
+                    end=start + step,
+                    ready=bool(tasks),
+                    location=f"{self.uri.rstrip('/')}/{where}",
+                    version=version,
+                    files=len(tasks),
+                    bytes=sum(t.size_bytes for t in tasks),
+                    rows=rows,
+                    reason=None if tasks else f"no committed files for {where} at table version {version}",
+                    detail={"table_version": int(version), "partition_values": where},
+                )
+            )
         return out
 
     def split(self, partition: Partition) -> list[ReadTask]:
@@ -235,7 +264,7 @@ class DeltaSource(SourceAdapter):
                 from deltalake.fs import DeltaStorageHandler
 
                 self._remote_fs = pafs.PyFileSystem(DeltaStorageHandler(root, self.spec.storage_options or None))
-            return open_parquet(self._remote_fs.open_input_file(uri[len(root) + 1:]))
+            return open_parquet(self._remote_fs.open_input_file(uri[len(root) + 1 :]))
         filesystem, path = pafs.FileSystem.from_uri(uri)
         return open_parquet(filesystem.open_input_file(path))
 
@@ -266,8 +295,9 @@ class DeltaSource(SourceAdapter):
         if missing:
             schema = self._table_schema(task.version)
             fill = [c for c in missing if schema.get_field_index(c) >= 0]
-        batches = parquet.iter_batches(batch_size=self.spec.batch_rows, columns=[c for c in columns if c in present],
-                                       use_threads=False)
+        batches = parquet.iter_batches(
+            batch_size=self.spec.batch_rows, columns=[c for c in columns if c in present], use_threads=False
+        )
         while True:
             try:
                 batch = next(batches)
@@ -284,4 +314,3 @@ class DeltaSource(SourceAdapter):
         self._tasks.clear()
         self._schemas.clear()
         self._remote_fs = None
-

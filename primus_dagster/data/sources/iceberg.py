@@ -104,7 +104,7 @@ def load_catalog_for(spec: IcebergSourceSpec | IcebergCatalogSpec, context: Sour
     props.pop("type", None)
     uri = props.get("uri", "")
     if uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(uri[len("sqlite:///") :]) or ".", exist_ok=True)
     return SqlCatalog(cat.name, **props)
 
 
@@ -201,12 +201,16 @@ class IcebergSource(SourceAdapter):
 
     def _row_filter(self, table: Table, start: datetime, end: datetime) -> BooleanExpression:
         field = self._ts_field(table)
-        return And(GreaterThanOrEqual(field.name, self._literal(field, start)),
-                   LessThan(field.name, self._literal(field, end)))
+        return And(
+            GreaterThanOrEqual(field.name, self._literal(field, start)), LessThan(field.name, self._literal(field, end))
+        )
 
     def _plan(self, table: Table, snapshot_id: int, start: datetime, end: datetime) -> list[FileScanTask]:
-        scan = table.scan(row_filter=self._row_filter(table, start, end), snapshot_id=snapshot_id,
-                          selected_fields=tuple(native_columns(self.spec.columns)))
+        scan = table.scan(
+            row_filter=self._row_filter(table, start, end),
+            snapshot_id=snapshot_id,
+            selected_fields=tuple(native_columns(self.spec.columns)),
+        )
         return list(scan.plan_files())
 
     def _bucket(self, table: Table, snapshot_id: int, starts: list[datetime]) -> dict[datetime, list[ReadTask]]:
@@ -224,10 +228,16 @@ class IcebergSource(SourceAdapter):
             high_v = from_bytes(field.field_type, high) if high is not None else None
             for start, lo, hi in limits:
                 if (low_v is None or low_v < hi) and (high_v is None or high_v >= lo):
-                    out[start].append(ReadTask(
-                        source=self.spec.name, partition=start, uri=data.file_path,
-                        size_bytes=int(data.file_size_in_bytes), rows=int(data.record_count),
-                        version=str(snapshot_id)))
+                    out[start].append(
+                        ReadTask(
+                            source=self.spec.name,
+                            partition=start,
+                            uri=data.file_path,
+                            size_bytes=int(data.file_size_in_bytes),
+                            rows=int(data.record_count),
+                            version=str(snapshot_id),
+                        )
+                    )
         for tasks in out.values():
             tasks.sort(key=lambda t: t.uri)
         return out
@@ -245,8 +255,17 @@ class IcebergSource(SourceAdapter):
         snapshot = table.current_snapshot()
         location = f"{self.spec.catalog.name}:{self.spec.table}"
         if snapshot is None:
-            return [Partition(source=self.spec.name, start=s, end=s + self._step, ready=False, location=location,
-                              reason="table has no snapshot yet (nothing committed)") for s in starts]
+            return [
+                Partition(
+                    source=self.spec.name,
+                    start=s,
+                    end=s + self._step,
+                    ready=False,
+                    location=location,
+                    reason="table has no snapshot yet (nothing committed)",
+                )
+                for s in starts
+            ]
         listed = self._bucket(table, snapshot.snapshot_id, starts)
         self._remember(snapshot.snapshot_id, listed)
         version = str(snapshot.snapshot_id)
@@ -254,13 +273,21 @@ class IcebergSource(SourceAdapter):
         for start in starts:
             tasks = listed[start]
             span = f"{self.spec.columns.ts} in [{start:%Y-%m-%dT%H:%M}Z, {start + self._step:%Y-%m-%dT%H:%M}Z)"
-            out.append(Partition(
-                source=self.spec.name, start=start, end=start + self._step, ready=bool(tasks),
-                location=f"{location}?{span}", version=version, files=len(tasks),
-                bytes=sum(t.size_bytes for t in tasks), rows=sum(t.rows or 0 for t in tasks),
-                reason=None if tasks else f"no data files with {span} in snapshot {version}",
-                detail={"snapshot_id": snapshot.snapshot_id},
-            ))
+            out.append(
+                Partition(
+                    source=self.spec.name,
+                    start=start,
+                    end=start + self._step,
+                    ready=bool(tasks),
+                    location=f"{location}?{span}",
+                    version=version,
+                    files=len(tasks),
+                    bytes=sum(t.size_bytes for t in tasks),
+                    rows=sum(t.rows or 0 for t in tasks),
+                    reason=None if tasks else f"no data files with {span} in snapshot {version}",
+                    detail={"snapshot_id": snapshot.snapshot_id},
+                )
+            )
         return out
 
     def split(self, partition: Partition) -> list[ReadTask]:
@@ -293,18 +320,27 @@ class IcebergSource(SourceAdapter):
         snapshot_id = self._snapshot_for(self.table(refresh=False), task.version, task.uri)
         table = self.table(refresh=False)
         start = task.partition
-        scan = table.scan(row_filter=self._row_filter(table, start, start + self._step), snapshot_id=snapshot_id,
-                          selected_fields=tuple(native_columns(self.spec.columns)))
+        scan = table.scan(
+            row_filter=self._row_filter(table, start, start + self._step),
+            snapshot_id=snapshot_id,
+            selected_fields=tuple(native_columns(self.spec.columns)),
+        )
         matches = [t for t in scan.plan_files() if t.file.file_path == task.uri]
         if not matches:
-            raise SourceReadError(task.uri, f"file is not part of snapshot {snapshot_id} for partition {start:%Y-%m-%dT%H}")
+            raise SourceReadError(
+                task.uri, f"file is not part of snapshot {snapshot_id} for partition {start:%Y-%m-%dT%H}"
+            )
         direct = self._direct_reader(table, matches[0], scan.io, start)
         if direct is not None:
             yield from direct
             return
-        arrow_scan = iceberg_arrow.ArrowScan(table_metadata=scan.table_metadata, io=scan.io,
-                                             projected_schema=scan.projection(), row_filter=scan.row_filter,
-                                             case_sensitive=scan.case_sensitive)
+        arrow_scan = iceberg_arrow.ArrowScan(
+            table_metadata=scan.table_metadata,
+            io=scan.io,
+            projected_schema=scan.projection(),
+            row_filter=scan.row_filter,
+            case_sensitive=scan.case_sensitive,
+        )
         stream = getattr(arrow_scan, "_record_batches_from_scan_tasks_and_deletes", None)
         read_deletes = getattr(iceberg_arrow, "_read_all_delete_files", None)
         if stream is not None and read_deletes is not None:
@@ -313,8 +349,9 @@ class IcebergSource(SourceAdapter):
         else:  # pragma: no cover - other pyiceberg versions
             yield from arrow_scan.to_record_batches(matches[:1])
 
-    def _direct_reader(self, table: Table, task: FileScanTask, io: object,
-                       start: datetime) -> Iterator[pa.RecordBatch] | None:
+    def _direct_reader(
+        self, table: Table, task: FileScanTask, io: object, start: datetime
+    ) -> Iterator[pa.RecordBatch] | None:
         """Stream a data file with bounded memory when nothing Iceberg-specific applies.
 
         Only for files without delete files whose columns map to the table schema's field
@@ -361,8 +398,9 @@ class IcebergSource(SourceAdapter):
                 except (SourceReadError, IcebergTableNotFoundError, SchemaMismatchError):
                     raise
                 except Exception as exc:  # noqa: BLE001 - any failure reading the file names it
-                    raise SourceReadError(task.uri, f"cannot read Iceberg data file "
-                                                    f"(snapshot {task.version}): {exc}") from exc
+                    raise SourceReadError(
+                        task.uri, f"cannot read Iceberg data file (snapshot {task.version}): {exc}"
+                    ) from exc
                 yield self.normalize(batch, where=task.uri)
 
         yield from _rebatch(normalised(), self.spec.batch_rows)
@@ -374,4 +412,3 @@ class IcebergSource(SourceAdapter):
         self._catalog = None
         self._table = None
         self._tasks.clear()
-

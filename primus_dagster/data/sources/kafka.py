@@ -94,8 +94,14 @@ class KafkaSource(SourceAdapter):
 
     spec: KafkaSourceSpec
 
-    def __init__(self, spec: KafkaSourceSpec, context: SourceContext, poll_timeout_s: float = 5.0,
-                 stall_timeout_s: float = 30.0, connect_timeout_s: float = 20.0):
+    def __init__(
+        self,
+        spec: KafkaSourceSpec,
+        context: SourceContext,
+        poll_timeout_s: float = 5.0,
+        stall_timeout_s: float = 30.0,
+        connect_timeout_s: float = 20.0,
+    ):
         super().__init__(spec, context)
         self.poll_timeout_s, self.stall_timeout_s = poll_timeout_s, stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -113,17 +119,25 @@ class KafkaSource(SourceAdapter):
     def bootstrap_servers(self) -> str:
         servers = self.spec.bootstrap_servers or self.context.kafka_bootstrap_servers
         if not servers:
-            raise KafkaConfigError(f"source {self.spec.name!r}: no Kafka bootstrap servers; set `bootstrap_servers` "
-                                   "on the source or configure the Kafka resource (or start the embedded broker)")
+            raise KafkaConfigError(
+                f"source {self.spec.name!r}: no Kafka bootstrap servers; set `bootstrap_servers` "
+                "on the source or configure the Kafka resource (or start the embedded broker)"
+            )
         return servers
 
     def _consumer(self, **overrides: Any) -> Any:
         from kafka import KafkaConsumer, errors  # noqa: PLC0415
 
         config: dict[str, Any] = dict(
-            bootstrap_servers=self.bootstrap_servers.split(","), group_id=None, enable_auto_commit=False,
-            auto_offset_reset="earliest", client_id=f"primus-{self.spec.name}", request_timeout_ms=30_000,
-            fetch_max_bytes=self.spec.poll_max_bytes, max_partition_fetch_bytes=self.spec.poll_max_bytes)
+            bootstrap_servers=self.bootstrap_servers.split(","),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            client_id=f"primus-{self.spec.name}",
+            request_timeout_ms=30_000,
+            fetch_max_bytes=self.spec.poll_max_bytes,
+            max_partition_fetch_bytes=self.spec.poll_max_bytes,
+        )
         if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG:  # kafka-python >= 3
             config["bootstrap_timeout_ms"] = int(self.connect_timeout_s * 1000)
         config.update(overrides)
@@ -135,7 +149,8 @@ class KafkaSource(SourceAdapter):
             return KafkaConsumer(**config)
         except unreachable as exc:
             raise KafkaConfigError(
-                f"source {self.spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({exc})") from exc
+                f"source {self.spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({exc})"
+            ) from exc
 
     def _fetch(self, tp: Any, offset: int) -> list[tuple[int, int]]:
         """``(offset, timestamp)`` of the records at and after ``offset`` returned by one fetch."""
@@ -210,12 +225,19 @@ class KafkaSource(SourceAdapter):
             if self._probe is None:
                 # Probes only need offsets and timestamps: small fetches, and no CRC pass over whole
                 # batches (pure-Python CRC32C costs ~25 ms per probe without the `crc32c` package).
-                self._probe = self._consumer(max_poll_records=64, fetch_max_wait_ms=100, fetch_max_bytes=64 * 1024,
-                                             max_partition_fetch_bytes=64 * 1024, check_crcs=False)
+                self._probe = self._consumer(
+                    max_poll_records=64,
+                    fetch_max_wait_ms=100,
+                    fetch_max_bytes=64 * 1024,
+                    max_partition_fetch_bytes=64 * 1024,
+                    check_crcs=False,
+                )
             ids = self._probe.partitions_for_topic(topic)
             if not ids:
-                return [Partition(self.spec.name, s, s + step, False, topic, reason=f"topic {topic!r} does not exist")
-                        for s in starts]
+                return [
+                    Partition(self.spec.name, s, s + step, False, topic, reason=f"topic {topic!r} does not exist")
+                    for s in starts
+                ]
             offsets: dict[int, list[int]] = {}
             last_ts: dict[int, int | None] = {}
             for tp in (TopicPartition(topic, p) for p in sorted(ids)):
@@ -232,11 +254,28 @@ class KafkaSource(SourceAdapter):
             ranges = {str(p): [row[i], row[i + 1]] for p, row in offsets.items()}
             behind = [p for p, ts in last_ts.items() if ts is None or ts < end_ms]
             latest = {p: _iso(last_ts[p]) if last_ts[p] is not None else "empty" for p in behind[:5]}
-            reason = (f"topic {topic!r}: partitions {behind[:5]} have no record at or after {_iso(end_ms)} "
-                      f"(latest event times: {latest})") if behind else None
+            reason = (
+                (
+                    f"topic {topic!r}: partitions {behind[:5]} have no record at or after {_iso(end_ms)} "
+                    f"(latest event times: {latest})"
+                )
+                if behind
+                else None
+            )
             rows = sum(e - s for s, e in ranges.values())
-            out.append(Partition(self.spec.name, start, start + step, not behind, topic, files=len(ranges),
-                                 rows=rows, reason=reason, detail={"offsets": ranges}))
+            out.append(
+                Partition(
+                    self.spec.name,
+                    start,
+                    start + step,
+                    not behind,
+                    topic,
+                    files=len(ranges),
+                    rows=rows,
+                    reason=reason,
+                    detail={"offsets": ranges},
+                )
+            )
         return out
 
     def offsets_for(self, partition: Partition) -> dict[int, tuple[int, int]]:
@@ -293,8 +332,13 @@ class KafkaSource(SourceAdapter):
         except SchemaMismatchError as exc:
             raise SourceReadError(task.uri, str(exc)) from exc
         if stats["bad_records"]:
-            log.warning("%s: skipped %d undecodable Kafka records of %d, e.g. %s", task.task_id,
-                        stats["bad_records"], stats["records"], stats["bad_examples"][:3])
+            log.warning(
+                "%s: skipped %d undecodable Kafka records of %d, e.g. %s",
+                task.task_id,
+                stats["bad_records"],
+                stats["records"],
+                stats["bad_examples"][:3],
+            )
 
     def _read(self, task: ReadTask, stats: dict[str, Any]) -> Iterator[pa.RecordBatch]:
         from kafka import TopicPartition  # noqa: PLC0415
@@ -307,8 +351,10 @@ class KafkaSource(SourceAdapter):
             consumer.assign([tp])
             begin = consumer.beginning_offsets([tp])[tp]
             if task.start < begin:
-                raise SourceReadError(task.uri, f"offsets {task.start}..{begin} were deleted (retention); "
-                                                "the range cannot be read exactly once")
+                raise SourceReadError(
+                    task.uri,
+                    f"offsets {task.start}..{begin} were deleted (retention); the range cannot be read exactly once",
+                )
             consumer.seek(tp, task.start)
             chunk: list[Any] = []
             position, last_progress = task.start, time.monotonic()
@@ -316,9 +362,12 @@ class KafkaSource(SourceAdapter):
                 records = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000)).get(tp, [])
                 if not records:
                     if time.monotonic() - last_progress > self.stall_timeout_s:
-                        raise SourceReadError(task.uri, f"no records after offset {position} in "
-                                              f"{self.stall_timeout_s:.0f}s (stop {stop}, high watermark "
-                                              f"{consumer.highwater(tp)})")
+                        raise SourceReadError(
+                            task.uri,
+                            f"no records after offset {position} in "
+                            f"{self.stall_timeout_s:.0f}s (stop {stop}, high watermark "
+                            f"{consumer.highwater(tp)})",
+                        )
                     continue
                 last_progress = time.monotonic()
                 for r in records:
@@ -333,8 +382,9 @@ class KafkaSource(SourceAdapter):
             if chunk:
                 yield from self._decode(task, chunk, stats)
 
-    def _parse_isolating(self, lines: list[bytes], lo: int, hi: int, good: list[tuple[int, int, pa.Table]],
-                         bad: list[tuple[int, str]]) -> None:
+    def _parse_isolating(
+        self, lines: list[bytes], lo: int, hi: int, good: list[tuple[int, int, pa.Table]], bad: list[tuple[int, str]]
+    ) -> None:
         """Parse ``lines[lo:hi]`` in bulk; on failure bisect until the bad records are isolated."""
         try:
             table = pj.read_json(io.BytesIO(b"\n".join(lines[lo:hi])), parse_options=self._parse_options)

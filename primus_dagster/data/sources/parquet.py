@@ -104,7 +104,10 @@ class ParquetSource(SourceAdapter):
         if marker and marker not in names:
             ready, reason = False, f"no {marker} marker in {path}"
         return Partition(
-            **base, ready=ready, reason=reason, files=len(files),
+            **base,
+            ready=ready,
+            reason=reason,
+            files=len(files),
             bytes=sum(int(e.get("size") or 0) for e in files),
             detail={"files": [(e["name"], int(e.get("size") or 0)) for e in files]},
         )

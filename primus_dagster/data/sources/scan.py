@@ -96,8 +96,10 @@ def scan_problems(scan: PartitionScan, allow_empty: bool) -> list[str]:
     """Why a scanned partition is not valid (empty list: valid)."""
     problems = [f"{uri}: {message}" if not message.startswith(uri) else message for uri, message in scan.errors]
     if scan.rows == 0 and not allow_empty and not scan.errors:
-        problems.append(f"partition {scan.partition.key} of {scan.partition.source} is empty "
-                        "(set allow_empty: true if that is expected)")
+        problems.append(
+            f"partition {scan.partition.key} of {scan.partition.source} is empty "
+            "(set allow_empty: true if that is expected)"
+        )
     part = scan.partition
     if scan.min_ts is not None and scan.max_ts is not None and (scan.min_ts < part.start or scan.max_ts >= part.end):
         problems.append(

@@ -34,8 +34,13 @@ def clock() -> FakeClock:
 def make_task(index: int, hour: int | None = None, stream: str = "history", **meta: object) -> DataTask:
     """Task ``index`` of partition ``T0 + hour`` (default: ``index`` hours)."""
     partition = T0 + timedelta(hours=index if hour is None else hour)
-    read = ReadTask(source="events", partition=partition, uri=f"s3://bucket/events/part-{index:05d}.parquet",
-                    size_bytes=1000 + index, rows=4096)
+    read = ReadTask(
+        source="events",
+        partition=partition,
+        uri=f"s3://bucket/events/part-{index:05d}.parquet",
+        size_bytes=1000 + index,
+        rows=4096,
+    )
     task = DataTask.for_read(stream, "batch", read)
     if meta:
         task.meta.update(meta)

@@ -40,11 +40,13 @@ def test_every_action_round_trips(served, clock, task_factory):
 
     a, b = client.lease("exec-a", max_tasks=2)
     assert a.task == tasks[0] and b.task == tasks[1] and a.attempt == 1 and a.deadline == clock.now + 10
-    reply = client.heartbeat(ExecutorReport("exec-a", "grpc://127.0.0.1:1", running=[a.task.task_id, "gone"],
-                                            metrics={"rows_per_s": 12.5}))
+    reply = client.heartbeat(
+        ExecutorReport("exec-a", "grpc://127.0.0.1:1", running=[a.task.task_id, "gone"], metrics={"rows_per_s": 12.5})
+    )
     assert reply["cancel"] == ["gone"] and reply["done"] is False and reply["failed"] is False
-    assert client.executors()["exec-a"] == ExecutorReport("exec-a", "grpc://127.0.0.1:1",
-                                                          [a.task.task_id, "gone"], {"rows_per_s": 12.5})
+    assert client.executors()["exec-a"] == ExecutorReport(
+        "exec-a", "grpc://127.0.0.1:1", [a.task.task_id, "gone"], {"rows_per_s": 12.5}
+    )
     b0, b1 = BatchId(a.task.task_id, 0, 64), BatchId(a.task.task_id, 64, 64)
     assert client.claim("t0", b0) is True and client.claim("t1", b0) is False
     assert client.claim_many("t1", [b1, b0]) == [True, False]
@@ -64,8 +66,15 @@ def test_every_action_round_trips(served, clock, task_factory):
     [again] = client.lease("exec-b")
     assert again.task == b.task and again.attempt == 2
     client.fail("exec-b", b.task.task_id, "disk full again")
-    assert client.failure_report() == [{"task_id": b.task.task_id, "uri": b.task.read.uri, "attempts": 2,
-                                        "failures": 2, "error": "disk full again (executor exec-b, attempt 2)"}]
+    assert client.failure_report() == [
+        {
+            "task_id": b.task.task_id,
+            "uri": b.task.read.uri,
+            "attempts": 2,
+            "failures": 2,
+            "error": "disk full again (executor exec-b, attempt 2)",
+        }
+    ]
     client.raise_if_failed()  # 1 of 4 is within 30 %
     raw = flight.FlightClient(server.location)
     assert {a.type for a in raw.list_actions()} == set(ACTIONS)
@@ -90,7 +99,8 @@ def test_errors_come_back_typed(served, task_factory):
     with pytest.raises(JobFailedError) as caught:
         client.raise_if_failed()
     assert caught.value.total == 2 and {r["error"] for r in caught.value.report} == {
-        "corrupt for good (executor e, attempt 2)"}
+        "corrupt for good (executor e, attempt 2)"
+    }
 
 
 def test_retried_claim_gets_the_first_answer(served, task_factory):
@@ -98,10 +108,12 @@ def test_retried_claim_gets_the_first_answer(served, task_factory):
     task = task_factory(0)
     driver.add_tasks([task])
     raw = flight.FlightClient(server.location)
-    body = json.dumps({"trainer_id": "t0", "request_id": "r-1",
-                       "batch": {"task_id": task.task_id, "first_row": 0, "rows": 8}}).encode()
-    answers = [json.loads(b"".join(r.body.to_pybytes() for r in raw.do_action(flight.Action("claim", body))))
-               for _ in range(2)]
+    body = json.dumps(
+        {"trainer_id": "t0", "request_id": "r-1", "batch": {"task_id": task.task_id, "first_row": 0, "rows": 8}}
+    ).encode()
+    answers = [
+        json.loads(b"".join(r.body.to_pybytes() for r in raw.do_action(flight.Action("claim", body)))) for _ in range(2)
+    ]
     assert answers == [{"first": True}, {"first": True}]  # same request id: the retry is not a second claim
     assert client.claim("t1", BatchId(task.task_id, 0, 8)) is False
     raw.close()

@@ -27,9 +27,17 @@ def test_rowset_is_a_sorted_set():
 
 def test_task_payload_round_trips(task_factory):
     left = task_factory(1, pad="x", nested={"a": [1, 2]})
-    joined = DataTask(task_id="join:1", stream="clicks", kind="stream", partition=left.partition,
-                      read=left.read, right_reads=(task_factory(2).read, replace(task_factory(3).read, stop=9)),
-                      join=JoinInfo("impressions", "clicks", "request_id", 3600.0), size_bytes=7, meta={"k": 1})
+    joined = DataTask(
+        task_id="join:1",
+        stream="clicks",
+        kind="stream",
+        partition=left.partition,
+        read=left.read,
+        right_reads=(task_factory(2).read, replace(task_factory(3).read, stop=9)),
+        join=JoinInfo("impressions", "clicks", "request_id", 3600.0),
+        size_bytes=7,
+        meta={"k": 1},
+    )
     for task in (left, joined):
         assert json.loads(json.dumps(task.to_dict())) == task.to_dict()
         assert DataTask.from_dict(task.to_dict()) == task

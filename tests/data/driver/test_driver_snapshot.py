@@ -63,8 +63,13 @@ def test_restore_forgets_claims_after_barrier_and_reserves_unconsumed(clock, tas
 
     restored = DataDriver.restore(json.loads(json.dumps(snap)), clock=clock)
     state = {t.task_id: restored.task_info(t.task_id)["state"] for t in (done, partial, running, failed, fresh)}
-    assert state == {done.task_id: "succeeded", partial.task_id: "pending", running.task_id: "pending",
-                     failed.task_id: "failed", fresh.task_id: "pending"}
+    assert state == {
+        done.task_id: "succeeded",
+        partial.task_id: "pending",
+        running.task_id: "pending",
+        failed.task_id: "failed",
+        fresh.task_id: "pending",
+    }
     assert restored.task_info(running.task_id)["attempts"] == 1
     leases = {lease.task.task_id: lease for lease in restored.lease("e2", max_tasks=10)}
     assert set(leases) == {partial.task_id, running.task_id, fresh.task_id}
@@ -108,7 +113,9 @@ def _simulate(seed: int, tasks_n: int, tmp_path, task_factory) -> None:
                 if ex not in active:
                     for lease in driver.lease(ex):
                         skip = set(lease.claimed_rows)
-                        todo = deque(b for b in layout[lease.task.task_id] if b.first_row not in skip or rng.random() < .1)
+                        todo = deque(
+                            b for b in layout[lease.task.task_id] if b.first_row not in skip or rng.random() < 0.1
+                        )
                         active[ex] = (lease.task.task_id, todo)
                     continue
                 task_id, todo = active[ex]

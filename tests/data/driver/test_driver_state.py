@@ -180,8 +180,9 @@ def test_claim_dedup_and_claimed_rows_on_relase(clock, task_factory):
     [lease] = driver.lease("a")
     assert driver.claim("t0", BatchId(task.task_id, 0, 100))
     assert not driver.claim("t1", BatchId(task.task_id, 0, 100))  # served twice: dropped
-    assert driver.claim_many("t0", [BatchId(task.task_id, 200, 100), BatchId(task.task_id, 100, 100),
-                                    BatchId(task.task_id, 200, 100)]) == [True, True, False]
+    assert driver.claim_many(
+        "t0", [BatchId(task.task_id, 200, 100), BatchId(task.task_id, 100, 100), BatchId(task.task_id, 200, 100)]
+    ) == [True, True, False]
     clock.advance(6)
     [again] = driver.lease("b")
     assert again.attempt == 2 and again.claimed_rows == (0, 100, 200)

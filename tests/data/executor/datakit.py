@@ -28,18 +28,21 @@ def native(start: datetime, n: int, first_id: int) -> pa.Table:
     """Native rows: sample_id, event_time, click, d0, d1, user_id."""
     rng = np.random.default_rng(first_id)
     ts = np.datetime64(start.replace(tzinfo=None), "us") + np.sort(rng.integers(0, 3600, n)).astype("timedelta64[s]")
-    return pa.table({
-        "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
-        "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "click": pa.array(rng.integers(0, 2, n), pa.int32()),
-        "d0": pa.array(rng.random(n, dtype=np.float32), pa.float32()),
-        "d1": pa.array(rng.random(n, dtype=np.float32), pa.float32()),
-        "user_id": pa.array(rng.integers(0, 100, n), pa.int64()),
-    })
+    return pa.table(
+        {
+            "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
+            "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "click": pa.array(rng.integers(0, 2, n), pa.int32()),
+            "d0": pa.array(rng.random(n, dtype=np.float32), pa.float32()),
+            "d1": pa.array(rng.random(n, dtype=np.float32), pa.float32()),
+            "user_id": pa.array(rng.integers(0, 100, n), pa.int64()),
+        }
+    )
 
 
-def write_tree(root: Path, rel: str = "pq", hours: int = 2, files: int = 2, rows: int = 250,
-               first_id: int = 0) -> list[int]:
+def write_tree(
+    root: Path, rel: str = "pq", hours: int = 2, files: int = 2, rows: int = 250, first_id: int = 0
+) -> list[int]:
     """Hive-layout hourly partitions under ``root/rel`` with ``_SUCCESS``; returns all sample ids."""
     ids: list[int] = []
     next_id = first_id
@@ -65,8 +68,15 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
     return True
 
 
-def job_text(batch_rows: int = 100, trainers: int = 1, buffer_batches: int = 4, task_runners: int = 2,
-             shuffle: str = "rebalance", lease: str = "4s", stream_source: bool = False) -> str:
+def job_text(
+    batch_rows: int = 100,
+    trainers: int = 1,
+    buffer_batches: int = 4,
+    task_runners: int = 2,
+    shuffle: str = "rebalance",
+    lease: str = "4s",
+    stream_source: bool = False,
+) -> str:
     extra = ""
     if stream_source:
         extra = f"""
@@ -152,8 +162,9 @@ class FakeDriver:
                     rec.state, rec.owner = "running", executor_id
                     rec.attempts += 1
                     self.leases.append((executor_id, task_id))
-                    out.append(Lease(rec.task, rec.attempts, time.monotonic() + 60,
-                                     tuple(sorted(self.claimed[task_id]))))
+                    out.append(
+                        Lease(rec.task, rec.attempts, time.monotonic() + 60, tuple(sorted(self.claimed[task_id])))
+                    )
             return out
 
     def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:

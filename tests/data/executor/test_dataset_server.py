@@ -38,8 +38,10 @@ def test_do_get_streams_each_trainer_until_done(tmp_path: Path) -> None:
     with DataExecutor(driver, job, "data-0", str(tmp_path), heartbeat_s=0.05) as executor:
         assert executor.location.startswith("grpc://127.0.0.1:")
         results: dict[int, list] = {}
-        threads = [threading.Thread(target=lambda t=t: results.__setitem__(t, read_stream(executor.location, t)))
-                   for t in (0, 1)]
+        threads = [
+            threading.Thread(target=lambda t=t: results.__setitem__(t, read_stream(executor.location, t)))
+            for t in (0, 1)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -73,8 +75,9 @@ def test_token_is_required_and_checked(tmp_path: Path) -> None:
 def test_bad_tickets_are_rejected(tmp_path: Path) -> None:
     write_tree(tmp_path, hours=1, files=1, rows=5)
     job = job_spec()
-    with DataExecutor(FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path),
-                      heartbeat_s=0.05) as executor:
+    with DataExecutor(
+        FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path), heartbeat_s=0.05
+    ) as executor:
         client = fl.connect(executor.location)
         for ticket in (b"nope", b'{"trainer": 7}', b'{"trainer": "0"}'):
             with pytest.raises(fl.FlightServerError, match="bad ticket"):
@@ -89,8 +92,9 @@ def test_bad_tickets_are_rejected(tmp_path: Path) -> None:
 def test_slow_ms_per_batch_slows_serving(tmp_path: Path) -> None:
     write_tree(tmp_path, hours=1, files=1, rows=100)
     job = job_spec(batch_rows=10)
-    with DataExecutor(FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path),
-                      heartbeat_s=0.05, slow_ms_per_batch=30) as executor:
+    with DataExecutor(
+        FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path), heartbeat_s=0.05, slow_ms_per_batch=30
+    ) as executor:
         start = time.monotonic()
         got = read_stream(executor.location, 0)
         elapsed = time.monotonic() - start

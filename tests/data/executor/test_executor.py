@@ -68,7 +68,8 @@ def test_every_row_once_with_deterministic_batch_ids(tmp_path: Path) -> None:
     again = FakeDriver(tasks[:1])
     (items2,) = run_all(DataExecutor(again, job, "data-1", str(tmp_path), serve=False, heartbeat_s=0.05))
     assert [(i.meta.task_id, i.meta.first_row, i.meta.rows) for i in items2] == [
-        (tasks[0].task_id, f, n) for f, n in by_task[tasks[0].task_id]]
+        (tasks[0].task_id, f, n) for f, n in by_task[tasks[0].task_id]
+    ]
     # A heartbeat carried the metrics.
     metrics = driver.heartbeats[-1].metrics
     assert set(metrics) >= {"rows_per_s", "batches_per_s", "buffer_fill", "cpu", "rss_bytes", "tasks_running"}
@@ -142,8 +143,9 @@ def join_task(tmp_path: Path, key: str = "sample_id") -> tuple[DataTask, object,
     (left,) = [t for t in plan(job, tmp_path, hours=1) if t.read.source == "imps"]
     right = tuple(t.read for t in plan(job, tmp_path, hours=2) if t.read.source == "clicks")
     assert len(right) == 2 and len(ids) == 100
-    task = DataTask(left.task_id, "ctr", "batch", left.partition, left.read, right,
-                    JoinInfo("imps", "clicks", key, 900.0))
+    task = DataTask(
+        left.task_id, "ctr", "batch", left.partition, left.read, right, JoinInfo("imps", "clicks", key, 900.0)
+    )
     return task, job, imps
 
 
@@ -217,8 +219,7 @@ def test_wire_round_trip_restores_canonical_columns(tmp_path: Path) -> None:
     write_tree(tmp_path, hours=1, files=1, rows=30)
     job = job_spec(batch_rows=30)
     (task,) = plan(job, tmp_path, hours=1)
-    (items,) = run_all(DataExecutor(FakeDriver([task]), job, "data-0", str(tmp_path), serve=False,
-                                    heartbeat_s=0.05))
+    (items,) = run_all(DataExecutor(FakeDriver([task]), job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05))
     canonical, meta = from_wire(items[0].wire, items[0].raw_meta)
     assert canonical.schema.field("kind").type == pa.dictionary(pa.int32(), pa.string())
     assert set(canonical.column("source").to_pylist()) == {"src"} and meta.batch_id.first_row == 0
@@ -229,8 +230,9 @@ def test_wire_round_trip_restores_canonical_columns(tmp_path: Path) -> None:
 def test_rebalance_sends_more_to_the_trainer_that_keeps_up(tmp_path: Path) -> None:
     ids = write_tree(tmp_path, hours=1, files=2, rows=400)
     job = job_spec(batch_rows=10, trainers=2, buffer_batches=2, shuffle="rebalance")
-    executor = DataExecutor(FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path), serve=False,
-                            heartbeat_s=0.05)
+    executor = DataExecutor(
+        FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05
+    )
     fast: list[Item] = []
     slow: list[Item] = []
 

@@ -34,14 +34,15 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
             proc.wait(5)
         if proc.stdout:
             proc.stdout.close()
-    assert not any(psutil.pid_exists(p.pid) and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE
-                   for p in procs)
+    assert not any(psutil.pid_exists(p.pid) and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE for p in procs)
 
 
 def read_trainer(location: str, trainer: int, out: dict[int, list[int]], errors: list[BaseException]) -> None:
     try:
-        with DriverClient(location, token=TOKEN) as client, \
-                RemoteReader(client, trainer, token=TOKEN, framework="numpy", refresh_s=0.1, prefetch=64) as reader:
+        with (
+            DriverClient(location, token=TOKEN) as client,
+            RemoteReader(client, trainer, token=TOKEN, framework="numpy", refresh_s=0.1, prefetch=64) as reader,
+        ):
             out[trainer] = [i for batch in reader for i in batch.sample_id.tolist()]
     except BaseException as exc:  # noqa: BLE001 - reported by the test thread
         errors.append(exc)
@@ -57,8 +58,9 @@ def setup(tmp_path: Path, lease: str, batch_rows: int, rows: int) -> tuple[list[
 
 
 def config(server: DriverServer, tmp_path: Path, spec: Path, i: int, **kw: object) -> ExecutorConfig:
-    return ExecutorConfig(driver=server.location, executor_id=f"data-{i}", job_spec=str(spec),
-                          data_root=str(tmp_path), linger_s=0.5, **kw)  # type: ignore[arg-type]
+    return ExecutorConfig(
+        driver=server.location, executor_id=f"data-{i}", job_spec=str(spec), data_root=str(tmp_path), linger_s=0.5, **kw
+    )  # type: ignore[arg-type]
 
 
 def test_two_executor_processes_deliver_every_sample_once(tmp_path: Path) -> None:
@@ -92,8 +94,9 @@ def test_killed_executor_is_replaced_without_loss_or_duplicates(tmp_path: Path) 
     procs: list[subprocess.Popen] = []
     with DriverServer(driver, token=TOKEN) as server:
         try:
-            victim = start_executor_process(config(server, tmp_path, spec, 0, slow_ms_per_batch=40,
-                                                   heartbeat_s=0.2), token=TOKEN)
+            victim = start_executor_process(
+                config(server, tmp_path, spec, 0, slow_ms_per_batch=40, heartbeat_s=0.2), token=TOKEN
+            )
             procs.append(victim)
             wait_ready(victim, timeout=30)
             out: dict[int, list[int]] = {}
@@ -137,8 +140,15 @@ def test_sigterm_stops_an_executor_cleanly(tmp_path: Path) -> None:
 
 
 def test_command_line_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = ExecutorConfig(driver="grpc://127.0.0.1:1", executor_id="data-2", job_spec="j.yaml", data_root="/d",
-                         trainers=3, executor_index=5, slow_ms_per_batch=2.5)
+    cfg = ExecutorConfig(
+        driver="grpc://127.0.0.1:1",
+        executor_id="data-2",
+        job_spec="j.yaml",
+        data_root="/d",
+        trainers=3,
+        executor_index=5,
+        slow_ms_per_batch=2.5,
+    )
     monkeypatch.setenv("PRIMUS_DATA_TOKEN", "from-env")
     parsed, token = parse_args(cfg.argv())
     assert parsed == cfg and token == "from-env"

@@ -155,11 +155,17 @@ def test_reader_rejects_stale_or_missing_slots(shm_root: Path) -> None:
 
 # ----------------------------------------------------------------------------- unit: directories, sweeping
 def test_dead_owner_directories_are_swept(shm_root: Path) -> None:
-    code = ("import sys, time; from primus_dagster.data.executor.shm import ShmDir, SlotPool; import pyarrow as pa;"
-            "d = ShmDir(); p = SlotPool(d); p.put(pa.record_batch({'x': pa.array(range(100))}));"
-            "print(d.path, flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PRIMUS_SHM_DIR": str(shm_root)})
+    code = (
+        "import sys, time; from primus_dagster.data.executor.shm import ShmDir, SlotPool; import pyarrow as pa;"
+        "d = ShmDir(); p = SlotPool(d); p.put(pa.record_batch({'x': pa.array(range(100))}));"
+        "print(d.path, flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PRIMUS_SHM_DIR": str(shm_root)},
+    )
     assert proc.stdout is not None
     path = Path(proc.stdout.readline().strip())
     live = ShmDir()
@@ -230,8 +236,9 @@ def test_batches_outlive_the_stream_and_the_executor(shm_root: Path, tmp_path: P
     assert all(float(b.dense.sum()) >= 0 for b in held)
 
 
-def test_fallback_when_the_reader_or_the_executor_says_no(shm_root: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fallback_when_the_reader_or_the_executor_says_no(
+    shm_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ids, driver, executor = run_executor(tmp_path)
     with executor:
         with RemoteReader(driver, 0, [executor.location], framework="numpy", shm=False) as reader:
@@ -293,8 +300,13 @@ def test_reader_sigkill_leaks_nothing(shm_root: Path, tmp_path: Path) -> None:
     with executor:
         assert executor.server is not None and executor.server.shm is not None
         directory = executor.server.shm.path
-        proc = subprocess.run([sys.executable, "-c", READER_THEN_SIGKILL, executor.location], capture_output=True,
-                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        proc = subprocess.run(
+            [sys.executable, "-c", READER_THEN_SIGKILL, executor.location],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
         assert proc.returncode == -signal.SIGKILL and int(proc.stdout) == 50, proc.stderr
         assert wait_until(executor.server.idle, 10)  # the executor saw the stream cancelled ...
         assert slot_files(directory) == []  # ... and unlinked the slot files the reader had not mapped
@@ -313,8 +325,14 @@ def test_executor_sigkill_directory_is_removed_by_the_reader(shm_root: Path, tmp
     driver = DataDriver(max_attempts=5, lease_s=2.0, trainers=1)
     driver.add_tasks(plan(job, tmp_path, hours=1))
     with DriverServer(driver) as server:
-        config = ExecutorConfig(driver=server.location, executor_id="data-0", job_spec=str(spec),
-                                data_root=str(tmp_path), slow_ms_per_batch=50, linger_s=0.2)
+        config = ExecutorConfig(
+            driver=server.location,
+            executor_id="data-0",
+            job_spec=str(spec),
+            data_root=str(tmp_path),
+            slow_ms_per_batch=50,
+            linger_s=0.2,
+        )
         proc = start_executor_process(config)
         try:
             address = wait_ready(proc, 30)

@@ -22,14 +22,19 @@ def dataset(streams: list[dict], **extra) -> DatasetSpec:
 
 
 def test_fusion_shares_one_source_op_across_streams() -> None:
-    ds = dataset([
-        {"name": "a", "sources": [pq_source("imp_a", "pq/imp"), pq_source("clk_a", "pq/clk")]},
-        {"name": "b", "sources": [
-            pq_source("imp_b", "./pq/imp/", columns={"ts": "t", "dense": "dense_list"}, kind="stream"),
-            pq_source("clk_b", "/root/pq/clk"),  # the same directory, written absolute
-            pq_source("imp_marker", "pq/imp", success_marker=None),  # lists differently: own op
-        ]},
-    ])
+    ds = dataset(
+        [
+            {"name": "a", "sources": [pq_source("imp_a", "pq/imp"), pq_source("clk_a", "pq/clk")]},
+            {
+                "name": "b",
+                "sources": [
+                    pq_source("imp_b", "./pq/imp/", columns={"ts": "t", "dense": "dense_list"}, kind="stream"),
+                    pq_source("clk_b", "/root/pq/clk"),  # the same directory, written absolute
+                    pq_source("imp_marker", "pq/imp", success_marker=None),  # lists differently: own op
+                ],
+            },
+        ]
+    )
     graph = compile_graph(ds, SourceContext("/root"))
     ops = {op.id: op for op in graph.sources}
     assert len(ops) == 3
@@ -48,19 +53,34 @@ def test_fusion_shares_one_source_op_across_streams() -> None:
 
 def test_fusion_key_ignores_consumer_settings_but_not_location_or_type() -> None:
     ctx = SourceContext("/data")
-    ds = dataset([{"name": "s", "sources": [
-        pq_source("x", "p", batch_rows=10, label_delay="1h"), pq_source("y", "/data/p"),
-        pq_source("z", "p", granularity="day"),
-        {"name": "d", "type": "delta", "uri": "p", "columns": COLUMNS},
-    ]}])
+    ds = dataset(
+        [
+            {
+                "name": "s",
+                "sources": [
+                    pq_source("x", "p", batch_rows=10, label_delay="1h"),
+                    pq_source("y", "/data/p"),
+                    pq_source("z", "p", granularity="day"),
+                    {"name": "d", "type": "delta", "uri": "p", "columns": COLUMNS},
+                ],
+            }
+        ]
+    )
     keys = {s.name: fusion_key(s, ctx) for _, s in ds.all_sources()}
     assert keys["x"] == keys["y"]
     assert keys["x"] != keys["z"] and keys["x"] != keys["d"]
 
 
 def test_join_stream_compiles_joiner_between_sources_and_sink() -> None:
-    ds = dataset([{"name": "labelled", "sources": [pq_source("imp", "imp"), pq_source("clk", "clk")],
-                   "join": {"left": "imp", "right": "clk", "key": "sample_id", "lateness": "15m"}}])
+    ds = dataset(
+        [
+            {
+                "name": "labelled",
+                "sources": [pq_source("imp", "imp"), pq_source("clk", "clk")],
+                "join": {"left": "imp", "right": "clk", "key": "sample_id", "lateness": "15m"},
+            }
+        ]
+    )
     graph = compile_graph(ds, SourceContext("/d"))
     joiner = graph.joiner_of("labelled")
     assert isinstance(joiner, JoinerOp) and joiner.lateness == timedelta(minutes=15)
@@ -86,13 +106,23 @@ def test_timer_emits_hour_and_day_partitions_chronologically() -> None:
 
 
 def test_timer_ticks_follow_the_slide() -> None:
-    ds = dataset([{"name": "s", "window": "2d", "slide": "1d",
-                   "sources": [pq_source("h", "h"), pq_source("d", "d", granularity="day")]},
-                  {"name": "t", "sources": [pq_source("only_hours", "x")]}])
+    ds = dataset(
+        [
+            {
+                "name": "s",
+                "window": "2d",
+                "slide": "1d",
+                "sources": [pq_source("h", "h"), pq_source("d", "d", granularity="day")],
+            },
+            {"name": "t", "sources": [pq_source("only_hours", "x")]},
+        ]
+    )
     graph = compile_graph(ds, SourceContext("/d"))
     by_stream = {t.stream: t for t in graph.timers}
     assert by_stream["s"].slide == timedelta(days=1) and by_stream["t"].slide == timedelta(hours=1)
     ticks = by_stream["s"].ticks(TimeWindow(T0 + timedelta(hours=12), T0 + timedelta(days=2)))
-    assert [(t.start, t.end) for t in ticks] == [(T0 + timedelta(hours=12), T0 + timedelta(days=1)),
-                                                 (T0 + timedelta(days=1), T0 + timedelta(days=2))]
+    assert [(t.start, t.end) for t in ticks] == [
+        (T0 + timedelta(hours=12), T0 + timedelta(days=1)),
+        (T0 + timedelta(days=1), T0 + timedelta(days=2)),
+    ]
     assert len(aligned_windows(TimeWindow(T0, T0 + timedelta(hours=5)), timedelta(hours=2))) == 3

@@ -27,12 +27,17 @@ def make_data(seed: int, n_left: int = 4000, n_right: int = 3000) -> tuple[pa.Ta
     offsets = rng.choice([-60, 0, 1, 300, 899, 900, 901, 1800], n_right) * US
     right_key = np.where(rng.random(n_right) < 0.9, left_key[pick], rng.integers(5000, 6000, n_right))
     right_ts = left_ts[pick] + offsets
-    left = pa.table({"sample_id": pa.array(left_key, pa.int64()),
-                     "ts": pa.array(left_ts, pa.timestamp("us", tz="UTC")),
-                     "label": pa.array(np.full(n_left, 7.0), pa.float32()),
-                     "d": pa.array(rng.random(n_left), pa.float32())})
-    right = pa.table({"sample_id": pa.array(right_key, pa.int64()),
-                      "ts": pa.array(right_ts, pa.timestamp("us", tz="UTC"))})
+    left = pa.table(
+        {
+            "sample_id": pa.array(left_key, pa.int64()),
+            "ts": pa.array(left_ts, pa.timestamp("us", tz="UTC")),
+            "label": pa.array(np.full(n_left, 7.0), pa.float32()),
+            "d": pa.array(rng.random(n_left), pa.float32()),
+        }
+    )
+    right = pa.table(
+        {"sample_id": pa.array(right_key, pa.int64()), "ts": pa.array(right_ts, pa.timestamp("us", tz="UTC"))}
+    )
     return left, right
 
 
@@ -41,8 +46,7 @@ def reference(left: pa.Table, right: pa.Table, watermark: datetime | None) -> li
     rows = left.select(["sample_id", "ts"]).append_column("row", pa.array(np.arange(len(left))))
     joined = rows.join(right.rename_columns(["sample_id", "r_ts"]), keys="sample_id", join_type="inner")
     upper = pc.add(joined["ts"], pa.scalar(LATENESS, pa.duration("us")))
-    hit = joined.filter(pc.and_(pc.greater_equal(joined["r_ts"], joined["ts"]),
-                                pc.less_equal(joined["r_ts"], upper)))
+    hit = joined.filter(pc.and_(pc.greater_equal(joined["r_ts"], joined["ts"]), pc.less_equal(joined["r_ts"], upper)))
     matched = set(hit["row"].to_pylist())
     out = []
     for i, ts in enumerate(left["ts"].to_pylist()):
@@ -73,9 +77,12 @@ def test_join_labels_match_pyarrow_table_join(watermark: datetime | None) -> Non
 def test_join_labels_edge_cases() -> None:
     ts = pa.array([T0, T0, None, T0], pa.timestamp("ms", tz="UTC"))
     left = pa.table({"k": pa.array(["a", "b", "a", None]), "ts": ts})
-    right = pa.table({"k": pa.array(["a", "a", None, "b"]),
-                      "ts": pa.array([T0 + LATENESS, None, T0, T0 - timedelta(seconds=1)],
-                                     pa.timestamp("us", tz="UTC"))})
+    right = pa.table(
+        {
+            "k": pa.array(["a", "a", None, "b"]),
+            "ts": pa.array([T0 + LATENESS, None, T0, T0 - timedelta(seconds=1)], pa.timestamp("us", tz="UTC")),
+        }
+    )
     out = join_labels(left, right, JoinInfo("l", "r", "k", LATENESS.total_seconds()))
     assert out["label"].to_pylist() == [1.0, 0.0, None, 0.0]  # end inclusive; before ts never counts
     empty = join_labels(left, right.slice(0, 0), JoinInfo("l", "r", "k", 900.0), watermark=T0)

@@ -116,13 +116,15 @@ def test_slide_by_one_hour_lists_only_the_new_hour(tmp_path: Path) -> None:
     # Not-ready partitions are never cached: they are listed again each time.
     spy.calls.clear()
     planner.plan(TimeWindow(T0 + 29 * H, T0 + 31 * H))
-    assert sorted(spy.calls) == [("clk", T0 + 29 * H), ("clk", T0 + 30 * H), ("imp", T0 + 29 * H),
-                                 ("imp", T0 + 30 * H)]
+    assert sorted(spy.calls) == [("clk", T0 + 29 * H), ("clk", T0 + 30 * H), ("imp", T0 + 29 * H), ("imp", T0 + 30 * H)]
     spy.calls.clear()
     again = planner.plan(TimeWindow(T0 + 29 * H, T0 + 31 * H))
     assert sorted(spy.calls) == [("clk", T0 + 30 * H), ("imp", T0 + 30 * H)]
-    assert {(p.source, p.state) for p in again.not_ready} == {("clk_h", "not_ready"), ("imp_h", "not_ready"),
-                                                             ("imp_f", "not_ready")}
+    assert {(p.source, p.state) for p in again.not_ready} == {
+        ("clk_h", "not_ready"),
+        ("imp_h", "not_ready"),
+        ("imp_f", "not_ready"),
+    }
 
 
 def test_thread_count_is_respected(tmp_path: Path) -> None:
@@ -131,7 +133,8 @@ def test_thread_count_is_respected(tmp_path: Path) -> None:
     for threads in (1, 3):
         spy = Spy(delay=0.02)
         Planner(two_streams(), SourceContext(str(tmp_path)), threads=threads, adapter_factory=spy).plan(
-            TimeWindow.hours_from(T0, 12))
+            TimeWindow.hours_from(T0, 12)
+        )
         assert len(spy.threads) <= threads and all(name.startswith("dtgg") for name in spy.threads)
         assert spy.peak <= threads
         if threads == 3:
@@ -183,7 +186,8 @@ def test_window_is_clipped_to_dataset_and_errors_are_reported(tmp_path: Path) ->
         return adapter
 
     plan = Planner(two_streams(), SourceContext(str(tmp_path)), adapter_factory=broken).plan(
-        TimeWindow.hours_from(T0, 2))
+        TimeWindow.hours_from(T0, 2)
+    )
     errors = [p for p in plan.not_ready if p.state == "error"]
     assert len(errors) == 2 and "namenode down" in errors[0].reason
     assert plan.counts[("history", "imp_h")].tasks == 6
@@ -197,14 +201,15 @@ def test_empty_ready_partition_needs_allow_empty(tmp_path: Path) -> None:
 
 
 def test_task_block_round_trips_and_is_compact() -> None:
-    tasks = [ReadTask("a", T0, f"/data/imp/dt=2026-11-01/hour=00/part-{i:05d}.parquet", size_bytes=1000 + i)
-             for i in reversed(range(2000))]
+    tasks = [
+        ReadTask("a", T0, f"/data/imp/dt=2026-11-01/hour=00/part-{i:05d}.parquet", size_bytes=1000 + i)
+        for i in reversed(range(2000))
+    ]
     block = TaskBlock.from_tasks(T0, None, tasks)
     assert [block.read_task(i, "a") for i in range(len(block))] == sorted(tasks, key=lambda t: t.task_id)
     assert block.read_task(0, "b").source == "b" and block.bytes == sum(t.size_bytes for t in tasks)
     spans = [ReadTask("k", T0, "topic:0", s, s + 10, rows=10, version="7") for s in (20, 0, 10)]
-    assert [b.task_id for b in TaskBlock.from_tasks(T0, "7", spans).read_tasks("k")] == sorted(
-        t.task_id for t in spans)
+    assert [b.task_id for b in TaskBlock.from_tasks(T0, "7", spans).read_tasks("k")] == sorted(t.task_id for t in spans)
     names = [f"/data/imp/dt=2026-11-01/hour=00/part-{i:05d}.parquet" for i in range(20_000)]
     many = [ReadTask("a", T0, name, size_bytes=i) for i, name in enumerate(names)]
     del names
@@ -219,8 +224,7 @@ def test_task_block_round_trips_and_is_compact() -> None:
 
 def test_listing_cache_is_bounded_by_files() -> None:
     cache = ListingCache(max_files=5)
-    blocks = [TaskBlock.from_tasks(T0 + i * H, None, [ReadTask("a", T0, f"f{j}") for j in range(2)])
-              for i in range(4)]
+    blocks = [TaskBlock.from_tasks(T0 + i * H, None, [ReadTask("a", T0, f"f{j}") for j in range(2)]) for i in range(4)]
     for i, block in enumerate(blocks):
         cache.put("k", T0 + i * H, None, block)
     assert cache.files <= 5 and cache.get("k", T0, None) is None and cache.get("k", T0 + 3 * H, None) is blocks[3]
@@ -235,11 +239,21 @@ def test_mixed_granularity_order_matches_order_key(tmp_path: Path) -> None:
         for i in range(3):
             (directory / f"f{i}.parquet").write_bytes(b"y")
         (directory / "_SUCCESS").touch()
-    ds = DatasetSpec.model_validate({"start": "2026-11-01", "streams": [
-        {"name": "s", "sources": [
-            {"name": "imp", "type": "parquet", "path": "imp", "columns": COLUMNS},
-            {"name": "day", "type": "parquet", "path": "daily", "granularity": "day", "columns": COLUMNS}]},
-        {"name": "a", "sources": [{"name": "imp_a", "type": "parquet", "path": "imp", "columns": COLUMNS}]}]})
+    ds = DatasetSpec.model_validate(
+        {
+            "start": "2026-11-01",
+            "streams": [
+                {
+                    "name": "s",
+                    "sources": [
+                        {"name": "imp", "type": "parquet", "path": "imp", "columns": COLUMNS},
+                        {"name": "day", "type": "parquet", "path": "daily", "granularity": "day", "columns": COLUMNS},
+                    ],
+                },
+                {"name": "a", "sources": [{"name": "imp_a", "type": "parquet", "path": "imp", "columns": COLUMNS}]},
+            ],
+        }
+    )
     plan = Planner(ds, SourceContext(str(tmp_path)), threads=2).plan(TimeWindow(T0 + 20 * H, T0 + 30 * H))
     tasks = list(plan.tasks)
     assert len(tasks) == 2 * 10 * 2 + 2 * 3

@@ -36,13 +36,19 @@ def native_rows(start: datetime, n: int, first_id: int, daily: bool = False) -> 
     return table
 
 
-def make_spec(uri: str, granularity: str = "hour", batch_rows: int = 65536,
-              dense: list[str] = DENSE) -> DeltaSourceSpec:
-    return DeltaSourceSpec.model_validate({
-        "name": "imp_delta", "type": "delta", "uri": uri, "granularity": granularity,
-        "batch_rows": batch_rows,
-        "columns": {"ts": "event_time", "label": "click", "id": "sample_id", "dense": dense, "sparse": SPARSE},
-    })
+def make_spec(
+    uri: str, granularity: str = "hour", batch_rows: int = 65536, dense: list[str] = DENSE
+) -> DeltaSourceSpec:
+    return DeltaSourceSpec.model_validate(
+        {
+            "name": "imp_delta",
+            "type": "delta",
+            "uri": uri,
+            "granularity": granularity,
+            "batch_rows": batch_rows,
+            "columns": {"ts": "event_time", "label": "click", "id": "sample_id", "dense": dense, "sparse": SPARSE},
+        }
+    )
 
 
 def append(path: Path, table: pa.Table, daily: bool = False, **kwargs: object) -> None:
@@ -60,8 +66,6 @@ def hourly(tmp_path: Path) -> tuple[Path, dict[int, pa.Table]]:
             written[h].append(part)
         append(path, pa.concat_tables(parts))
     return path, {h: pa.concat_tables(ts) for h, ts in written.items()}
-
-
 
 
 def test_partitions_list_files_rows_version_and_readiness(hourly, tmp_path: Path) -> None:
@@ -132,10 +136,13 @@ def test_missing_table_names_the_uri(tmp_path: Path) -> None:
         source.partitions(TimeWindow.hours_from(T0, 1))
 
 
-@pytest.mark.parametrize("config,feature", [
-    ({"delta.enableDeletionVectors": "true"}, "deletionVectors"),
-    ({"delta.columnMapping.mode": "name"}, "columnMapping"),
-])
+@pytest.mark.parametrize(
+    "config,feature",
+    [
+        ({"delta.enableDeletionVectors": "true"}, "deletionVectors"),
+        ({"delta.columnMapping.mode": "name"}, "columnMapping"),
+    ],
+)
 def test_unsupported_reader_features_are_refused(tmp_path: Path, config: dict, feature: str) -> None:
     path = tmp_path / "feat"
     append(path, native_rows(T0, 5, 0), configuration=config)

@@ -36,13 +36,20 @@ from native_testkit import DENSE, SPARSE, T0, assert_corrupt_file_fails_alone, a
 _files = itertools.count()
 
 
-def make_spec(table: str = "primus.imp", granularity: str = "hour", batch_rows: int = 65536,
-              **catalog: object) -> IcebergSourceSpec:
-    return IcebergSourceSpec.model_validate({
-        "name": "imp_iceberg", "type": "iceberg", "table": table, "granularity": granularity,
-        "batch_rows": batch_rows, "catalog": catalog,
-        "columns": {"ts": "event_time", "label": "click", "id": "sample_id", "dense": DENSE, "sparse": SPARSE},
-    })
+def make_spec(
+    table: str = "primus.imp", granularity: str = "hour", batch_rows: int = 65536, **catalog: object
+) -> IcebergSourceSpec:
+    return IcebergSourceSpec.model_validate(
+        {
+            "name": "imp_iceberg",
+            "type": "iceberg",
+            "table": table,
+            "granularity": granularity,
+            "batch_rows": batch_rows,
+            "catalog": catalog,
+            "columns": {"ts": "event_time", "label": "click", "id": "sample_id", "dense": DENSE, "sparse": SPARSE},
+        }
+    )
 
 
 def create_table(spec: IcebergSourceSpec, ctx: SourceContext, transform: object) -> Table:
@@ -88,7 +95,9 @@ def test_default_catalog_is_sqlite_under_the_data_root(tmp_path: Path) -> None:
     assert catalog.properties["uri"] == f"sqlite:///{tmp_path}/root/iceberg/catalog.db"
     assert catalog.properties["warehouse"] == f"file://{tmp_path}/root/iceberg/warehouse"
     assert (tmp_path / "root" / "iceberg").is_dir()
-    other = load_catalog_for(make_spec(name="mem", properties={"type": "in-memory", "warehouse": f"file://{tmp_path}/m"}), ctx)
+    other = load_catalog_for(
+        make_spec(name="mem", properties={"type": "in-memory", "warehouse": f"file://{tmp_path}/m"}), ctx
+    )
     assert isinstance(other, InMemoryCatalog) and other.name == "mem"
     custom = load_catalog_for(make_spec(warehouse="wh2", properties={"echo": "false"}), ctx)
     assert custom.properties["warehouse"] == f"file://{tmp_path}/root/wh2" and custom.properties["echo"] == "false"

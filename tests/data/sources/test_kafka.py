@@ -26,17 +26,33 @@ PARTS = 3
 
 
 def make_spec(topic: str, **extra: Any) -> KafkaSourceSpec:
-    return KafkaSourceSpec.model_validate({
-        "name": "clicks_stream", "type": "kafka", "kind": "stream", "topic": topic,
-        "columns": {"ts": "event_time", "label": "click", "id": "sample_id", "dense": DENSE,
-                    "sparse": ["user_id", "item_id"]},
-        **extra,
-    })
+    return KafkaSourceSpec.model_validate(
+        {
+            "name": "clicks_stream",
+            "type": "kafka",
+            "kind": "stream",
+            "topic": topic,
+            "columns": {
+                "ts": "event_time",
+                "label": "click",
+                "id": "sample_id",
+                "dense": DENSE,
+                "sparse": ["user_id", "item_id"],
+            },
+            **extra,
+        }
+    )
 
 
 def sample(i: int, ts_ms: int) -> dict[str, Any]:
-    row: dict[str, Any] = {"sample_id": i, "event_time": ts_ms, "click": None if i % 7 == 0 else i % 2,
-                           "user_id": 1000 + i % 13, "item_id": 5000 + i, "extra": {"ignored": [1, 2]}}
+    row: dict[str, Any] = {
+        "sample_id": i,
+        "event_time": ts_ms,
+        "click": None if i % 7 == 0 else i % 2,
+        "user_id": 1000 + i % 13,
+        "item_id": 5000 + i,
+        "extra": {"ignored": [1, 2]},
+    }
     row.update({d: float(i) + j / 10 for j, d in enumerate(DENSE)})
     return row
 
@@ -64,8 +80,9 @@ def stream(kafka_broker: EmbeddedBroker) -> Iterator[dict[str, Any]]:
         part = i % PARTS
         if part == 2 and H0_MS + HOUR_MS <= ts < H0_MS + 2 * HOUR_MS:
             part = i % 2
-        futures.append((i, ts, part, prod.send(topic, json.dumps(sample(i, ts)).encode(), partition=part,
-                                                timestamp_ms=ts)))
+        futures.append(
+            (i, ts, part, prod.send(topic, json.dumps(sample(i, ts)).encode(), partition=part, timestamp_ms=ts))
+        )
         if i % 37 == 0:
             prod.flush()  # many record batches
     prod.flush()
@@ -118,7 +135,8 @@ def test_partition_and_ready_partitions(stream: dict[str, Any]) -> None:
         assert part.ready and part.rows == 0
         assert src.split(part) == []
         assert [p.start for p in src.ready_partitions(TimeWindow.hours_from(H0, 5))] == [
-            H0 + timedelta(hours=h) for h in range(3)]
+            H0 + timedelta(hours=h) for h in range(3)
+        ]
 
 
 def test_daily_granularity(stream: dict[str, Any]) -> None:
@@ -164,8 +182,12 @@ def test_read_returns_the_produced_rows(stream: dict[str, Any]) -> None:
 
 
 def test_read_past_the_end_fails_clearly(stream: dict[str, Any]) -> None:
-    src = KafkaSource(make_spec(stream["topic"]), SourceContext(kafka_bootstrap_servers=stream["bootstrap"]),
-                      poll_timeout_s=0.2, stall_timeout_s=0.5)
+    src = KafkaSource(
+        make_spec(stream["topic"]),
+        SourceContext(kafka_bootstrap_servers=stream["bootstrap"]),
+        poll_timeout_s=0.2,
+        stall_timeout_s=0.5,
+    )
     with src:
         task = ReadTask("clicks_stream", H0, f"{stream['topic']}:0", 190, 10_000)
         with pytest.raises(SourceReadError, match="no records after offset"):
@@ -177,12 +199,12 @@ def test_corrupt_records_are_skipped_and_counted(kafka_broker: EmbeddedBroker) -
     create_topic(kafka_broker.bootstrap_servers, topic, 1)
     bad_values = [
         b"not json at all",
-        json.dumps({**sample(1000, H0_MS), "d3": "oops"}).encode(),      # string in a float field
+        json.dumps({**sample(1000, H0_MS), "d3": "oops"}).encode(),  # string in a float field
         json.dumps({**sample(1001, H0_MS), "user_id": "u-17"}).encode(),  # string in an id field
         b"[1, 2, 3]",
         b"null",
         b"",
-        b'{"sample_id": 1002, "event_time": 1',                          # truncated
+        b'{"sample_id": 1002, "event_time": 1',  # truncated
         json.dumps(sample(1003, H0_MS)).encode() + b"\n" + json.dumps(sample(1004, H0_MS)).encode(),
     ]
     prod = producer(kafka_broker.bootstrap_servers)
@@ -255,11 +277,17 @@ def test_unreachable_broker_is_a_clear_error() -> None:
 
 
 def test_json_schema_types() -> None:
-    spec = KafkaSourceSpec.model_validate({
-        "name": "s", "type": "kafka", "topic": "t",
-        "columns": {"ts": "t", "label": "y", "dense": "feats", "sparse": {"user": "uid"}}})
-    assert json_schema(spec) == pa.schema([("t", pa.int64()), ("y", pa.float64()),
-                                           ("feats", pa.list_(pa.float32())), ("uid", pa.int64())])
+    spec = KafkaSourceSpec.model_validate(
+        {
+            "name": "s",
+            "type": "kafka",
+            "topic": "t",
+            "columns": {"ts": "t", "label": "y", "dense": "feats", "sparse": {"user": "uid"}},
+        }
+    )
+    assert json_schema(spec) == pa.schema(
+        [("t", pa.int64()), ("y", pa.float64()), ("feats", pa.list_(pa.float32())), ("uid", pa.int64())]
+    )
 
 
 def test_registry_import_name() -> None:

@@ -20,14 +20,16 @@ T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 def native(start: datetime, n: int, first_id: int) -> pa.Table:
     rng = np.random.default_rng(first_id)
     ts = [start + timedelta(seconds=int(s)) for s in np.sort(rng.integers(0, 3600, n))]
-    return pa.table({
-        "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
-        "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "click": pa.array(rng.integers(0, 2, n), pa.int32()),
-        "user_id": pa.array(rng.integers(0, 100, n), pa.int64()),
-        "d0": pa.array(rng.random(n), pa.float32()),
-        "d1": pa.array(rng.random(n), pa.float32()),
-    })
+    return pa.table(
+        {
+            "sample_id": pa.array(np.arange(first_id, first_id + n), pa.int64()),
+            "event_time": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "click": pa.array(rng.integers(0, 2, n), pa.int32()),
+            "user_id": pa.array(rng.integers(0, 100, n), pa.int64()),
+            "d0": pa.array(rng.random(n), pa.float32()),
+            "d1": pa.array(rng.random(n), pa.float32()),
+        }
+    )
 
 
 def spec_for(layout: str = "hive", extra: str = "", granularity: str = "hour"):
@@ -37,7 +39,7 @@ dataset:
   start: 2026-11-01
   streams:
     - name: s
-      window: {'1d' if granularity == 'day' else '1h'}
+      window: {"1d" if granularity == "day" else "1h"}
       sources:
         - name: src
           type: parquet
@@ -78,7 +80,8 @@ def test_hive_layout_lists_ready_hours_and_reads_all_rows(tmp_path: Path) -> Non
     assert len(tasks) == 2
     got = pa.Table.from_batches([b for t in tasks for b in adapter.read(t)])
     assert sorted(got["sample_id"].to_pylist()) == sorted(
-        tables[0]["sample_id"].to_pylist() + tables[1]["sample_id"].to_pylist())
+        tables[0]["sample_id"].to_pylist() + tables[1]["sample_id"].to_pylist()
+    )
     assert got.schema.field("ts").type == pa.timestamp("us", tz="UTC")
     assert got.schema.field("dense").type == pa.list_(pa.float32(), 2)
     first = got.slice(0, 1).to_pylist()[0]
@@ -107,8 +110,9 @@ def test_no_marker_configured_means_ready(tmp_path: Path) -> None:
 
 def test_row_group_split(tmp_path: Path) -> None:
     write_hour(tmp_path, "dt=2026-11-01/hour=00", [native(T0, 10_000, 0)], row_group_size=1000)
-    adapter = make_adapter(spec_for(extra="split_row_groups: true\n          target_task_bytes: 30000"),
-                           SourceContext(str(tmp_path)))
+    adapter = make_adapter(
+        spec_for(extra="split_row_groups: true\n          target_task_bytes: 30000"), SourceContext(str(tmp_path))
+    )
     tasks = adapter.split(adapter.partition(T0))
     assert len(tasks) > 2
     assert tasks[0].start == 0 and tasks[-1].stop == 10
