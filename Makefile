@@ -4,6 +4,8 @@ PYTHON    ?= python3
 PY        := $(VENV)/bin/python
 export PRIMUS_HOME  ?= $(CURDIR)/.primus
 export DAGSTER_HOME ?= $(PRIMUS_HOME)/dagster_home
+# MLflow decides at import whether to send usage telemetry: off unless you say otherwise.
+export MLFLOW_DISABLE_TELEMETRY ?= true
 
 .PHONY: setup demo test lint bench clean
 
@@ -17,10 +19,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 demo: setup
-	$(VENV)/bin/primus-dagster demo
+	$(VENV)/bin/primus-dagster-dev demo
 
+# Style, lint rules, import contracts ([tool.importlinter]), then types of the engine ([tool.mypy] files).
 lint: setup
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # pytest exit code 5 = no tests collected: not a failure of the suite.
 test: setup lint

@@ -1,12 +1,17 @@
 """The reference Dagster code location: ``dagster dev`` (workspace.yaml) or ``-m definitions``.
 
-dagster asset materialize -m definitions --select impressions_parquet --partition 2026-11-01-00:00
+Example::
+
+    dagster asset materialize -m definitions --select impressions_parquet --partition 2026-11-01-00:00
+    dg launch -m definitions --assets impressions_parquet --partition 2026-11-01-00:00
 """
 
-from dagster import Definitions
+from primus_dagster.dagster_defs import build_definitions
 
-from assets import source_assets
+from assets import EXTRA_ASSETS, JOB, JOB_SPEC_PATH
 from resources import RESOURCES
 from sensors import SCHEDULES, SENSORS
 
-defs = Definitions(assets=source_assets, resources=RESOURCES, sensors=SENSORS, schedules=SCHEDULES)
+defs = build_definitions(
+    JOB, job_path=JOB_SPEC_PATH, resources=RESOURCES, sensors=SENSORS, schedules=SCHEDULES, extra_assets=EXTRA_ASSETS
+)

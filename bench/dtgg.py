@@ -51,13 +51,12 @@ import threading
 import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 from fsspec import AbstractFileSystem
 
-from primus_dagster.data.graph import ListingCache, Planner
-from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.data import ListingCache, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import DatasetSpec, parse_job_spec
 
 from _common import emit, vm_hwm
@@ -73,7 +72,7 @@ class MetastoreFS(AbstractFileSystem):
     protocol = "metastore"
     root_marker = ""
     # fsspec caches one instance per thread: count the RPCs of all of them together.
-    calls: Counter[str] = Counter()
+    calls: ClassVar[Counter[str]] = Counter()
     _lock = threading.Lock()
 
     def __init__(
@@ -261,7 +260,7 @@ def rss_child(files: int, files_per_hour: int) -> None:
     dataset = job_dataset(days, files_per_hour, 0.0, 0.0)
     before = vm_hwm()
     window = TimeWindow(START, START + timedelta(days=days))
-    planner, plan, seconds = timed_plan(dataset, window, threads=4)
+    _planner, plan, seconds = timed_plan(dataset, window, threads=4)
     after_plan = vm_hwm()
     t0 = time.perf_counter()
     streamed = sum(1 for _ in plan.tasks)

@@ -12,7 +12,7 @@ that drift hour to hour (AR(1), rho = 0.8), a daily cycle, and label delay. At T
 Every copy is turned into model inputs the way the data plane does it: the world's native table
 -> ``Normalizer(source_spec)`` (a ``kind: batch`` parquet source for the batch copy, a ``kind:
 stream`` kafka source for the stream copy, same column mapping as ``examples/job.yaml``) ->
-``features_from_arrow(.., kind)``. Rows stay in event-time order within an hour.
+``Batch.from_arrow(.., kind=kind)``. Rows stay in event-time order within an hour.
 
 **Variants** -- per seed all four see the same world data, start from the same model seed, use
 the same model sizes and optimiser (Adam, ``--lr``, micro-batches of ``--batch-size``: the
@@ -67,12 +67,11 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from primus_dagster.data.canonical import Normalizer
+from primus_dagster.data import Batch, Normalizer
 from primus_dagster.spec import ModelSpec, TrainingSpec, format_duration, parse_duration, parse_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig
-from primus_dagster.training.evaluation import auc, log_loss
-from primus_dagster.training.features import Features, features_from_arrow
-from primus_dagster.training.models import build_model, model_summary
+from primus_dagster.training.metrics import auc, log_loss
+from primus_dagster.training.models import build_model, model_inputs, model_summary
 from primus_dagster.training.trainer import Trainer
 
 from _common import COLUMNS, emit
@@ -124,7 +123,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 class SeedData:
-    """The world of one seed as canonical Features: stream/batch copies per hour, eval hours."""
+    """The world of one seed as canonical batches: stream/batch copies per hour, eval hours."""
 
     def __init__(self, args: argparse.Namespace, seed: int):
         job = parse_job_spec(
@@ -150,37 +149,38 @@ class SeedData:
         self.world = SyntheticWorld(config, job.dataset.start)
         self.hours = args.days * 24  # T, in hours from start
         self.lag = int(args.max_label_delay.total_seconds() // 3600)  # the batch copy's label delay
-        self.stream: dict[int, Features] = {}
-        self.batch: dict[int, Features] = {}
-        self.eval: dict[int, Features] = {}
+        self.stream: dict[int, Batch] = {}
+        self.batch: dict[int, Batch] = {}
+        self.eval: dict[int, Batch] = {}
         self.clicks = {"stream": 0, "batch_same_hours": 0}
         for h in range(self.hours):
             table = self.world.hour(h)
             stream = self.world.stream_copy(table)
-            self.stream[h] = self._features(self.stream_norm, stream, "stream")
+            self.stream[h] = self._batch(self.stream_norm, stream, "stream")
             if h < self.hours - self.lag:  # batch copy complete at T only if h + lag <= T
-                self.batch[h] = self._features(self.batch_norm, table, "batch")
+                self.batch[h] = self._batch(self.batch_norm, table, "batch")
             self.clicks["stream"] += int(stream.column("click").to_numpy().sum())
             self.clicks["batch_same_hours"] += int(table.column("click").to_numpy().sum())
         self.oracle: dict[str, list[np.ndarray]] = {"full": [], "no_trend": []}
         for h in range(self.hours, self.hours + args.eval_hours):
             table = self.world.hour(h)
-            self.eval[h] = self._features(self.batch_norm, table, "batch")
+            self.eval[h] = self._batch(self.batch_norm, table, "batch")
             for name, logit in oracle_logits(self.world, table, h).items():
                 self.oracle[name].append(logit)
 
     @staticmethod
-    def _features(norm: Normalizer, table, kind: str) -> Features:
-        batch = table.combine_chunks().to_batches()[0]
-        return features_from_arrow(norm(batch), kind=kind)
+    def _batch(norm: Normalizer, table, kind: str) -> Batch:
+        out = Batch.from_arrow(norm(table.combine_chunks().to_batches()[0]), kind=kind)
+        out.tensors  # noqa: B018 - converted once here; micro-batches are slices of these tensors
+        return out
 
-    def sequence(self, variant: str, batch_size: int) -> list[Features]:
+    def sequence(self, variant: str, batch_size: int) -> list[Batch]:
         """The micro-batches a variant trains on, in order (one pass)."""
         if variant == "batch":
             return [f for h in sorted(self.batch) for f in _micro(self.batch[h], batch_size)]
         if variant == "stream":
             return [f for h in range(self.hours) for f in _micro(self.stream[h], batch_size)]
-        out: list[Features] = []
+        out: list[Batch] = []
         for h in range(self.hours):
             parts = [_micro(self.stream[h], batch_size)]
             if h - self.lag in self.batch:
@@ -196,11 +196,11 @@ def oracle_logits(world: SyntheticWorld, table, h: int) -> dict[str, np.ndarray]
     return {"full": world.click_logit(table, h), "no_trend": world.click_logit(table, h, with_trend=False)}
 
 
-def _micro(feats: Features, size: int) -> list[Features]:
-    return [feats.slice(s, s + size) for s in range(0, feats.rows, size)]
+def _micro(batch: Batch, size: int) -> list[Batch]:
+    return [batch.slice(s, s + size) for s in range(0, batch.rows, size)]
 
 
-def interleave(parts: list[list[Features]]) -> list[Features]:
+def interleave(parts: list[list[Batch]]) -> list[Batch]:
     """Spread the parts evenly: item i of a part of n items at (i + 1/2) / n; ties keep part order."""
     keyed = [((i + 0.5) / len(p), k, f) for k, p in enumerate(parts) for i, f in enumerate(p)]
     return [f for _, _, f in sorted(keyed, key=lambda x: (x[0], x[1]))]
@@ -212,11 +212,11 @@ def evaluate_hours(model: torch.nn.Module, data: SeedData) -> dict:
     labels, probs, per_hour = [], [], []
     with torch.no_grad():
         for h in sorted(data.eval):
-            f = data.eval[h]
-            p = torch.sigmoid(model.predict(f.dense, f.sparse))
-            labels.append(f.label)
+            dense, sparse, label = model_inputs(data.eval[h])
+            p = torch.sigmoid(model.predict(dense, sparse))
+            labels.append(label)
             probs.append(p)
-            per_hour.append({"hour": h, "auc": auc(f.label, p), "log_loss": log_loss(f.label, p), "rows": f.rows})
+            per_hour.append({"hour": h, "auc": auc(label, p), "log_loss": log_loss(label, p), "rows": len(label)})
     y, p = torch.cat(labels), torch.cat(probs)
     return {
         "auc": auc(y, p),
@@ -356,7 +356,7 @@ def main() -> None:
             f"stream/batch clicks {data.clicks['stream'] / max(1, data.clicks['batch_same_hours']):.3f}",
             flush=True,
         )
-        labels = torch.cat([data.eval[h].label for h in sorted(data.eval)])
+        labels = torch.cat([model_inputs(data.eval[h])[2] for h in sorted(data.eval)])
         oracle = {name: auc(labels, np.concatenate(parts)) for name, parts in data.oracle.items()}
         data_info[seed]["oracle_auc"] = {k: round(v, 5) for k, v in oracle.items()}
         print(

@@ -24,7 +24,7 @@ from _common import bench_dir, emit, one_source_job, vm_hwm
 def child(kind: str, root: str) -> None:
     import psutil
 
-    from primus_dagster.data.sources import SourceContext, make_adapter
+    from primus_dagster.data import SourceContext, make_adapter
 
     job = one_source_job(kind)
     adapter = make_adapter(job.dataset.source(f"src_{kind}"), SourceContext(root))
@@ -48,7 +48,7 @@ def main() -> None:
         child(*args.child)
         return
 
-    from primus_dagster.data.sources import SourceContext
+    from primus_dagster.data import SourceContext
     from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
     root = bench_dir("read_memory")

@@ -47,10 +47,7 @@ import pyarrow.dataset as ds
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from primus_dagster.data.canonical import native_columns
-from primus_dagster.data.graph import Planner
-from primus_dagster.data.local import LocalDataPlane
-from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.data import LocalDataPlane, Planner, SourceContext, TimeWindow, native_columns
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -212,7 +209,7 @@ def main() -> None:
             "repeat": args.repeat,
             "ratios_per_repeat": [
                 round(p["rows_per_s_per_core"] / a["rows_per_s_per_core"], 3)
-                for p, a in zip(runs["primus"], runs["pyarrow"])
+                for p, a in zip(runs["primus"], runs["pyarrow"], strict=True)
             ],
             **startup,
             "detail": runs,

@@ -78,9 +78,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from primus_dagster.data.graph import Planner
-from primus_dagster.data.local import LocalDataPlane
-from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.data import LocalDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -111,7 +109,7 @@ class SyncGroup:
     """T trainer threads stepping in lock-step (see the module docstring)."""
 
     def __init__(self, plane: LocalDataPlane, trainers: int, step_s: float, prefetch: int):
-        self.readers = [plane.reader(t, framework="numpy", prefetch=prefetch, refresh_s=0.1) for t in range(trainers)]
+        self.readers = [plane.reader(t, prefetch=prefetch, refresh_s=0.1) for t in range(trainers)]
         self.driver = plane.driver
         self.step_s = step_s
         self.drained = False  # the driver has handed out every task
@@ -150,7 +148,7 @@ class SyncGroup:
             if not self.ended[t]:
                 try:
                     batch, self.ended[t] = self._take(reader)
-                except BaseException as exc:  # noqa: BLE001 - reported by run()
+                except BaseException as exc:
                     self.error, self.ended[t] = exc, True
             if batch is not None:
                 time.sleep(self.step_s)  # the training step

@@ -21,8 +21,7 @@ from datetime import timedelta
 
 import pyarrow.dataset as ds
 
-from primus_dagster.data.canonical import native_columns
-from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
+from primus_dagster.data import SourceContext, TimeWindow, make_adapter, native_columns
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 from _common import bench_dir, emit, one_source_job
@@ -95,7 +94,7 @@ def main() -> None:
         }
         print(f"{name:8s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> {rows / cpu:,.0f} rows/s per core")
 
-    from primus_dagster.kafka_broker import EmbeddedBroker
+    from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         kctx = SourceContext(str(root), broker.bootstrap_servers)

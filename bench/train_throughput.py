@@ -2,7 +2,7 @@
 
 Data: ``--hours`` hours of the synthetic world (seed 5, ~``--rows`` impressions in all, 13 dense +
 5 sparse features), made canonical in memory (``SyntheticWorld`` -> ``Normalizer`` ->
-``features_from_arrow``): the *batch copy* (complete labels) and the *stream copy* (clicks within
+``Batch.from_arrow``): the *batch copy* (complete labels) and the *stream copy* (clicks within
 the stream label window only) of the same rows. Model: the example job's shape -- embedding_dim 16,
 hash_buckets 100000 (one table per tower), memory_hidden [64, 32], adapt_hidden [128, 64] -- lr 1e-3,
 micro-batches of ``--batch-size`` (1024) rows; torch runs 1 thread. Parts 1 and 2 train as a job
@@ -17,7 +17,7 @@ its 1-rank figure is below part 1's.
    "detail"), after 5 warm-up steps. ``mtrm_overhead_ratio`` = single / mtrm (> 1: MTRM is slower).
 2. ``pipeline_samples_per_s``: the whole pipeline for the **single tower** on the batch copy --
    Parquet written by ``write_world`` (2 files an hour) -> planner -> ``LocalDataPlane`` (driver +
-   2 executor processes, shared memory) -> ``RemoteReader`` -> ``features_from_batch`` ->
+   2 executor processes, shared memory) -> ``RemoteReader`` -> ``Batch`` ->
    ``Trainer.train`` -- in samples per CPU-second of *every* process (this one: trainer, reader,
    driver; plus the executors after they were ready, ``plane.cpu_seconds(include_startup=False)``),
    from the first batch asked for to the last step. ``in_memory_samples_per_s``: the same model on
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import shutil
 import time
 from datetime import timedelta
@@ -55,15 +56,11 @@ from pathlib import Path
 
 import torch
 
-from primus_dagster.data.canonical import Normalizer
-from primus_dagster.data.graph import Planner
-from primus_dagster.data.local import LocalDataPlane
-from primus_dagster.data.sources import SourceContext, TimeWindow
+from primus_dagster.data import Batch, LocalDataPlane, Normalizer, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 from primus_dagster.training.distributed import RankResult, run_ddp_in_memory
-from primus_dagster.training.features import Features, features_from_arrow, features_from_batch
 from primus_dagster.training.models import build_model
 from primus_dagster.training.trainer import Trainer
 
@@ -91,29 +88,22 @@ def spec_of(model: str, batch_size: int, buckets: int = 100_000) -> TrainingSpec
     )
 
 
-def cat(parts: list[Features], kind: str) -> Features:
-    return Features(
-        torch.cat([f.dense for f in parts]).contiguous(),
-        torch.cat([f.sparse for f in parts]),
-        torch.cat([f.label for f in parts]),
-        kind,
-        torch.cat([f.sample_id for f in parts]),
-    )
-
-
-def world_features(job, world: SyntheticWorld, hours: int) -> tuple[Features, Features]:
-    """(batch copy, stream copy) of the world's first ``hours`` hours, canonical, in memory."""
+def world_batches(job, world: SyntheticWorld, hours: int) -> tuple[Batch, Batch]:
+    """(batch copy, stream copy) of the world's first ``hours`` hours, canonical, in memory (tensors
+    converted: micro-batches are slices of them)."""
     norm = Normalizer(job.dataset.source("src"))
     batch, stream = [], []
     for h in range(hours):
         table = world.hour(h)
         for copy, out, kind in ((table, batch, "batch"), (world.stream_copy(table), stream, "stream")):
             canonical = norm(copy.combine_chunks().to_batches()[0])
-            out.append(features_from_arrow(canonical, kind=kind))
-    return cat(batch, "batch"), cat(stream, "stream")
+            out.append(Batch.from_arrow(canonical, kind=kind))
+    batch_copy, stream_copy = Batch.concat(batch), Batch.concat(stream)
+    batch_copy.tensors, stream_copy.tensors  # noqa: B018 - convert once, before any timing
+    return batch_copy, stream_copy
 
 
-def mixed_micro(batch: Features, stream: Features, size: int) -> list[Features]:
+def mixed_micro(batch: Batch, stream: Batch, size: int) -> list[Batch]:
     """Micro-batch i: rows [i*size, (i+1)*size) of the batch copy (i even) or the stream copy (i odd)."""
     return [
         (batch if i % 2 == 0 else stream).slice(start, start + size)
@@ -121,15 +111,15 @@ def mixed_micro(batch: Features, stream: Features, size: int) -> list[Features]:
     ]
 
 
-def train_in_memory(spec: TrainingSpec, micro: list[Features], warmup: int = 5) -> dict:
+def train_in_memory(spec: TrainingSpec, micro: list[Batch], warmup: int = 5) -> dict:
     trainer = Trainer(build_model(spec.model, micro[0].dense.shape[1], micro[0].sparse.shape[1], seed=0), spec)
-    for feats in micro[:warmup]:
-        trainer.train_step(feats)
+    for batch in micro[:warmup]:
+        trainer.train_step(batch)
     cpu0, wall0 = cpu_self(), time.perf_counter()
     samples = 0
-    for feats in micro:
-        trainer.train_step(feats)
-        samples += feats.rows
+    for batch in micro:
+        trainer.train_step(batch)
+        samples += batch.rows
     cpu, wall = cpu_self() - cpu0, time.perf_counter() - wall0
     return {
         "samples": samples,
@@ -149,7 +139,7 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
         cpu0, wall0 = cpu_self(), time.perf_counter()
         with plane.reader(0) as reader:
             for batch in reader:
-                trainer.train(features_from_batch(batch))
+                trainer.train(batch)
         wall, cpu_trainer = time.perf_counter() - wall0, cpu_self() - cpu0
         plane.wait_executors(30)
         cpu_exec = plane.cpu_seconds(include_startup=False)
@@ -168,18 +158,14 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
     }
 
 
-def run_ddp_part(micro: list[Features], spec: TrainingSpec, directory: Path, world_size: int) -> dict:
+def run_ddp_part(micro: list[Batch], spec: TrainingSpec, directory: Path, world_size: int) -> dict:
     """``world_size`` ranks, the (batch, stream) pairs of ``micro`` dealt round-robin."""
     pairs = [micro[i : i + 2] for i in range(0, len(micro), 2)]
     paths = []
     for rank in range(world_size):
-        shard = [
-            {"dense": f.dense.clone(), "sparse": f.sparse.clone(), "label": f.label.clone(), "kind": f.kind}
-            for pair in pairs[rank::world_size]
-            for f in pair
-        ]
-        paths.append(str(directory / f"shard-{world_size}-{rank}.pt"))
-        torch.save(shard, paths[-1])
+        shard = [batch for pair in pairs[rank::world_size] for batch in pair]
+        paths.append(str(directory / f"shard-{world_size}-{rank}.pkl"))
+        Path(paths[-1]).write_bytes(pickle.dumps(shard))
     results: list[RankResult] = run_ddp_in_memory(paths, spec, threads_per_rank=1, warmup_steps=5, timeout_s=600)
     samples = sum(r.samples for r in results)
     wall = max(r.wall_s for r in results)
@@ -200,7 +186,7 @@ def run_ddp_part(micro: list[Features], spec: TrainingSpec, directory: Path, wor
     }
 
 
-def ddp_speedup(micro: list[Features], spec: TrainingSpec, directory: Path) -> tuple[float, dict, dict]:
+def ddp_speedup(micro: list[Batch], spec: TrainingSpec, directory: Path) -> tuple[float, dict, dict]:
     one = run_ddp_part(micro, spec, directory, 1)
     two = run_ddp_part(micro, spec, directory, 2)
     return two["samples_per_s"] / one["samples_per_s"], one, two
@@ -232,7 +218,7 @@ def main() -> None:
     start = job.dataset.start
     world = SyntheticWorld(WorldConfig(seed=5, rows_per_hour=args.rows / args.hours), start)
     t0 = time.perf_counter()
-    batch, stream = world_features(job, world, args.hours)
+    batch, stream = world_batches(job, world, args.hours)
     micro = mixed_micro(batch, stream, args.batch_size)
     print(
         f"data       {batch.rows:,} rows x (batch copy, stream copy) in {time.perf_counter() - t0:.1f}s; "

@@ -5,21 +5,27 @@ primus-dagster spec-schema --out .primus/jobspec.schema.json
 primus-dagster synth --spec examples/job.yaml --days 1
 primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
 primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
-primus-dagster broker --detach | --status | --stop
 primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json]
-primus-dagster demo
+
+Development tools (the embedded broker, the demo) are ``primus-dagster-dev``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from primus_dagster import paths
 from primus_dagster.spec import SpecError, job_spec_json_schema, load_job_spec
+from primus_dagster.synth.cli import add_arguments as synth_arguments
+
+if TYPE_CHECKING:
+    from primus_dagster.training.job import JobHooks
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -92,41 +98,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_broker(args: argparse.Namespace) -> int:
-    from primus_dagster.kafka_broker import EmbeddedBroker
-
-    state_file = str(args.state_file)
-    if args.stop:
-        EmbeddedBroker.stop_detached(state_file)
-        print("embedded broker stopped")
-        return 0
-    if args.status:
-        state = EmbeddedBroker.read_state(state_file)
-        print(json.dumps(state) if state else "no embedded broker running")
-        return 0 if state else 1
-    if args.detach:
-        state = EmbeddedBroker.start_detached(state_file)
-        print(
-            f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}); "
-            f"stop it with `primus-dagster broker --stop`"
-        )
-        return 0
-    with EmbeddedBroker() as broker:
-        print(f"embedded broker on {broker.bootstrap_servers}; Ctrl-C stops it", flush=True)
-        try:
-            broker.wait()
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
 def _cmd_synth(args: argparse.Namespace) -> int:
     from primus_dagster.synth.cli import run
 
     return run(args)
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
+    """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
     import logging
 
     from primus_dagster.data.sources import TimeWindow
@@ -160,12 +139,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
             executors=args.executors,
             run_key=args.run_key,
             tracker=tracker,
-            record_samples=args.record_samples,
             progress=progress,
             evaluate=not args.no_eval,
-            slow_ms_per_batch=args.slow_executors_ms,
             warm_start=args.warm_start,
-        )
+        ),
+        hooks,
     )
     meta = result.metadata()
     if args.json:
@@ -176,69 +154,55 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from primus_dagster.dagster_defs.demo import run_demo
-
-    return run_demo(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "primus-dagster", description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The parser with every command; ``primus-dagster-dev`` adds its own to the same parser."""
     parser = argparse.ArgumentParser(
-        prog="primus-dagster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    add_commands(sub)
+    return parser
 
-    p = sub.add_parser("validate", help="validate a job spec YAML file")
+
+def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.ArgumentParser]:
+    """Add the suite's commands to ``sub``; the parser of each, by name."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+
+    p = parsers["validate"] = sub.add_parser("validate", help="validate a job spec YAML file")
     p.add_argument("spec")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("spec-schema", help="print (or write) the JSON Schema of the job spec")
+    p = parsers["spec-schema"] = sub.add_parser("spec-schema", help="print (or write) the JSON Schema of the job spec")
     p.add_argument("--out", help="write to this file instead of stdout")
     p.set_defaults(func=_cmd_spec_schema)
 
-    p = sub.add_parser("partitions", help="list a source's partitions and whether they are ready")
+    p = parsers["partitions"] = sub.add_parser(
+        "partitions", help="list a source's partitions and whether they are ready"
+    )
     p.add_argument("spec")
     p.add_argument("--source", required=True)
     p.add_argument("--start", help="first partition (ISO, UTC); default: the dataset start")
     p.add_argument("--count", type=int, default=24, help="number of partitions")
-    p.add_argument("--data-root", default=paths.data_root())
-    p.add_argument("--kafka-bootstrap", default=None)
-    p.add_argument("--json", action="store_true")
+    _data_arguments(p)
     p.set_defaults(func=_cmd_partitions)
 
-    p = sub.add_parser("plan", help="DTGG: the task graph of a window, task counts, partitions not ready")
-    p.add_argument("spec")
-    p.add_argument("--start", help="window start (ISO, UTC); default: the dataset start")
-    p.add_argument("--hours", type=int, default=24, help="window length in hours")
+    p = parsers["plan"] = sub.add_parser(
+        "plan", help="DTGG: the task graph of a window, task counts, partitions not ready"
+    )
+    _window_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="listing threads; default: data.planner_threads")
-    p.add_argument("--data-root", default=paths.data_root())
-    p.add_argument("--kafka-bootstrap", default=None)
-    p.add_argument("--json", action="store_true")
+    _data_arguments(p)
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("broker", help="embedded Kafka-compatible broker (tests and demo only)")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--detach", action="store_true", help="start in the background, record it in the state file")
-    group.add_argument("--stop", action="store_true", help="stop the background broker")
-    group.add_argument("--status", action="store_true")
-    p.add_argument("--state-file", default=paths.broker_state_file())
-    p.set_defaults(func=_cmd_broker)
-
-    p = sub.add_parser("synth", help="write the synthetic CTR world to the spec's sources")
-    try:
-        from primus_dagster.synth.cli import add_arguments
-    except ImportError:  # pragma: no cover - the synth package is part of the suite
-        add_arguments = None
-    if add_arguments is not None:
-        add_arguments(p)
+    p = parsers["synth"] = sub.add_parser("synth", help="write the synthetic CTR world to the spec's sources")
+    synth_arguments(p)
     p.set_defaults(func=_cmd_synth)
 
-    p = sub.add_parser("train", help="train the job's model on a window (resumes its MLflow run if unfinished)")
-    p.add_argument("spec")
-    p.add_argument("--start", help="window start (ISO, UTC); default: the dataset start")
-    p.add_argument("--hours", type=int, default=24, help="window length in hours")
-    p.add_argument("--data-root", default=paths.data_root())
-    p.add_argument("--kafka-bootstrap", default=None)
+    p = parsers["train"] = sub.add_parser(
+        "train", help="train the job's model on a window (resumes its MLflow run if unfinished)"
+    )
+    _window_arguments(p)
+    _data_arguments(p, json=False)
     p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
     p.add_argument("--run-key", default=None, help="MLflow run to start or resume; default: <job>/<window>")
@@ -248,23 +212,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_KEY",
         help="continue from the final model of this finished run (e.g. the previous window's)",
     )
-    p.add_argument("--record-samples", default=None, help="append the sample ids of every step to this file")
     p.add_argument("--no-eval", action="store_true", help="skip the next-hour evaluation")
-    p.add_argument("--slow-executors-ms", type=float, default=0.0, help="fault injection: executors sleep per batch")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_train)
-
-    p = sub.add_parser("demo", help="the main job on embedded defaults (see README)")
-    p.add_argument("--spec", default="examples/job.yaml")
-    p.add_argument("--rows-per-hour", type=int, default=2000)
-    p.add_argument("--hours", type=int, default=24, help="hours of the first day whose source assets to materialise")
-    p.add_argument("--no-train", action="store_true", help="skip the training asset")
-    p.set_defaults(func=_cmd_demo)
-    return parser
+    p.set_defaults(func=train_command)
+    return parsers
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _window_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec")
+    p.add_argument("--start", help="window start (ISO, UTC); default: the dataset start")
+    p.add_argument("--hours", type=int, default=24, help="window length in hours")
+
+
+def _data_arguments(p: argparse.ArgumentParser, json: bool = True) -> None:
+    p.add_argument("--data-root", default=paths.data_root())
+    p.add_argument("--kafka-bootstrap", default=None)
+    if json:
+        p.add_argument("--json", action="store_true")
+
+
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run one command; errors a user can fix are a message and exit code 2 (bad input) or 1."""
+    # MLflow decides at import whether to send usage telemetry: off unless the user said otherwise.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    args = (parser or build_parser()).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except SpecError as exc:

@@ -18,7 +18,7 @@ def data_root() -> Path:
 
 
 def broker_state_file() -> Path:
-    """State file of the embedded Kafka-compatible broker started by ``primus-dagster broker``."""
+    """State file of the embedded Kafka-compatible broker started by ``primus-dagster-dev broker``."""
     return primus_home() / "broker.json"
 
 

@@ -1,7 +1,13 @@
-"""Reference deployment: resources on embedded defaults.
+"""Reference code location: the resources, on embedded defaults unless the environment says otherwise.
 
-Data root: ``$PRIMUS_DATA_ROOT`` or ``./.primus/data``; Kafka: ``$PRIMUS_KAFKA_BOOTSTRAP_SERVERS``
-or the embedded broker started by ``primus-dagster broker --detach``.
+``storage``: data root ``$PRIMUS_DATA_ROOT`` (else ``$PRIMUS_HOME/data``) with its nested ``kafka``:
+``$PRIMUS_KAFKA_BOOTSTRAP_SERVERS``, else the embedded broker started by ``primus-dagster-dev broker
+--detach``; ``mlflow``: ``$MLFLOW_TRACKING_URI``, else the spec's, else SQLite under ``$PRIMUS_HOME``;
+``executor_pool``: local processes. Variables that are set go in as ``EnvVar``.
+
+Example::
+
+    RESOURCES = {**default_resources(), "executor_pool": ExecutorPoolResource(data_executors=4)}
 """
 
 from primus_dagster.dagster_defs import default_resources

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from primus_dagster.kafka_broker import EmbeddedBroker
+from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,14 @@
-"""Thin Dagster glue over the engine: source assets, the training asset, resources, definitions."""
+"""Thin Dagster glue over the engine: source assets with blocking checks, the training asset, resources.
+
+Example::
+
+    from primus_dagster.dagster_defs import build_definitions
+
+    defs = build_definitions("examples/job.yaml")      # one asset per source + the training asset
+"""
 
 from primus_dagster.dagster_defs.definitions import build_definitions
+from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
 from primus_dagster.dagster_defs.resources import (
     ExecutorPoolResource,
     KafkaResource,
@@ -8,10 +16,23 @@ from primus_dagster.dagster_defs.resources import (
     PrimusStorageResource,
     default_resources,
 )
-from primus_dagster.dagster_defs.source_assets import build_source_asset, build_source_assets, partitions_def_for
-from primus_dagster.dagster_defs.training_asset import build_training_asset, training_asset_name
+from primus_dagster.dagster_defs.source_assets import build_source_asset, build_source_assets
+from primus_dagster.dagster_defs.source_checks import (
+    EVENT_TIMES_IN_PARTITION,
+    NO_UNREADABLE_FILES,
+    NOT_EMPTY,
+    SCHEMA_MATCHES_SPEC,
+    SOURCE_CHECK_DESCRIPTIONS,
+)
+from primus_dagster.dagster_defs.training_asset import AUC_CHECK_NAME, build_training_asset, training_asset_name
 
 __all__ = [
+    "AUC_CHECK_NAME",
+    "EVENT_TIMES_IN_PARTITION",
+    "NOT_EMPTY",
+    "NO_UNREADABLE_FILES",
+    "SCHEMA_MATCHES_SPEC",
+    "SOURCE_CHECK_DESCRIPTIONS",
     "ExecutorPoolResource",
     "KafkaResource",
     "MlflowResource",
@@ -21,6 +42,7 @@ __all__ = [
     "build_source_assets",
     "build_training_asset",
     "default_resources",
-    "partitions_def_for",
+    "partitions_covering",
+    "time_partitions",
     "training_asset_name",
 ]

@@ -1,11 +1,18 @@
-"""Build a Dagster ``Definitions`` object from a job spec file."""
+"""The ``Definitions`` of one job: its source assets (with their checks), its training asset, resources.
+
+Example::
+
+    defs = build_definitions("examples/job.yaml")                      # embedded default resources
+    defs = build_definitions(job, job_path="job.yaml", resources={...}, sensors=[...], extra_assets=[report])
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from dagster import Definitions
+from dagster import AssetsDefinition, Definitions, ScheduleDefinition, SensorDefinition
 
 from primus_dagster.dagster_defs.resources import default_resources
 from primus_dagster.dagster_defs.source_assets import build_source_assets
@@ -15,26 +22,25 @@ from primus_dagster.spec import JobSpec, load_job_spec
 
 def build_definitions(
     job: JobSpec | str | Path,
-    resources: dict[str, Any] | None = None,
-    sensors: Sequence[Any] = (),
-    schedules: Sequence[Any] = (),
+    resources: Mapping[str, Any] | None = None,
+    sensors: Sequence[SensorDefinition] = (),
+    schedules: Sequence[ScheduleDefinition] = (),
     job_path: str | Path | None = None,
+    extra_assets: Sequence[AssetsDefinition] = (),
 ) -> Definitions:
-    """Source assets of ``job`` and its training asset, plus the given resources (default: embedded
-    defaults). The training asset needs the spec's file (executor processes load it): given as a
-    path, or ``job_path`` when ``job`` is a loaded spec (without it: source assets only).
-
-    >>> defs = build_definitions("examples/job.yaml")  # doctest: +SKIP
-    """
+    """Source assets of ``job`` and its training asset, plus ``extra_assets`` (a user's own, e.g.
+    downstream of the model), with ``resources`` (default: :func:`default_resources`). The training
+    asset needs the spec's file (executor processes load it): ``job`` given as a path, or ``job_path``
+    when ``job`` is a loaded spec (without it: source assets only)."""
     if not isinstance(job, JobSpec):
         job_path = job_path or job
         job = load_job_spec(job)
-    assets = [*build_source_assets(job)]
+    job_assets = build_source_assets(job)
     if job_path is not None:
-        assets.append(build_training_asset(job, job_path))
+        job_assets.append(build_training_asset(job, job_path))
     return Definitions(
-        assets=assets,
-        resources=resources if resources is not None else default_resources(),
+        assets=[*job_assets, *extra_assets],
+        resources=dict(resources) if resources is not None else default_resources(),
         sensors=list(sensors),
         schedules=list(schedules),
     )

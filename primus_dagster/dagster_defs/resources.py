@@ -1,64 +1,79 @@
-"""Dagster resources: where the data lives and which Kafka to talk to.
+"""Dagster resources of the glue: where the data lives (with the Kafka it needs), MLflow, the executor pool.
+
+The storage resource is the one the assets ask for a :class:`~primus_dagster.data.SourceContext`;
+the Kafka resource is nested in it. Resources read no environment variables themselves:
+:func:`default_resources` puts ``EnvVar``\\s into their configuration for the variables that are set
+(Dagster resolves them in the run and shows their names, not their values, in the UI), and the
+embedded defaults for the others.
 
 Example::
 
-    defs = Definitions(assets=..., resources={
-        "storage": PrimusStorageResource(data_root="/data"),
-        "kafka": KafkaResource(bootstrap_servers="broker-1:9092"),
-    })
+    storage = PrimusStorageResource(data_root="/data", kafka=KafkaResource(bootstrap_servers=EnvVar("KAFKA")))
+    defs = build_definitions("job.yaml", resources={**default_resources(), "storage": storage})
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
 from primus_dagster import paths
-from primus_dagster.data.sources import SourceContext
-from primus_dagster.spec import JobSpec
+from primus_dagster.broker_discovery import KAFKA_ENV, read_broker_state
+from primus_dagster.data import SourceContext
+from primus_dagster.spec import JobSpec, SourceSpec
 
 if TYPE_CHECKING:
     from primus_dagster.training.tracking import MlflowTracker
 
-KAFKA_ENV = "PRIMUS_KAFKA_BOOTSTRAP_SERVERS"
+DATA_ROOT_ENV = "PRIMUS_DATA_ROOT"
+MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 
 
 class KafkaResource(ConfigurableResource):
-    """Kafka connection. Resolution order: ``bootstrap_servers`` config, ``$PRIMUS_KAFKA_BOOTSTRAP_SERVERS``,
-    then the embedded broker recorded in ``broker_state_file`` (started by ``primus-dagster broker --detach``)."""
+    """The Kafka that sources naming no ``bootstrap_servers`` of their own read: ``bootstrap_servers``,
+    else the embedded broker recorded in ``broker_state_file`` while it runs (``primus-dagster-dev broker
+    --detach``)."""
 
     bootstrap_servers: str | None = Field(default=None, description="host:port[,host:port]")
-    broker_state_file: str | None = Field(default=None, description="Embedded broker state file.")
+    broker_state_file: str | None = Field(
+        default=None, description="State file of the embedded broker to fall back to (None: no fallback)."
+    )
 
     def resolve_bootstrap_servers(self) -> str:
         if self.bootstrap_servers:
             return self.bootstrap_servers
-        if os.environ.get(KAFKA_ENV):
-            return os.environ[KAFKA_ENV]
-        from primus_dagster.kafka_broker import EmbeddedBroker
-
-        state_file = self.broker_state_file or str(paths.broker_state_file())
-        state = EmbeddedBroker.read_state(state_file)
-        if state:
-            return str(state["bootstrap_servers"])
+        broker_state = read_broker_state(self.broker_state_file) if self.broker_state_file else None
+        if broker_state is not None:
+            return str(broker_state["bootstrap_servers"])
+        looked_in = f" (looked for its state in {self.broker_state_file})" if self.broker_state_file else ""
         raise RuntimeError(
-            "no Kafka configured: set the kafka resource's bootstrap_servers, or "
-            f"${KAFKA_ENV}, or start the embedded broker with `primus-dagster broker --detach` "
-            f"(looked for its state in {state_file})"
+            "no Kafka configured: set the kafka resource's bootstrap_servers (the default resources take "
+            f"${KAFKA_ENV}), or start the embedded broker with `primus-dagster-dev broker --detach`{looked_in}"
         )
 
 
 class PrimusStorageResource(ConfigurableResource):
-    """Root against which relative source locations in the job spec resolve."""
+    """The data root against which the spec's relative source locations resolve, and the Kafka resource
+    for Kafka sources (needed only when a job reads one that names no ``bootstrap_servers``)."""
 
     data_root: str = Field(description="Local path or fsspec URL of the data root.")
+    kafka: KafkaResource | None = None
 
-    def source_context(self, kafka: KafkaResource | None = None, needs_kafka: bool = False) -> SourceContext:
-        bootstrap = kafka.resolve_bootstrap_servers() if (kafka is not None and needs_kafka) else None
-        return SourceContext(data_root=self.data_root, kafka_bootstrap_servers=bootstrap)
+    def source_context(self, sources: Iterable[SourceSpec] = ()) -> SourceContext:
+        """The context to read ``sources`` with: the Kafka address is resolved only when one needs it."""
+        sources_needing_kafka = [s.name for s in sources if s.type == "kafka" and not s.bootstrap_servers]
+        if not sources_needing_kafka:
+            return SourceContext(data_root=self.data_root)
+        if self.kafka is None:
+            raise RuntimeError(
+                f"Kafka sources {sources_needing_kafka} name no bootstrap_servers and the storage resource "
+                "has no kafka: give it kafka=KafkaResource(bootstrap_servers=...)"
+            )
+        return SourceContext(data_root=self.data_root, kafka_bootstrap_servers=self.kafka.resolve_bootstrap_servers())
 
 
 class MlflowResource(ConfigurableResource):
@@ -68,7 +83,7 @@ class MlflowResource(ConfigurableResource):
     tracking_uri: str | None = Field(default=None, description="e.g. http://mlflow:5000 or sqlite:///…")
     experiment: str | None = Field(default=None)
 
-    def tracker(self, job: JobSpec) -> "MlflowTracker":
+    def tracker(self, job: JobSpec) -> MlflowTracker:
         from primus_dagster.training.tracking import MlflowTracker
 
         return MlflowTracker(self.tracking_uri or job.tracking.tracking_uri, self.experiment or job.tracking.experiment)
@@ -84,12 +99,23 @@ class ExecutorPoolResource(ConfigurableResource):
         return self.data_executors or job.pools.data.replicas or 1
 
 
+def _env_var_if_set(name: str) -> EnvVar | None:
+    # Dagster fails a run whose config holds an EnvVar that is not set, so an unset one is left out.
+    return EnvVar(name) if os.environ.get(name) else None
+
+
 def default_resources() -> dict[str, ConfigurableResource]:
-    """Embedded defaults: project-local data root, Kafka from env or the embedded broker, MLflow
-    from the spec (else SQLite under the project home), local executor processes."""
+    """``storage`` (data root ``$PRIMUS_DATA_ROOT``, else ``<PRIMUS_HOME>/data``; its ``kafka``:
+    ``$PRIMUS_KAFKA_BOOTSTRAP_SERVERS``, else the embedded broker's state file), ``mlflow``
+    (``$MLFLOW_TRACKING_URI``, else the spec's, else SQLite under the project home) and
+    ``executor_pool`` (local processes). Set variables go in as ``EnvVar``."""
+    kafka = KafkaResource(
+        bootstrap_servers=_env_var_if_set(KAFKA_ENV), broker_state_file=str(paths.broker_state_file())
+    )
     return {
-        "storage": PrimusStorageResource(data_root=str(paths.data_root())),
-        "kafka": KafkaResource(broker_state_file=str(paths.broker_state_file())),
-        "mlflow": MlflowResource(),
+        "storage": PrimusStorageResource(
+            data_root=_env_var_if_set(DATA_ROOT_ENV) or str(paths.data_root()), kafka=kafka
+        ),
+        "mlflow": MlflowResource(tracking_uri=_env_var_if_set(MLFLOW_TRACKING_URI_ENV)),
         "executor_pool": ExecutorPoolResource(),
     }

@@ -1,8 +1,12 @@
-"""One Dagster asset per source of a JobSpec, partitioned hourly or daily as the spec says.
+"""One Dagster asset per source of a JobSpec, partitioned hourly or daily as the spec says, with blocking checks.
 
-Materialising a partition validates it (ready, schema, not empty, event times inside the
-partition) and records rows, bytes, files/tasks, version or Kafka offsets, a schema hash
-and a preview as metadata. The data itself stays in its storage (no IO manager).
+Materialising a partition scans it and records rows, bytes, files/tasks, version or Kafka offsets,
+a schema hash and a preview as metadata; the data itself stays in its storage (no IO manager).
+A partition that is not ready (no ``_SUCCESS`` marker, the stream not past it, ...) fails the step:
+there is nothing to record. A readable partition is materialised, and its problems fail the
+blocking checks of :mod:`~primus_dagster.dagster_defs.source_checks` (``no_unreadable_files``,
+``schema_matches_spec``, ``not_empty``, ``event_times_in_partition``), which keep the training
+asset from running on it in the same run.
 
 Example::
 
@@ -15,37 +19,26 @@ from datetime import datetime
 
 from dagster import (
     AssetExecutionContext,
+    AssetKey,
     AssetsDefinition,
-    DailyPartitionsDefinition,
     Failure,
-    HourlyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
-    PartitionsDefinition,
     asset,
 )
 
-from primus_dagster.dagster_defs.resources import KafkaResource, PrimusStorageResource
-from primus_dagster.data.canonical import schema_hash
-from primus_dagster.data.sources import make_adapter, scan_partition, scan_problems
+from primus_dagster.dagster_defs.partitions import time_partitions
+from primus_dagster.dagster_defs.resources import PrimusStorageResource
+from primus_dagster.dagster_defs.source_checks import (
+    scan_recording_schema_errors,
+    source_check_results,
+    source_check_specs,
+)
+from primus_dagster.data import PartitionScan, ReadTask, make_adapter, schema_hash
 from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec
 
 
-def partitions_def_for(source: SourceSpec, job: JobSpec) -> PartitionsDefinition:
-    """Hourly or daily partitions from the dataset's start (and end, if any), in UTC."""
-    start, end = job.dataset.start, job.dataset.end
-    if source.granularity == "hour":
-        fmt = "%Y-%m-%d-%H:%M"
-        return HourlyPartitionsDefinition(
-            start_date=start.strftime(fmt), end_date=end.strftime(fmt) if end else None, timezone="UTC"
-        )
-    fmt = "%Y-%m-%d"
-    return DailyPartitionsDefinition(
-        start_date=start.strftime(fmt), end_date=end.strftime(fmt) if end else None, timezone="UTC"
-    )
-
-
-def _preview_markdown(scan) -> str:
+def _preview_markdown(scan: PartitionScan) -> str:
     if scan.preview is None or scan.preview.num_rows == 0:
         return "(no rows)"
     rows = scan.preview.to_pylist()
@@ -63,14 +56,15 @@ def _preview_markdown(scan) -> str:
     return "\n".join(lines)
 
 
-def _metadata(scan) -> dict[str, object]:
+def _materialization_metadata(scan: PartitionScan) -> dict[str, object]:
     part = scan.partition
-    meta: dict[str, object] = {
+    metadata: dict[str, object] = {
         "rows": MetadataValue.int(scan.rows),
         "arrow_bytes": MetadataValue.int(scan.arrow_bytes),
         "storage_bytes": MetadataValue.int(part.bytes or 0),
         "files": MetadataValue.int(part.files),
         "tasks": MetadataValue.int(scan.tasks),
+        "failed_tasks": MetadataValue.int(len(scan.errors)),
         "location": MetadataValue.text(part.location),
         "schema_hash": MetadataValue.text(schema_hash(scan.schema) if scan.schema is not None else ""),
         "positives": MetadataValue.int(scan.positives),
@@ -78,32 +72,32 @@ def _metadata(scan) -> dict[str, object]:
         "preview": MetadataValue.md(_preview_markdown(scan)),
     }
     if scan.rows:
-        meta["ctr"] = MetadataValue.float(scan.positives / max(scan.labelled_rows, 1))
-    if scan.min_ts is not None:
-        meta["event_time_range"] = MetadataValue.text(f"{scan.min_ts.isoformat()} .. {scan.max_ts.isoformat()}")
+        metadata["ctr"] = MetadataValue.float(scan.positives / max(scan.labelled_rows, 1))
+    if scan.min_ts is not None and scan.max_ts is not None:
+        metadata["event_time_range"] = MetadataValue.text(f"{scan.min_ts.isoformat()} .. {scan.max_ts.isoformat()}")
     if part.version is not None:
-        meta["version"] = MetadataValue.text(str(part.version))
+        metadata["version"] = MetadataValue.text(str(part.version))
     if "offsets" in part.detail:
-        meta["kafka_offsets"] = MetadataValue.json(part.detail["offsets"])
-        meta["bad_records"] = MetadataValue.int(scan.bad_records)
+        metadata["kafka_offsets"] = MetadataValue.json(part.detail["offsets"])
+        metadata["bad_records"] = MetadataValue.int(scan.bad_records)
         if scan.bad_examples:
-            meta["bad_record_examples"] = MetadataValue.json(scan.bad_examples)
-    return meta
+            metadata["bad_record_examples"] = MetadataValue.json(scan.bad_examples)
+    return metadata
 
 
 def build_source_asset(
     job: JobSpec, stream: StreamSpec, source: SourceSpec, key_prefix: list[str] | None = None
 ) -> AssetsDefinition:
-    """The partitioned asset of one source (see module docstring)."""
+    """The partitioned asset of one source, with its blocking checks (see module docstring)."""
+    asset_key = AssetKey([*(key_prefix or []), source.name])
     description = (
         f"{source.type} source `{source.name}` ({source.kind}, per {source.granularity}) of stream "
         f"`{stream.name}` in job `{job.name}`; label delay {source.label_delay}."
     )
 
     @asset(
-        name=source.name,
-        key_prefix=key_prefix,
-        partitions_def=partitions_def_for(source, job),
+        key=asset_key,
+        partitions_def=time_partitions(source.granularity, job.dataset.start, job.dataset.end),
         group_name=stream.name,
         kinds={source.type},
         description=description,
@@ -112,33 +106,30 @@ def build_source_asset(
             "kind": source.kind,
             "spec": MetadataValue.json(json.loads(source.model_dump_json())),
         },
+        check_specs=source_check_specs(asset_key),
     )
-    def _source_asset(
-        context: AssetExecutionContext, storage: PrimusStorageResource, kafka: KafkaResource
-    ) -> MaterializeResult:
-        source_context = storage.source_context(kafka, needs_kafka=source.type == "kafka")
-        with make_adapter(source, source_context) as adapter:
-            start = context.partition_time_window.start
-            part = adapter.partition(start)
-            if not part.ready:
+    def _source_asset(context: AssetExecutionContext, storage: PrimusStorageResource) -> MaterializeResult:
+        with make_adapter(source, storage.source_context([source])) as adapter:
+            partition = adapter.partition(context.partition_time_window.start)
+            if not partition.ready:
                 raise Failure(
-                    description=f"{source.name} partition {context.partition_key} is not ready: {part.reason}",
-                    metadata={"location": part.location},
+                    description=f"{source.name} partition {context.partition_key} is not ready: {partition.reason}",
+                    metadata={"location": partition.location},
                 )
 
-            def progress(task, index: int, total: int) -> None:
+            def log_progress(task: ReadTask, index: int, total: int) -> None:
                 if index == total or index % max(1, total // 10) == 0:
                     context.log.info(f"{source.name} {context.partition_key}: read {index}/{total} tasks")
 
-            scan = scan_partition(adapter, part, on_task=progress)
-            problems = scan_problems(scan, source.allow_empty)
-            if problems:
-                raise Failure(
-                    description=f"{source.name} partition {context.partition_key} is invalid:\n- "
-                    + "\n- ".join(problems),
-                    metadata=_metadata(scan),
-                )
-            return MaterializeResult(metadata=_metadata(scan))
+            scan, schema_error_uris = scan_recording_schema_errors(adapter, partition, on_task=log_progress)
+        check_results = source_check_results(
+            asset_key, context.partition_key, scan, schema_error_uris, source.allow_empty
+        )
+        for failed in (result for result in check_results if not result.passed):
+            context.log.warning(
+                f"{source.name} {context.partition_key}: {failed.check_name} failed: {failed.description}"
+            )
+        return MaterializeResult(metadata=_materialization_metadata(scan), check_results=check_results)
 
     return _source_asset
 

@@ -8,6 +8,8 @@ MLflow run if an earlier attempt died, continues from the previous partition's m
 one finished (continuous training), and returns AUC, samples, samples/s, the MLflow run,
 the data window and the source versions as metadata. The ``auc_not_regressed`` check fails when
 the next-hour AUC drops more than ``training.auc_tolerance`` below the previous partition's.
+In a run that also materialises the sources, a failed blocking source check (see
+:mod:`~primus_dagster.dagster_defs.source_checks`) keeps it from running.
 
 Example::
 
@@ -16,7 +18,6 @@ Example::
 """
 
 import math
-from datetime import timedelta
 from pathlib import Path
 
 from dagster import (
@@ -29,8 +30,6 @@ from dagster import (
     AssetRecordsFilter,
     AssetsDefinition,
     DagsterInstance,
-    DailyPartitionsDefinition,
-    HourlyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
     PartitionsDefinition,
@@ -38,43 +37,35 @@ from dagster import (
     asset,
 )
 
-from primus_dagster.dagster_defs.resources import (
-    ExecutorPoolResource,
-    KafkaResource,
-    MlflowResource,
-    PrimusStorageResource,
-)
-from primus_dagster.data.sources import TimeWindow
-from primus_dagster.spec import JobSpec
+from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
+from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
+from primus_dagster.data import TimeWindow
+from primus_dagster.spec import JobSpec, granularity_step
 
-CHECK_NAME = "auc_not_regressed"
+AUC_CHECK_NAME = "auc_not_regressed"
 
 
 def training_asset_name(job: JobSpec) -> str:
     return job.name.replace("-", "_") + "_model"
 
 
-def _step(job: JobSpec) -> timedelta:
-    return timedelta(hours=1) if job.training.partition == "hour" else timedelta(days=1)
-
-
 def training_partitions_def(job: JobSpec) -> PartitionsDefinition:
     """Hourly or daily partitions, from the first window whose lagged batch data exists."""
-    step, lag = _step(job), job.training.batch_lag
-    start = job.dataset.start + step * math.ceil(lag / step) if lag else job.dataset.start
-    if job.training.partition == "hour":
-        return HourlyPartitionsDefinition(start_date=start.strftime("%Y-%m-%d-%H:%M"), timezone="UTC")
-    return DailyPartitionsDefinition(start_date=start.strftime("%Y-%m-%d"), timezone="UTC")
+    granularity = job.training.partition
+    lag_partitions = partitions_covering(granularity, job.training.batch_lag)
+    return time_partitions(granularity, job.dataset.start + granularity_step(granularity) * lag_partitions)
 
 
 def source_deps(job: JobSpec, key_prefix: list[str] | None = None) -> list[AssetDep]:
     """Stream sources: the same window; batch sources: the window shifted back by the batch lag
     (offsets count training partitions, as ``TimeWindowPartitionMapping`` does)."""
-    step, lag = _step(job), job.training.batch_lag
+    granularity, lag = job.training.partition, job.training.batch_lag
     deps = []
     for _, source in job.dataset.all_sources():
         if source.kind == "batch" and lag:
-            mapping = TimeWindowPartitionMapping(start_offset=-math.ceil(lag / step), end_offset=-(lag // step))
+            mapping = TimeWindowPartitionMapping(
+                start_offset=-partitions_covering(granularity, lag), end_offset=-(lag // granularity_step(granularity))
+            )
         else:
             mapping = TimeWindowPartitionMapping()
         deps.append(AssetDep(AssetKey([*(key_prefix or []), source.name]), partition_mapping=mapping))
@@ -108,22 +99,26 @@ def previous_auc(
 def auc_check(job: JobSpec, auc: float | None, previous: float | None) -> AssetCheckResult:
     """Pass unless the AUC dropped more than ``training.auc_tolerance`` below the previous partition's."""
     tolerance = job.training.auc_tolerance
-    meta = {
+    check_metadata = {
         "auc": auc if auc is not None else float("nan"),
         "tolerance": tolerance,
         "previous_auc": previous if previous is not None else float("nan"),
     }
     if auc is None or math.isnan(auc):
         return AssetCheckResult(
-            check_name=CHECK_NAME,
+            check_name=AUC_CHECK_NAME,
             passed=False,
             severity=AssetCheckSeverity.WARN,
-            metadata={**meta, "reason": "no evaluation (no held-out data after the window)"},
+            metadata={**check_metadata, "reason": "no evaluation (no held-out data after the window)"},
         )
     if previous is None:
-        return AssetCheckResult(check_name=CHECK_NAME, passed=True, metadata={**meta, "reason": "first partition"})
+        return AssetCheckResult(
+            check_name=AUC_CHECK_NAME, passed=True, metadata={**check_metadata, "reason": "first partition"}
+        )
     return AssetCheckResult(
-        check_name=CHECK_NAME, passed=auc >= previous - tolerance, metadata={**meta, "drop": previous - auc}
+        check_name=AUC_CHECK_NAME,
+        passed=auc >= previous - tolerance,
+        metadata={**check_metadata, "drop": previous - auc},
     )
 
 
@@ -145,7 +140,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         kinds={"pytorch", "mlflow"},
         check_specs=[
             AssetCheckSpec(
-                CHECK_NAME,
+                AUC_CHECK_NAME,
                 asset=key,
                 description="next-hour AUC not below the previous partition's minus the tolerance",
             )
@@ -159,25 +154,24 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
     def _training_asset(
         context: AssetExecutionContext,
         storage: PrimusStorageResource,
-        kafka: KafkaResource,
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
         from primus_dagster.training.job import TrainingJob, run_training_job
 
-        needs_kafka = any(s.type == "kafka" for _, s in job.dataset.all_sources())
-        source_context = storage.source_context(kafka, needs_kafka=needs_kafka)
-        tw = context.partition_time_window
-        window = TimeWindow(tw.start, tw.end)
+        source_context = storage.source_context(source for _, source in job.dataset.all_sources())
+        partition_window = context.partition_time_window
+        window = TimeWindow(partition_window.start, partition_window.end)
 
-        def progress(p: dict) -> None:
+        def log_progress(progress: dict) -> None:
             context.log.info(
-                f"[{p['phase']}] step {p['step']} samples {p['samples']} loss {p['loss']:.4f} "
-                f"train-AUC {p['train_auc']:.4f} {p['samples_per_s']:.0f} samples/s"
+                f"[{progress['phase']}] step {progress['step']} samples {progress['samples']} "
+                f"loss {progress['loss']:.4f} train-AUC {progress['train_auc']:.4f} "
+                f"{progress['samples_per_s']:.0f} samples/s"
             )
 
         # Continuous training: the model of the previous partition (if it finished) goes on learning.
-        previous = previous_partition(partitions, context.partition_key, context.instance)
+        previous_key = previous_partition(partitions, context.partition_key, context.instance)
         result = run_training_job(
             TrainingJob(
                 job,
@@ -188,21 +182,23 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 executors=executor_pool.executors(job),
                 run_key=f"{job.name}/{context.partition_key}",
                 tracker=mlflow.tracker(job),
-                progress=progress,
-                warm_start=f"{job.name}/{previous}" if previous else None,
+                progress=log_progress,
+                warm_start=f"{job.name}/{previous_key}" if previous_key else None,
             )
         )
-        meta = result.metadata()
-        auc = meta.get("eval_auc")
-        previous = previous_auc(context.instance, key, partitions, context.partition_key)
+        result_metadata = result.metadata()
+        previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
         metadata = {
-            k: (MetadataValue.json(v) if isinstance(v, (dict, list)) else v) for k, v in meta.items() if v is not None
+            name: (MetadataValue.json(value) if isinstance(value, (dict, list)) else value)
+            for name, value in result_metadata.items()
+            if value is not None
         }
         metadata["mlflow_run_url"] = (
             MetadataValue.url(result.run_url)
             if result.run_url.startswith("http")
             else MetadataValue.text(result.run_url)
         )
-        return MaterializeResult(metadata=metadata, check_results=[auc_check(job, auc, previous)])
+        auc_result = auc_check(job, result_metadata.get("eval_auc"), previous_partition_auc)
+        return MaterializeResult(metadata=metadata, check_results=[auc_result])
 
     return _training_asset

@@ -1,1 +1,93 @@
-"""The data plane: canonical schema, source adapters (later: DTGG planner, driver, executors, Flight)."""
+"""The data plane's public API: what ``training``, the Dagster glue, the benchmarks and users import.
+
+``spec -> DTGG plan -> data driver -> data executors -> Flight -> reader -> Batch`` (contracts:
+``docs/data_plane.md``). Everything outside ``primus_dagster.data`` imports these names from
+here (or from the ``sources`` / ``graph`` / ``driver`` / ``executor`` / ``reader`` / ``shm``
+subpackages' ``__init__``), never from their modules; ``make lint`` checks it.
+
+Example::
+
+    from primus_dagster.data import Batch, LocalDataPlane, Planner, SourceContext, TimeWindow
+
+    with Planner.for_job(job, SourceContext(data_root)) as planner:
+        plan = planner.plan(TimeWindow.hours_from(start, 24))
+    with LocalDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:
+        with plane.reader(0) as reader:
+            for batch in reader:                      # Batch: Arrow columns, tensors, metadata
+                logits = model(batch.dense, batch.sparse, batch.kind)
+"""
+
+from primus_dagster.data.batch import Batch, BatchMeta, BatchTensors, arrow_to_tensors, sparse_feature_names
+from primus_dagster.data.canonical import (
+    Normalizer,
+    SchemaMismatchError,
+    canonical_schema,
+    native_columns,
+    schema_hash,
+)
+from primus_dagster.data.driver import DataDriver, DriverAPI, DriverClient, DriverServer, JobFailedError
+from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
+from primus_dagster.data.local_plane import LocalDataPlane
+from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
+from primus_dagster.data.sources import (
+    Partition,
+    PartitionNotReadyError,
+    PartitionScan,
+    ReadTask,
+    SourceAdapter,
+    SourceContext,
+    SourceReadError,
+    TimeWindow,
+    make_adapter,
+    scan_partition,
+    scan_problems,
+)
+from primus_dagster.data.task_batches import read_batches, task_batches
+from primus_dagster.data.tasks import BatchId, DataTask
+from primus_dagster.data.versions import source_versions
+
+__all__ = [
+    "Batch",
+    "BatchId",
+    "BatchMeta",
+    "BatchTensors",
+    "ChooseQueue",
+    "DataDriver",
+    "DataTask",
+    "DriverAPI",
+    "DriverClient",
+    "DriverServer",
+    "JobFailedError",
+    "ListingCache",
+    "LocalDataPlane",
+    "Normalizer",
+    "NotReady",
+    "Partition",
+    "PartitionNotReadyError",
+    "PartitionScan",
+    "Plan",
+    "Planner",
+    "QueueStat",
+    "ReadTask",
+    "RemoteReader",
+    "RoundRobin",
+    "SchemaMismatchError",
+    "SourceAdapter",
+    "SourceContext",
+    "SourceReadError",
+    "TimeWindow",
+    "arrow_to_tensors",
+    "batch_first",
+    "canonical_schema",
+    "make_adapter",
+    "native_columns",
+    "plan_report",
+    "read_batches",
+    "render_plan",
+    "scan_partition",
+    "scan_problems",
+    "schema_hash",
+    "source_versions",
+    "sparse_feature_names",
+    "task_batches",
+]

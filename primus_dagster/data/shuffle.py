@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Literal, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 ShuffleKind = Literal["forward", "rebalance"]
 

@@ -49,7 +49,7 @@ class DataTask:
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @classmethod
-    def for_read(cls, stream: str, kind: Literal["batch", "stream"], read: ReadTask) -> "DataTask":
+    def for_read(cls, stream: str, kind: Literal["batch", "stream"], read: ReadTask) -> DataTask:
         return cls(
             task_id=f"{stream}:{read.task_id}",
             stream=stream,
@@ -80,7 +80,7 @@ class DataTask:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DataTask":
+    def from_dict(cls, data: dict[str, Any]) -> DataTask:
         return cls(
             task_id=data["task_id"],
             stream=data["stream"],
@@ -97,7 +97,7 @@ class DataTask:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "DataTask":
+    def from_json(cls, text: str) -> DataTask:
         return cls.from_dict(json.loads(text))
 
 

@@ -12,7 +12,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from primus_dagster.data.tasks import DataTask
 

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from primus_dagster.spec.base import StrictModel
-from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration
+from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default
 from primus_dagster.spec.sources import SourceSpec
 
 _GRANULARITY = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
@@ -35,7 +35,9 @@ class JoinSpec(StrictModel):
     left: str = Field(description="Source holding the samples (e.g. impressions).")
     right: str = Field(description="Source holding the late events (e.g. clicks).")
     key: str = Field(description="Join key present in both sources.")
-    lateness: NonNegativeDuration = Field(default="15m", description="How long to wait for a right event.")
+    lateness: NonNegativeDuration = Field(
+        default=duration_default("15m"), description="How long to wait for a right event."
+    )
 
 
 class StreamSpec(StrictModel):
@@ -43,14 +45,14 @@ class StreamSpec(StrictModel):
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     sources: list[SourceSpec] = Field(min_length=1)
-    window: PositiveDuration = Field(default="24h", description="Sliding-window length.")
+    window: PositiveDuration = Field(default=duration_default("24h"), description="Sliding-window length.")
     slide: PositiveDuration | None = Field(default=None, description="Slide step; default: the granularity.")
     weight: float = Field(default=1.0, gt=0, description="Prioritization weight w_i of this stream's buffer.")
     shuffle: Literal["forward", "rebalance"] = Field(default="rebalance")
     join: JoinSpec | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "StreamSpec":
+    def _check(self) -> StreamSpec:
         grans = {s.granularity for s in self.sources}
         step = max(granularity_step(g) for g in grans)
         if self.window % step:
@@ -89,7 +91,7 @@ class DatasetSpec(StrictModel):
         return value.astimezone(timezone.utc)
 
     @model_validator(mode="after")
-    def _check(self) -> "DatasetSpec":
+    def _check(self) -> DatasetSpec:
         if self.end is not None and self.end <= self.start:
             raise ValueError(f"end {self.end.isoformat()} must be after start {self.start.isoformat()}")
         seen: set[str] = set()

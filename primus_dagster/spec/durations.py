@@ -40,6 +40,18 @@ def format_duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
+def duration_default(text: str) -> Any:
+    """The default of a duration field, kept as the text a user writes: ``Field(default=duration_default("30m"))``.
+
+    The model validates it like any input (``validate_default``), and the JSON schema shows ``"30m"``
+    rather than the ``"PT30M"`` a :class:`~datetime.timedelta` default would give. It is typed ``Any``
+    because it is an input of validation, not yet the field's ``timedelta``; a malformed text fails here,
+    when the model class is defined.
+    """
+    parse_duration(text)
+    return text
+
+
 def _positive(value: Any) -> timedelta:
     parsed = parse_duration(value)
     if parsed <= timedelta(0):

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.dataset import DatasetSpec
-from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration
+from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default
 
 
 class PoolSpec(StrictModel):
@@ -31,7 +31,7 @@ class PoolSpec(StrictModel):
     max_restarts: int = Field(default=3, ge=0)
 
     @model_validator(mode="after")
-    def _bounds(self) -> "PoolSpec":
+    def _bounds(self) -> PoolSpec:
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError(
                 f"need min_replicas <= replicas <= max_replicas, got {self.min_replicas} <= {self.replicas} <= {self.max_replicas}"
@@ -73,7 +73,7 @@ class HorizontalScalingSpec(StrictModel):
     step: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
-    def _order(self) -> "HorizontalScalingSpec":
+    def _order(self) -> HorizontalScalingSpec:
         if self.scale_down_threshold >= self.scale_up_threshold:
             raise ValueError(
                 f"scale_down_threshold ({self.scale_down_threshold}) must be below scale_up_threshold ({self.scale_up_threshold})"
@@ -93,8 +93,8 @@ class VerticalScalingSpec(StrictModel):
 class ScalingSpec(StrictModel):
     """Scaling policies; only one acts per decision tick, each change has a cooldown."""
 
-    interval: PositiveDuration = Field(default="30s", description="Decision tick.")
-    cooldown: PositiveDuration = Field(default="2m")
+    interval: PositiveDuration = Field(default=duration_default("30s"), description="Decision tick.")
+    cooldown: PositiveDuration = Field(default=duration_default("2m"))
     horizontal: HorizontalScalingSpec = Field(default_factory=HorizontalScalingSpec)
     vertical: VerticalScalingSpec = Field(default_factory=VerticalScalingSpec)
 
@@ -105,7 +105,9 @@ class DataPlaneSpec(StrictModel):
     planner_threads: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=3, ge=1)
     failed_task_threshold: float = Field(default=0.05, ge=0, le=1, description="Fail the job past this share.")
-    lease: PositiveDuration = Field(default="60s", description="A running task's executor must report within it.")
+    lease: PositiveDuration = Field(
+        default=duration_default("60s"), description="A running task's executor must report within it."
+    )
     buffer_batches: int = Field(default=8, ge=1, description="Per-executor buffer before backpressure.")
 
 
@@ -124,6 +126,10 @@ class ModelSpec(StrictModel):
     )
 
 
+def _equal_priority_weights() -> dict[Literal["batch", "stream"], float]:
+    return {"batch": 1.0, "stream": 1.0}
+
+
 class TrainingSpec(StrictModel):
     """How the model learns from the batch and stream queues."""
 
@@ -133,12 +139,12 @@ class TrainingSpec(StrictModel):
     learning_rate: float = Field(default=1e-3, gt=0)
     checkpoint_every_steps: int = Field(default=500, ge=1)
     priority_weights: dict[Literal["batch", "stream"], float] = Field(
-        default_factory=lambda: {"batch": 1.0, "stream": 1.0},
+        default_factory=_equal_priority_weights,
         description="w_i of the mixture data prioritisation p_i = w_i * sigmoid(q_i) (mode mixed).",
     )
     auc_tolerance: float = Field(default=0.005, ge=0, description="Max AUC drop vs the previous partition.")
     batch_lag: NonNegativeDuration = Field(
-        default="0h",
+        default=duration_default("0h"),
         description="Batch data of a training window comes from the window shifted back by this "
         "(MTRM: the batch sources' label delay, e.g. 24h: the stream of today with the complete batch of yesterday).",
     )
@@ -148,7 +154,7 @@ class TrainingSpec(StrictModel):
     seed: int = Field(default=0, ge=0, description="Seeds model initialisation and the prioritisation's sampling.")
 
     @model_validator(mode="after")
-    def _mtrm_needs_both_kinds(self) -> "TrainingSpec":
+    def _mtrm_needs_both_kinds(self) -> TrainingSpec:
         # MTRM's memory tower learns batch data and its serving (adapt) tower learns the stream:
         # with one kind only, one tower would never train.
         if self.model.type == "mtrm" and self.mode in ("batch", "stream"):

@@ -19,12 +19,12 @@ Example (YAML)::
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from primus_dagster.spec.base import StrictModel
-from primus_dagster.spec.durations import NonNegativeDuration
+from primus_dagster.spec.durations import NonNegativeDuration, duration_default
 
 SOURCE_TYPES = ("parquet", "delta", "iceberg", "kafka")
 _NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -66,7 +66,7 @@ class _SourceBase(StrictModel):
     kind: Literal["batch", "stream"] = Field(default="batch", description="Which training queue it feeds.")
     granularity: Literal["hour", "day"] = Field(default="hour", description="Time partitioning of the source.")
     label_delay: NonNegativeDuration = Field(
-        default="0s", description="How long after event time the labels in this source are complete."
+        default=duration_default("0s"), description="How long after event time the labels in this source are complete."
     )
     columns: ColumnMapping
     allow_empty: bool = Field(default=False, description="An empty ready partition is valid (otherwise an error).")
@@ -94,7 +94,7 @@ class ParquetSourceSpec(_SourceBase):
     storage_options: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check_template(self) -> "ParquetSourceSpec":
+    def _check_template(self) -> ParquetSourceSpec:
         if self.layout == "template":
             if not self.template:
                 raise ValueError("layout 'template' needs a `template`, e.g. '{YYYY}{MM}{DD}/{HH}'")
@@ -121,7 +121,7 @@ class DeltaSourceSpec(_SourceBase):
     storage_options: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check_hour(self) -> "DeltaSourceSpec":
+    def _check_hour(self) -> DeltaSourceSpec:
         if self.granularity == "hour" and not self.hour_column:
             raise ValueError("an hourly Delta source needs `hour_column`")
         return self
@@ -161,7 +161,7 @@ class KafkaSourceSpec(_SourceBase):
 
 
 SourceSpec = Annotated[
-    Union[ParquetSourceSpec, DeltaSourceSpec, IcebergSourceSpec, KafkaSourceSpec],
+    ParquetSourceSpec | DeltaSourceSpec | IcebergSourceSpec | KafkaSourceSpec,
     Field(discriminator="type"),
 ]
 """Any source; ``type`` selects the model (parquet | delta | iceberg | kafka)."""

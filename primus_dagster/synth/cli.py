@@ -16,6 +16,7 @@ from dataclasses import fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from primus_dagster.broker_discovery import default_bootstrap_servers
 from primus_dagster.synth.world import SyntheticWorld, WorldConfig
 from primus_dagster.synth.writers import WriteSummary, write_world
 
@@ -57,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kafka-bootstrap",
         default=os.environ.get("PRIMUS_KAFKA_BOOTSTRAP_SERVERS"),
         help="Kafka host:port list for stream sources without bootstrap_servers "
-        "(default: $PRIMUS_KAFKA_BOOTSTRAP_SERVERS, else a running `primus-dagster broker --detach`)",
+        "(default: $PRIMUS_KAFKA_BOOTSTRAP_SERVERS, else a running `primus-dagster-dev broker --detach`)",
     )
     parser.add_argument(
         "--kafka-partitions", type=int, default=4, help="partitions of a topic created here (default: 4)"
@@ -94,17 +95,6 @@ def world_config_from_args(args: argparse.Namespace) -> WorldConfig:
 def _parse_start(text: str) -> datetime:
     value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
-def _embedded_bootstrap() -> str | None:
-    try:
-        from primus_dagster import paths
-        from primus_dagster.kafka_broker import EmbeddedBroker
-
-        state = EmbeddedBroker.read_state(str(paths.broker_state_file()))
-    except Exception:  # no broker module, no state: the caller reports the missing servers
-        return None
-    return (state or {}).get("bootstrap_servers")
 
 
 def print_summary(summary: WriteSummary, data_root: str) -> None:
@@ -155,12 +145,12 @@ def run(args: argparse.Namespace) -> int:
     chosen = [s for _, s in job.dataset.all_sources() if args.sources is None or s.name in args.sources]
     bootstrap = args.kafka_bootstrap
     if bootstrap is None and any(s.type == "kafka" and not s.bootstrap_servers for s in chosen):
-        bootstrap = _embedded_bootstrap()
+        bootstrap = default_bootstrap_servers()
         if bootstrap is None:
             names = [s.name for s in chosen if s.type == "kafka"]
             print(
                 f"error: Kafka source(s) {names} need bootstrap servers: pass --kafka-bootstrap, set "
-                f"PRIMUS_KAFKA_BOOTSTRAP_SERVERS, start `primus-dagster broker --detach`, or leave them out "
+                f"PRIMUS_KAFKA_BOOTSTRAP_SERVERS, start `primus-dagster-dev broker --detach`, or leave them out "
                 f"with --sources",
                 file=sys.stderr,
             )

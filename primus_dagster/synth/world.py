@@ -17,9 +17,10 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +69,7 @@ class WorldConfig:
     click_delay_sigma: float = 2.0
     max_label_delay: timedelta = field(default=timedelta(hours=24))
 
-    HELP = {
+    HELP: ClassVar[dict[str, str]] = {
         "seed": "seed of the whole world (latent state and every hour)",
         "users": "number of users (Zipf-like popularity)",
         "items": "number of items (Zipf-like popularity)",
@@ -230,7 +231,7 @@ class SyntheticWorld:
         rho = cfg.trend_persistence
         self.trend_std = cfg.trend_noise / math.sqrt(1 - rho**2)
         self.bias = self._calibrate_bias()
-        self._trend_lags = 0 if rho == 0 else min(int(math.ceil(math.log(1e-4) / math.log(rho))), 8192)
+        self._trend_lags = 0 if rho == 0 else min(math.ceil(math.log(1e-4) / math.log(rho)), 8192)
         self._trend_weights = cfg.trend_noise * rho ** np.arange(self._trend_lags + 1)
         self._trend_blocks: dict[int, np.ndarray] = {}
         mu = math.log(cfg.mean_click_delay.total_seconds()) - cfg.click_delay_sigma**2 / 2
@@ -304,11 +305,11 @@ class SyntheticWorld:
         moving average over the last lags (error < 1e-4 of the scale), so every hour is exact
         and independent of which hours were asked for before.
         """
-        hours = np.asarray(list(hours), dtype=np.int64) + self.start_epoch_hour
-        out = np.empty((len(hours), self.config.topics))
+        epoch_hours = np.asarray(list(hours), dtype=np.int64) + self.start_epoch_hour
+        out = np.empty((len(epoch_hours), self.config.topics))
         k = self._trend_lags
         w = self._trend_weights[::-1]  # oldest lag first
-        for i, H in enumerate(hours):
+        for i, H in enumerate(epoch_hours):
             out[i] = w @ self._innovations(int(H) - k, int(H))
         return out
 
@@ -332,8 +333,7 @@ class SyntheticWorld:
         topics = self.item_topic[items]
         device = np.where(rng.random(n) < 0.85, self.user_device[users], rng.integers(0, N_DEVICES, n))
         trend_now, trend_prev = self.trend([h, h - 1])
-        tod = (H % 24) + offsets / HOUR_US
-        daily = (cfg.daily_amplitude * np.cos(2 * np.pi * (tod - cfg.peak_hour) / 24)).astype(np.float32)
+        daily = self._daily((H % 24) + offsets / HOUR_US)
 
         dense = rng.standard_normal((cfg.n_dense, n), dtype=np.float32)
         informative = [  # (observed signal, noise std); later rows stay pure noise
@@ -348,16 +348,8 @@ class SyntheticWorld:
             if j < cfg.n_dense:
                 direct += weight * dense[j]
 
-        logit = (
-            self.bias
-            + self.user_bias[users]
-            + self.item_bias[items]
-            + _DEVICE_EFFECT[device]
-            + cfg.affinity_scale * self.affinity(users, items)
-            + np.float32(cfg.trend_scale) * trend_now[topics].astype(np.float32)
-            + daily
-            + np.float32(cfg.dense_scale) * direct
-        )
+        trend = np.float32(cfg.trend_scale) * trend_now[topics].astype(np.float32)
+        logit = self._logit(users, items, device, trend, daily, direct)
         click = rng.random(n, dtype=np.float32) < 1.0 / (1.0 + np.exp(-logit))
         delay = np.exp(self._delay_mu + cfg.click_delay_sigma * rng.standard_normal(n))
         delay = np.minimum(delay, cfg.max_label_delay.total_seconds()).astype(np.float32)
@@ -391,18 +383,35 @@ class SyntheticWorld:
             (w * table.column(f"d{j}").to_numpy() for j, w in _DIRECT_EFFECTS if j < cfg.n_dense),
             np.zeros(len(table), dtype=np.float32),
         )
-        logit = (
+        trend = np.float32(cfg.trend_scale) * self.trend([h])[0][topics].astype(np.float32) if with_trend else 0.0
+        return self._logit(users, items, device, trend, self._daily(tod), direct.astype(np.float32))
+
+    def _daily(self, hour_of_day: np.ndarray) -> np.ndarray:
+        """The daily cycle's term of the logit at each fractional hour of the day."""
+        cfg = self.config
+        return (cfg.daily_amplitude * np.cos(2 * np.pi * (hour_of_day - cfg.peak_hour) / 24)).astype(np.float32)
+
+    def _logit(
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        device: np.ndarray,
+        trend: np.ndarray | float,
+        daily: np.ndarray,
+        direct: np.ndarray,
+    ) -> np.ndarray:
+        """The click logit: biases + long-term affinity + the topic trend + daily cycle + dense effects."""
+        cfg = self.config
+        return (
             self.bias
             + self.user_bias[users]
             + self.item_bias[items]
             + _DEVICE_EFFECT[device]
             + cfg.affinity_scale * self.affinity(users, items)
-            + cfg.daily_amplitude * np.cos(2 * np.pi * (tod - cfg.peak_hour) / 24)
-            + cfg.dense_scale * direct
+            + trend
+            + daily
+            + np.float32(cfg.dense_scale) * direct
         )
-        if with_trend:
-            logit = logit + cfg.trend_scale * self.trend([h])[0][topics]
-        return logit
 
     def stream_copy(self, table: pa.Table) -> pa.Table:
         """:func:`stream_copy` with this world's ``stream_label_window``."""

@@ -181,7 +181,7 @@ def _read_model(path: Path) -> dict[str, Any]:
         # weights_only=True (no arbitrary unpickling) loads model state dicts and torch.optim
         # state dicts (Adam: tensors, ints, floats, bools, tuples, None) -- see test_checkpoint.
         states = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a corrupt file
+    except Exception as exc:
         raise CheckpointError(f"{path}: corrupt or unreadable torch file: {type(exc).__name__}: {exc}") from exc
     if not isinstance(states, dict) or not {"model", "optimizer"} <= set(states):
         raise CheckpointError(f"{path}: expected a dict with 'model' and 'optimizer' states")

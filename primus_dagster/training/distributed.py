@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import pickle
 import queue as queue_mod
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,13 +48,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from primus_dagster.data.driver.client import DriverClient
-from primus_dagster.data.local import LocalDataPlane
-from primus_dagster.data.reader import RemoteReader
-from primus_dagster.data.train_batch import TrainBatch
-from primus_dagster.kafka_broker import free_port
+from primus_dagster.data import Batch, DriverClient, LocalDataPlane, RemoteReader
+from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.features import Features, features_from_batch
 from primus_dagster.training.models import MTRM, build_model
 from primus_dagster.training.priority import MixturePriority
 from primus_dagster.training.trainer import Trainer, TrainerStats
@@ -83,10 +81,11 @@ def params_checksum(model: nn.Module) -> tuple[str, float]:
     return digest, float(sum(float(t.abs().sum(dtype=torch.float64)) for t in flat))
 
 
-def _average_hook(state: _RankLoop, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+def _average_hook(state: _RankLoop, bucket):  # DDP rejects string annotations
     """(dist.GradBucket) -> Future[Tensor]: each gradient / its group's divisor, summed over the ranks; a
     group no rank trained this round (divisor 0: every rank knows it) is not sent at all."""
-    started, flat, offset, runs = time.perf_counter(), bucket.buffer(), 0, []
+    started, flat, offset = time.perf_counter(), bucket.buffer(), 0
+    runs: list[tuple[int, int]] = []
     for p in bucket.parameters():  # the bucket holds the parameters' gradients, flat, in this order
         n, d = p.numel(), state.divisor[state.group[id(p)]]
         if d > 1:
@@ -102,32 +101,31 @@ def _average_hook(state: _RankLoop, bucket):  # type: ignore[no-untyped-def]  # 
         return flat
 
     state.sent += sum(b - a for a, b in runs) * flat.element_size()
-    futures = [dist.all_reduce(flat[a:b], async_op=True).get_future() for a, b in runs]  # type: ignore[union-attr]
+    futures = [dist.all_reduce(flat[a:b], async_op=True).get_future() for a, b in runs]
     return torch.futures.collect_all(futures).then(done)
 
 
 class _RankLoop:
-    """One rank's rounds (module docstring). ``pull(wait_s)``: features or a reader batch; None: ended;
+    """One rank's rounds (module docstring). ``pull(wait_s)``: a reader batch; None: ended;
     TimeoutError: none yet."""
 
-    def __init__(self, spec: TrainingSpec, pull: Callable[[float], Features | TrainBatch | None], record_ids: bool):
-        self.spec, self.pull, self.pending, self.ended = spec, pull, deque[Features](), False
+    def __init__(self, spec: TrainingSpec, pull: Callable[[float], Batch | None], record_ids: bool):
+        self.spec, self.pull, self.pending, self.ended = spec, pull, deque[Batch](), False
         self.trainer: Trainer | None = None
         self.widths, self.null_steps, self.comm_s, self.sent = (0, 0), 0, 0.0, 0  # comm hook: seconds, bytes
         self.group: dict[int, str] = {}  # id(parameter) -> memory | adapt | all
         self.divisor = {"memory": 1, "adapt": 1, "all": 1}  # of each group in this round (0: not sent)
         self.sample_ids: list[int] | None = [] if record_ids else None
 
-    def _head(self, wait_s: float) -> Features | None:
+    def _head(self, wait_s: float) -> Batch | None:
         if not self.pending and not self.ended:
             try:
-                feats = self.pull(wait_s)
+                batch = self.pull(wait_s)
             except TimeoutError:
                 return None
-            if feats is not None and not isinstance(feats, Features):
-                feats = features_from_batch(feats)
-            self.ended, size = feats is None, self.spec.batch_size
-            self.pending.extend(feats.slice(s, s + size) for s in range(0, feats.rows if feats else 0, size))
+            self.ended, size = batch is None, self.spec.batch_size
+            if batch is not None:
+                self.pending.extend(batch.slice(s, s + size) for s in range(0, batch.rows, size))
         return self.pending[0] if self.pending else None
 
     def _build(self, n_dense: int, n_sparse: int) -> Trainer:
@@ -254,18 +252,19 @@ def ddp_in_memory_worker(
     shard_paths: list[str],
     warmup_steps: int,
 ) -> None:
-    """One rank on in-memory micro-batches (``torch.save``-d dicts of dense, sparse, label, kind at
-    ``shard_paths[rank]``): ``warmup_steps`` rounds, then the timed loop over the whole shard. ``extra``:
+    """One rank on in-memory micro-batches (a pickled list of :class:`Batch` at ``shard_paths[rank]``): ``warmup_steps`` rounds, then the timed loop over the whole shard. ``extra``:
     seconds in the comm hook, bytes it allreduced per round, seconds of one allreduce of that size."""
 
     def body() -> RankResult:
-        shard = [Features(d["dense"], d["sparse"], d["label"], d["kind"]) for d in torch.load(shard_paths[rank])]
+        with open(shard_paths[rank], "rb") as file:
+            shard: list[Batch] = pickle.load(file)  # written by the caller (bench/train_throughput.py)
         warm = itertools.cycle(shard)
         loop = _RankLoop(TrainingSpec.model_validate_json(training_spec_json), lambda _: next(warm), False)
         loop.run(max_rounds=warmup_steps)
         assert loop.trainer is not None
         loop.trainer.counters, loop.comm_s, loop.sent, loop.null_steps = TrainerStats(), 0.0, 0, 0
-        loop.pull, loop.pending = (lambda _, items=iter(shard): next(items, None)), deque()
+        timed = iter(shard)
+        loop.pull, loop.pending = (lambda _: next(timed, None)), deque()
         dist.barrier()
         started, cpu0 = time.perf_counter(), time.process_time()
         loop.run()

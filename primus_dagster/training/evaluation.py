@@ -1,102 +1,64 @@
-"""AUC and log loss of a model's serving output (``model.predict``) on held-out batches.
+"""Next-hour evaluation: score the model on the hours right after its training window
+(the metrics themselves are in :mod:`.metrics`).
+
+The held-out data is read in this process through the source adapters (no data plane: it is a
+few hours). Labels come from the ``batch`` streams when those hours are there -- complete labels,
+the honest measure -- and otherwise from the ``stream`` sources, whose labels are incomplete
+(clicks later than the stream's label window are missing), which :attr:`NextHourEvaluation.labels` says.
 
 Example::
 
-    result = evaluate(model, (features_from_arrow(b) for b in held_out_batches), max_rows=100_000)
-    print(result.auc, result.log_loss, result.to_dict())
+    held = evaluate_window(job, context, model, window.end, window.end + timedelta(hours=1))
+    held.result.auc if held else "no data after the window yet"
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence, Union
+import logging
+from dataclasses import dataclass
+from datetime import datetime
 
-import numpy as np
-import torch
-from sklearn.metrics import roc_auc_score
-from torch import nn
+from primus_dagster.data import Planner, SourceContext, TimeWindow, read_batches
+from primus_dagster.spec import JobSpec
+from primus_dagster.training.metrics import EvalResult, evaluate
+from primus_dagster.training.models import RecModel
 
-from primus_dagster.training.features import Features
-
-ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
-_EPS = 1e-7
-
-
-def _numpy(values: ArrayLike) -> np.ndarray:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    return np.asarray(values, dtype=np.float64).reshape(-1)
-
-
-def auc(labels: ArrayLike, scores: ArrayLike) -> float:
-    """ROC AUC of binary ``labels`` (0/1) against ``scores``; NaN when fewer than two classes are present."""
-    y, s = _numpy(labels), _numpy(scores)
-    if y.shape != s.shape:
-        raise ValueError(f"labels and scores differ in length: {y.shape[0]} vs {s.shape[0]}")
-    if np.unique(y).size < 2:
-        return float("nan")
-    return float(roc_auc_score(y, s))
-
-
-def log_loss(labels: ArrayLike, probabilities: ArrayLike) -> float:
-    """Mean binary cross-entropy, probabilities clipped to [1e-7, 1 - 1e-7]; NaN for no rows."""
-    y, p = _numpy(labels), _numpy(probabilities)
-    if y.shape != p.shape:
-        raise ValueError(f"labels and probabilities differ in length: {y.shape[0]} vs {p.shape[0]}")
-    if y.size == 0:
-        return float("nan")
-    p = np.clip(p, _EPS, 1.0 - _EPS)
-    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+log = logging.getLogger(__name__)
 
 
 @dataclass
-class EvalResult:
-    """Metrics of one evaluation: ``ctr`` = positives / rows (the empirical click-through rate)."""
+class NextHourEvaluation:
+    """An evaluation on held-out hours: the result and which labels it used (batch | stream)."""
 
-    auc: float
-    log_loss: float
-    rows: int
-    positives: int
-    ctr: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    result: EvalResult
+    labels: str
+    window: TimeWindow
 
 
-def _device(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def evaluate(model: nn.Module, batches: Iterable[Features], *, max_rows: int | None = None) -> EvalResult:
-    """Evaluate ``sigmoid(model.predict(dense, sparse))`` over ``batches`` (at most ``max_rows`` rows).
-
-    Runs in eval mode without gradients and restores the model's previous train/eval mode.
-    Raises ValueError when there are no rows to evaluate.
-    """
-    was_training = model.training
-    device = _device(model)
-    labels: list[torch.Tensor] = []
-    probs: list[torch.Tensor] = []
-    rows = 0
-    model.eval()
-    try:
-        with torch.no_grad():
-            for f in batches if max_rows is None or max_rows > 0 else ():
-                if max_rows is not None and rows + f.rows > max_rows:
-                    f = f.slice(0, max_rows - rows)
-                if f.rows:
-                    logits = model.predict(f.dense.to(device), f.sparse.to(device))
-                    probs.append(torch.sigmoid(logits.float()).cpu())
-                    labels.append(f.label.float().cpu())
-                    rows += f.rows
-                if max_rows is not None and rows >= max_rows:
-                    break  # without pulling another batch from the iterable
-    finally:
-        model.train(was_training)
-    if rows == 0:
-        raise ValueError(f"no evaluation rows (max_rows={max_rows}): the held-out batches are empty")
-    y = torch.cat(labels).numpy()
-    p = torch.cat(probs).numpy()
-    positives = int((y > 0.5).sum())
-    return EvalResult(auc=auc(y, p), log_loss=log_loss(y, p), rows=rows, positives=positives, ctr=positives / rows)
+def evaluate_window(
+    job: JobSpec,
+    context: SourceContext,
+    model: RecModel,
+    start: datetime,
+    end: datetime,
+    *,
+    max_rows: int | None = 2_000_000,
+) -> NextHourEvaluation | None:
+    """Evaluate ``model`` on ``[start, end)``; None when no source has data there yet."""
+    window = TimeWindow(start, end)
+    with Planner.for_job(job, context) as planner:
+        tasks = list(planner.plan(window).tasks)
+    for labels in ("batch", "stream"):
+        chosen = [t for t in tasks if t.kind == labels]
+        if not chosen:
+            continue
+        if labels == "stream":
+            log.warning("no batch data after the window yet: evaluating on the stream's incomplete labels")
+        try:
+            result = evaluate(model, read_batches(job, context, chosen), max_rows=max_rows)
+        except ValueError as exc:  # no rows
+            log.warning("held-out evaluation on %s: %s", window, exc)
+            return None
+        return NextHourEvaluation(result, labels, window)
+    log.warning("no data after the window (%s) to evaluate on", window)
+    return None

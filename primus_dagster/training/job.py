@@ -27,28 +27,32 @@ import logging
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from primus_dagster.data.driver import DataDriver
-from primus_dagster.data.graph import Planner
-from primus_dagster.data.local import LocalDataPlane
-from primus_dagster.data.sources import SourceContext, TimeWindow
-from primus_dagster.data.tasks import DataTask
-from primus_dagster.data.versions import source_versions
+from primus_dagster.data import (
+    Batch,
+    ChooseQueue,
+    DataDriver,
+    DataTask,
+    LocalDataPlane,
+    Planner,
+    SourceContext,
+    TimeWindow,
+    source_versions,
+)
 from primus_dagster.paths import primus_home
 from primus_dagster.spec import JobSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from primus_dagster.training.features import features_from_batch
-from primus_dagster.training.held_out import HeldOut, evaluate_window
+from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.models import build_model, model_summary
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
 from primus_dagster.training.priority import MixturePriority
-from primus_dagster.training.sample_log import SampleLog
 from primus_dagster.training.tracking import MlflowTracker
 from primus_dagster.training.trainer import Trainer
 
@@ -73,14 +77,30 @@ class TrainingJob:
     executors: int | None = None
     run_key: str | None = None
     tracker: MlflowTracker | None = None
-    record_samples: str | Path | None = None  # append (step, sample ids) per trained batch (tests, audits)
     progress: Callable[[dict[str, Any]], None] | None = None
     evaluate: bool = True
     warm_start: str | None = None  # run key whose finished model (and Adam state) this run continues from
-    slow_ms_per_batch: float = 0.0  # fault injection: every executor sleeps this long per batch (tests)
 
     def key(self) -> str:
         return self.run_key or f"{self.job.name}/{self.window.start:%Y-%m-%dT%H}/{self.window.end:%Y-%m-%dT%H}"
+
+
+@dataclass
+class JobHooks:
+    """Extension points of :func:`run_training_job` that are not part of *what* to run.
+
+    ``on_batch(step, batch)`` is called after each trained reader batch (audits: which samples a
+    step consumed); ``data_plane`` starts the data plane of a phase with :class:`LocalDataPlane`'s
+    signature (the executor pools plug in here; tests pass one with injected faults).
+
+    Example::
+
+        seen = []
+        run_training_job(cfg, JobHooks(on_batch=lambda step, batch: seen.append(batch.rows)))
+    """
+
+    on_batch: Callable[[int, Batch], None] | None = None
+    data_plane: Callable[..., LocalDataPlane] = LocalDataPlane
 
 
 @dataclass
@@ -92,7 +112,7 @@ class TrainingResult:
     model_uri: str | None
     window: TimeWindow
     stats: dict[str, Any]
-    evaluation: HeldOut | None
+    evaluation: NextHourEvaluation | None
     source_versions: dict[str, Any]
     checkpoints: list[int] = field(default_factory=list)
     resumed_from_step: int | None = None
@@ -171,7 +191,7 @@ def _params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
     }
 
 
-class _Run:
+class TrainingRun:
     """State of one run of :func:`run_training_job` (model built at the first batch: its input
     widths come from the data)."""
 
@@ -184,7 +204,6 @@ class _Run:
         self.warm: Checkpoint | None = None  # a previous run's final model: its weights and Adam state only
         self.checkpoints: list[int] = []
         self.next_checkpoint = self.spec.checkpoint_every_steps
-        self.samples_log = SampleLog(cfg.record_samples) if cfg.record_samples else None
         # One scratch folder per run key, emptied at start: what a killed attempt left is reclaimed.
         self.workdir = primus_home() / "train" / hashlib.sha1(cfg.key().encode()).hexdigest()[:16]
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -271,7 +290,7 @@ class _Run:
             self.cfg.progress({"phase": phase.name, **stats, "train_auc": metrics["train_auc"]})
 
 
-def _driver_for(cfg: TrainingJob, run: _Run, phase: Phase, resume: Checkpoint | None) -> DataDriver:
+def _driver_for(cfg: TrainingJob, run: TrainingRun, phase: Phase, resume: Checkpoint | None) -> DataDriver:
     data = cfg.job.data
     if resume is not None and resume.phase == phase.name and resume.data_snapshot is not None:
         driver = DataDriver.restore(resume.data_snapshot)
@@ -288,18 +307,19 @@ def _driver_for(cfg: TrainingJob, run: _Run, phase: Phase, resume: Checkpoint | 
     return driver
 
 
-def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, executors: int) -> None:
+def _run_phase(
+    cfg: TrainingJob, run: TrainingRun, phase: Phase, driver: DataDriver, executors: int, hooks: JobHooks
+) -> None:
     spec = cfg.job.training
     # Mixed: q_i weighs the upstream backlog (tasks of each kind not read yet) -- a stream surge
     # raises the stream's share while batch data keeps flowing.
-    chooser = (
+    chooser: ChooseQueue | None = (
         MixturePriority(spec.priority_weights, seed=spec.seed, backlog_fn=driver.backlog_by_kind)
         if phase.prioritised
         else None
     )
     token = secrets.token_hex(16)
-    slow = dict.fromkeys(range(executors), cfg.slow_ms_per_batch) if cfg.slow_ms_per_batch else None
-    with LocalDataPlane(
+    with hooks.data_plane(
         cfg.job_path,
         cfg.data_root,
         driver=driver,
@@ -307,15 +327,13 @@ def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, ex
         trainers=1,
         token=token,
         kafka_bootstrap=cfg.kafka_bootstrap,
-        slow_ms_per_batch=slow,
     ) as plane:
         with plane.reader(0, choose_queue=chooser) as reader:
             for batch in reader:
-                feats = features_from_batch(batch)
-                trainer = run.ensure_trainer(feats.dense.shape[1], feats.sparse.shape[1])
-                trainer.train(feats)
-                if run.samples_log is not None:
-                    run.samples_log.append(trainer.step, feats.sample_id)
+                trainer = run.ensure_trainer(batch.dense.shape[1], batch.sparse.shape[1])
+                trainer.train(batch)
+                if hooks.on_batch is not None:
+                    hooks.on_batch(trainer.step, batch)
                 run.report(phase)
                 if trainer.step >= run.next_checkpoint:
                     snapshot = reader.barrier(trainer.step, wait_s=30)
@@ -329,8 +347,9 @@ def _run_phase(cfg: TrainingJob, run: _Run, phase: Phase, driver: DataDriver, ex
     run.checkpoint(phase, None, phase_done=True)
 
 
-def run_training_job(cfg: TrainingJob) -> TrainingResult:
+def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> TrainingResult:
     """Train ``cfg.job``'s model on ``cfg.window`` (see module docstring)."""
+    hooks = hooks or JobHooks()
     started = time.perf_counter()
     job, spec = cfg.job, cfg.job.training
     torch.set_num_threads(spec.threads)
@@ -339,7 +358,7 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tracker.start(cfg.key(), params=_params(job, cfg.window, executors), tags={"primus.job": job.name})
-    run = _Run(cfg, tracker, tasks)
+    run = TrainingRun(cfg, tracker, tasks)
     status = "FAILED"
     try:
         resume = _load_resume(tracker, run)
@@ -350,7 +369,7 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
             first = phase_index(spec.mode, resume.phase) + (1 if resume.extra.get("phase_done") else 0)
         for phase in all_phases[first:]:
             driver = _driver_for(cfg, run, phase, resume)
-            _run_phase(cfg, run, phase, driver, executors)
+            _run_phase(cfg, run, phase, driver, executors, hooks)
         if run.trainer is None and resume is not None:  # everything was done before the restart
             run.ensure_trainer(int(resume.extra["n_dense"]), int(resume.extra["n_sparse"]))
         if run.trainer is None:
@@ -373,7 +392,7 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
         model_uri = tracker.log_model(run.trainer.model)
         status = "FINISHED"
         return TrainingResult(
-            run_id=tracker.run_id,
+            run_id=tracker.require_run_id(),
             run_url=tracker.run_url,
             model_uri=model_uri,
             window=cfg.window,
@@ -387,12 +406,10 @@ def run_training_job(cfg: TrainingJob) -> TrainingResult:
         )
     finally:
         tracker.finish(status)
-        if run.samples_log is not None:
-            run.samples_log.close()
         shutil.rmtree(run.workdir, ignore_errors=True)
 
 
-def _load_warm_start(tracker: MlflowTracker, run: _Run) -> str | None:
+def _load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> str | None:
     """Load the final checkpoint of the finished run ``run.cfg.warm_start`` (continuous training
     across windows); its run id, or None when there is none yet (then the model starts fresh)."""
     key = run.cfg.warm_start or ""
@@ -407,7 +424,7 @@ def _load_warm_start(tracker: MlflowTracker, run: _Run) -> str | None:
     return source
 
 
-def _load_resume(tracker: MlflowTracker, run: _Run) -> Checkpoint | None:
+def _load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:
     if not tracker.resumed:
         return None
     directory = tracker.latest_checkpoint(run.workdir / "resume")

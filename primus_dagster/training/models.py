@@ -15,11 +15,14 @@ negative ones included; the model hashes them), ``kind`` is ``"batch"`` (complet
   ``batch`` samples, an adapt tower learns ``stream`` samples and also reads the memory tower's hidden
   state (detached: no gradient flows into the memory tower); serving uses the adapt tower.
 
+:func:`model_inputs` turns a data-plane :class:`~primus_dagster.data.Batch` into these inputs.
+
 Example::
 
     model = build_model(ModelSpec(type="mtrm"), n_dense=13, n_sparse=5, seed=0)
-    loss = F.binary_cross_entropy_with_logits(model(f.dense, f.sparse, f.kind), f.label)
-    ctr = torch.sigmoid(model.predict(f.dense, f.sparse))
+    dense, sparse, label = model_inputs(batch)
+    loss = F.binary_cross_entropy_with_logits(model(dense, sparse, batch.kind), label)
+    ctr = torch.sigmoid(model.predict(dense, sparse))
 """
 
 from __future__ import annotations
@@ -27,7 +30,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from primus_dagster.data import Batch
 from primus_dagster.spec.job import ModelSpec
+
+KINDS = ("batch", "stream")
+
+
+def _zero_nan(values: torch.Tensor) -> torch.Tensor:
+    """NaN -> 0 (a copy only when there is a NaN: read-only Arrow views stay views)."""
+    return torch.nan_to_num(values, nan=0.0) if bool(torch.isnan(values).any()) else values
+
+
+def model_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dense, sparse, label)`` as the models read them: a missing dense value is 0, an unlabelled
+    row is a negative (a stream row without a click yet, until it is corrected)."""
+    if batch.kind not in KINDS:
+        raise ValueError(f"batch {batch.batch_id.key()} has kind {batch.kind!r}; expected one of {KINDS}")
+    return _zero_nan(batch.dense), batch.sparse, _zero_nan(batch.label)
+
 
 _P = (1 << 31) - 1  # Mersenne prime modulus of the hash; products of 22-bit limbs and 31-bit salts fit int64
 _LIMBS = ((0, 22), (22, 22), (44, 20))  # (shift, bits): a bijection of int64 onto three non-negative limbs
@@ -59,6 +79,8 @@ class HashedEmbedding(nn.Module):
         emb = HashedEmbedding(n_features=5, buckets=100_000, dim=16)
         out = emb(torch.tensor([[7, -3, 2**40, 0, 1]]))     # [1, 5 * 16]
     """
+
+    salts: torch.Tensor  # registered buffer
 
     def __init__(self, n_features: int, buckets: int, dim: int, sparse: bool = False):
         super().__init__()
@@ -138,7 +160,27 @@ class _MemoryTower(nn.Module):
         return self.head(self.hidden(dense, sparse)).squeeze(-1)
 
 
-class SingleTower(nn.Module):
+class RecModel(nn.Module):
+    """What every model built by :func:`build_model` is (the protocol in the module docstring)."""
+
+    model_type: str
+
+    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
+        super().__init__()
+        if n_dense < 0 or n_sparse < 0 or n_dense + n_sparse == 0:
+            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
+        self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
+        """Training logits [B] for samples of ``kind``."""
+        raise NotImplementedError
+
+    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """Serving logits [B]."""
+        raise NotImplementedError
+
+
+class SingleTower(RecModel):
     """DLRM-style baseline: one tower learns every kind; ``predict == forward``.
 
     Example::
@@ -150,10 +192,7 @@ class SingleTower(nn.Module):
     model_type = "single"
 
     def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
-        super().__init__()
-        if n_dense < 0 or n_sparse < 0 or n_dense + n_sparse == 0:
-            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
-        self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
+        super().__init__(spec, n_dense, n_sparse)
         self.tower = _DLRMTower(spec, n_dense, n_sparse)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
@@ -164,7 +203,7 @@ class SingleTower(nn.Module):
         return self.forward(dense, sparse, "batch")
 
 
-class MTRM(nn.Module):
+class MTRM(RecModel):
     """Mixture training recommendation model: ``memory`` tower (batch) + ``adapt`` tower (stream, serving).
 
     ``forward(.., "batch")`` -> memory head logits (gradients reach the memory tower only);
@@ -185,12 +224,11 @@ class MTRM(nn.Module):
     """
 
     model_type = "mtrm"
+    label_sums: torch.Tensor  # registered buffers
+    label_counts: torch.Tensor
 
     def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
-        super().__init__()
-        if n_dense < 0 or n_sparse < 0 or n_dense + n_sparse == 0:
-            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
-        self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
+        super().__init__(spec, n_dense, n_sparse)
         self.memory = _MemoryTower(spec, n_dense, n_sparse)
         self.adapt = _DLRMTower(spec, n_dense, n_sparse, aux_dim=self.memory.hidden_dim)
         # [batch, stream] label sums and counts (float64: exact far beyond a day of samples)
@@ -233,14 +271,14 @@ _KIND_INDEX = {"batch": 0, "stream": 1}
 _MIN_OBSERVED = 1000  # samples of each kind before the calibration applies
 
 
-def build_model(spec: ModelSpec, n_dense: int, n_sparse: int, seed: int = 0) -> nn.Module:
+def build_model(spec: ModelSpec, n_dense: int, n_sparse: int, seed: int = 0) -> RecModel:
     """The model of ``spec.type``, initialised deterministically from ``seed`` (global RNG untouched).
 
     Example::
 
         model = build_model(job.training.model, n_dense=13, n_sparse=5, seed=job.training.seed)
     """
-    classes = {"single": SingleTower, "mtrm": MTRM}
+    classes: dict[str, type[RecModel]] = {"single": SingleTower, "mtrm": MTRM}
     if spec.type not in classes:
         raise ValueError(f"unknown model type {spec.type!r}; expected one of {sorted(classes)}")
     with torch.random.fork_rng(devices=[]):

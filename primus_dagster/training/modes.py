@@ -18,10 +18,10 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
-from primus_dagster.data.tasks import DataTask
+from primus_dagster.data import DataTask
 
 
 @dataclass(frozen=True)

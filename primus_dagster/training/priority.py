@@ -21,11 +21,15 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Literal
 
-from primus_dagster.data.reader import QueueStat
+from primus_dagster.data import QueueStat
 
 __all__ = ["MixturePriority", "backlog_signals", "mixture_probabilities", "sigmoid"]
+
+#: ``w_i`` by queue name (``training.priority_weights`` is keyed by the kinds themselves)
+QueueWeights = Mapping[str, float] | Mapping[Literal["batch", "stream"], float]
 
 
 def sigmoid(x: float) -> float:
@@ -129,21 +133,21 @@ class MixturePriority:
 
     def __init__(
         self,
-        weights: Mapping[str, float],
+        weights: QueueWeights,
         *,
         seed: int = 0,
         lag_scale_s: float = 0.0,
         backlog_fn: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
-        _check_weights(weights)
-        if weights and not any(float(w) > 0 for w in weights.values()):
+        named: dict[str, float] = {str(name): weight for name, weight in weights.items()}
+        _check_weights(named)
+        if named and not any(float(w) > 0 for w in named.values()):
             raise ValueError(
-                f"every priority weight is 0 (priority_weights={dict(weights)}): "
-                "at least one queue needs a positive weight"
+                f"every priority weight is 0 (priority_weights={named}): at least one queue needs a positive weight"
             )
         if lag_scale_s < 0:
             raise ValueError(f"lag_scale_s must be >= 0, got {lag_scale_s}")
-        self.weights = dict(weights)
+        self.weights = named
         self.lag_scale_s = lag_scale_s
         self.backlog_fn = backlog_fn
         self.picks: Counter[str] = Counter()

@@ -11,7 +11,8 @@ resumes its unfinished run -- a process killed mid-run leaves it RUNNING -- and
 
 The default store is ``sqlite:///<primus_home()>/mlflow/mlflow.db`` with artifacts in
 ``<primus_home()>/mlflow/artifacts`` (``mlflow ui --backend-store-uri <that uri>`` shows it).
-MLflow's telemetry is off unless ``$MLFLOW_DISABLE_TELEMETRY`` says otherwise (offline clusters).
+MLflow reads ``$MLFLOW_DISABLE_TELEMETRY`` when it is imported: this module leaves the environment
+alone; the ``primus-dagster`` command line and the Makefile set it to ``true`` (offline clusters).
 """
 
 from __future__ import annotations
@@ -22,20 +23,19 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+import mlflow
+import mlflow.pytorch
+import torch
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
-import mlflow  # noqa: E402 - after the telemetry default
-import mlflow.pytorch  # noqa: E402
-import torch  # noqa: E402
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-
-from primus_dagster.paths import primus_home  # noqa: E402
-from primus_dagster.training.checkpoint import checkpoint_name, checkpoint_step  # noqa: E402
+from primus_dagster.paths import primus_home
+from primus_dagster.training.checkpoint import checkpoint_name, checkpoint_step
 
 __all__ = ["RUN_KEY_TAG", "MlflowTracker", "default_tracking_uri", "use_tracking_uri"]
 
@@ -85,7 +85,7 @@ def use_tracking_uri(uri: str) -> Iterator[None]:
         try:
             yield
         finally:
-            mlflow.set_tracking_uri(previous)  # None: back to "not set" (unsets the env var)
+            mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]  # None: back to "not set" (unsets the env var)
             if previous_env is None:
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             else:
@@ -142,13 +142,14 @@ class MlflowTracker:
         """Where the run is shown: ``<tracking uri>/#/experiments/<exp>/runs/<run>`` for an MLflow
         server (http/https); for other stores the same ``<tracking uri>#/experiments/...`` locator
         (open it with ``mlflow ui --backend-store-uri <tracking uri>``)."""
-        run_id = self._require_run()
+        run_id = self.require_run_id()
         base = self.tracking_uri
         if base.startswith(("http://", "https://")):
             base = base.rstrip("/") + "/"
         return f"{base}#/experiments/{self.experiment_id}/runs/{run_id}"
 
-    def _require_run(self) -> str:
+    def require_run_id(self) -> str:
+        """The id of the started run; RuntimeError before :meth:`start`."""
         if self.run_id is None:
             raise RuntimeError("no MLflow run: call MlflowTracker.start() first")
         return self.run_id
@@ -202,7 +203,7 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Log ``metrics`` at ``step`` (NaN values are skipped)."""
-        run_id = self._require_run()
+        run_id = self.require_run_id()
         now = int(time.time() * 1000)
         entries = [Metric(str(k), float(v), now, int(step)) for k, v in metrics.items() if not math.isnan(float(v))]
         for chunk in _chunks(entries, 1000):
@@ -210,14 +211,14 @@ class MlflowTracker:
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set run tags (values stringified)."""
-        run_id = self._require_run()
+        run_id = self.require_run_id()
         for chunk in _chunks([RunTag(str(k), str(v)) for k, v in tags.items()], 100):
             self.client.log_batch(run_id, tags=chunk)
 
     # ------------------------------------------------------------------ checkpoints
     def log_checkpoint(self, directory: str | os.PathLike[str], step: int) -> str:
         """Upload the checkpoint folder as artifacts ``checkpoints/<checkpoint_name(step)>``; that path."""
-        run_id = self._require_run()
+        run_id = self.require_run_id()
         if not Path(directory).is_dir():
             raise FileNotFoundError(f"{directory}: no such checkpoint directory")
         artifact_path = f"{CHECKPOINTS}/{checkpoint_name(step)}"
@@ -238,7 +239,7 @@ class MlflowTracker:
 
     def checkpoint_steps(self, run_id: str | None = None) -> list[int]:
         """The steps of the checkpoints logged in ``run_id`` (default: the current run), ascending."""
-        run_id = run_id or self._require_run()
+        run_id = run_id or self.require_run_id()
         steps = (
             checkpoint_step(Path(info.path).name)
             for info in self.client.list_artifacts(run_id, CHECKPOINTS)
@@ -249,7 +250,7 @@ class MlflowTracker:
     def latest_checkpoint(self, dest: str | os.PathLike[str] | None = None, run_id: str | None = None) -> Path | None:
         """Download the highest-step checkpoint of ``run_id`` (default: the current run) into ``dest``
         (default: a new temp folder the caller owns) and return its local folder; None when none was logged."""
-        run_id = run_id or self._require_run()
+        run_id = run_id or self.require_run_id()
         steps = self.checkpoint_steps(run_id)
         if not steps:
             return None
@@ -271,7 +272,7 @@ class MlflowTracker:
         fail) to validate against pyfunc serving. Load it with ``mlflow.pytorch.load_model``
         inside :func:`use_tracking_uri`.
         """
-        run_id = self._require_run()
+        run_id = self.require_run_id()
         params = self.client.get_run(run_id).data.params
         # Created here rather than by log_model: without an active fluent run MLflow would put the
         # model into the default experiment, whose artifacts go to ./mlruns of the working dir.
@@ -294,4 +295,4 @@ class MlflowTracker:
         """End the run with ``status`` (FINISHED, FAILED or KILLED)."""
         if status not in ("FINISHED", "FAILED", "KILLED"):
             raise ValueError(f"status must be FINISHED, FAILED or KILLED, got {status!r}")
-        self.client.set_terminated(self._require_run(), status)
+        self.client.set_terminated(self.require_run_id(), status)

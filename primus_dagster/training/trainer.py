@@ -10,7 +10,7 @@ Example::
 
     trainer = Trainer(build_model(spec.model, n_dense=13, n_sparse=5), spec)
     for batch in reader:
-        trainer.train(features_from_batch(batch))
+        trainer.train(batch)
     trainer.stats()        # {"step": ..., "samples": ..., "samples_per_s": ..., "loss": ...}
 """
 
@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.features import Features
+from primus_dagster.training.models import RecModel, model_inputs
 
 _ALLOCATOR_TUNED = False
 
@@ -119,7 +120,7 @@ class Trainer:
     """Adam on BCE-with-logits; ``module`` is what runs forward (e.g. a DDP wrapper of ``model``)."""
 
     def __init__(
-        self, model: nn.Module, spec: TrainingSpec, *, module: nn.Module | None = None, observe_labels: bool = True
+        self, model: RecModel, spec: TrainingSpec, *, module: nn.Module | None = None, observe_labels: bool = True
     ):
         keep_freed_memory()
         self.model = model
@@ -138,34 +139,35 @@ class Trainer:
     def step(self) -> int:
         return self.counters.step
 
-    def train_step(self, feats: Features) -> float:
-        """One optimiser step on ``feats`` (whatever its size); returns the loss."""
+    def train_step(self, batch: Batch) -> float:
+        """One optimiser step on ``batch`` (whatever its size); returns the loss."""
         self.module.train()
         started = time.perf_counter()
+        dense, sparse, label = model_inputs(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.module(feats.dense, feats.sparse, feats.kind)
-        loss = self.loss_fn(logits, feats.label)
-        self._recent.append((logits.detach(), feats.label))
+        logits = self.module(dense, sparse, batch.kind)
+        loss = self.loss_fn(logits, label)
+        self._recent.append((logits.detach(), label))
         if self._observe is not None:
-            self._observe(feats.kind, feats.label)
+            self._observe(batch.kind, label)
         loss.backward()
         self.optimizer.step()
         value = float(loss.detach())
         c = self.counters
         c.train_s += time.perf_counter() - started
         c.step += 1
-        c.samples += feats.rows
-        c.samples_by_kind[feats.kind] = c.samples_by_kind.get(feats.kind, 0) + feats.rows
+        c.samples += batch.rows
+        c.samples_by_kind[batch.kind] = c.samples_by_kind.get(batch.kind, 0) + batch.rows
         c.loss_ema = value if c.loss_ema != c.loss_ema else 0.98 * c.loss_ema + 0.02 * value  # NaN check
         self._last_loss = value
         return value
 
-    def train(self, feats: Features) -> int:
+    def train(self, batch: Batch) -> int:
         """Train on a whole reader batch in micro-batches of ``batch_size`` rows; the steps taken."""
         size = self.spec.batch_size
         steps = 0
-        for start in range(0, feats.rows, size):
-            self.train_step(feats.slice(start, start + size))
+        for start in range(0, batch.rows, size):
+            self.train_step(batch.slice(start, start + size))
             steps += 1
         return steps
 
@@ -174,7 +176,7 @@ class Trainer:
         learnt from it (the standard online-learning measure; NaN with one class only)."""
         if not self._recent:
             return float("nan")
-        from primus_dagster.training.evaluation import auc
+        from primus_dagster.training.metrics import auc
 
         return auc(torch.cat([y for _, y in self._recent]), torch.cat([x for x, _ in self._recent]))
 

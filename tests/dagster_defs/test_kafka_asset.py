@@ -1,4 +1,5 @@
-"""A Kafka source asset against the embedded broker: offsets and undecodable records in metadata."""
+"""A Kafka source asset against the embedded broker, its Kafka resource nested in the storage resource:
+offsets and undecodable records in metadata, the blocking checks passed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dagster import materialize
 from kafka import KafkaProducer
 
 from primus_dagster.dagster_defs import KafkaResource, PrimusStorageResource, build_source_assets
-from primus_dagster.kafka_broker import create_topic
+from primus_dagster.devtools.kafka_broker import create_topic
 from primus_dagster.spec import parse_job_spec
 
 pytestmark = pytest.mark.integration
@@ -51,12 +52,14 @@ dataset:
         build_source_assets(job),
         partition_key="2026-11-01-00:00",
         resources={
-            "storage": PrimusStorageResource(data_root=str(tmp_path)),
-            "kafka": KafkaResource(bootstrap_servers=kafka_broker.bootstrap_servers),
+            "storage": PrimusStorageResource(
+                data_root=str(tmp_path), kafka=KafkaResource(bootstrap_servers=kafka_broker.bootstrap_servers)
+            )
         },
     )
-    meta = result.get_asset_materialization_events()[0].materialization.metadata
-    assert meta["rows"].value == 20
-    assert meta["bad_records"].value == 3
-    assert len(meta["bad_record_examples"].value) == 3
-    assert meta["kafka_offsets"].value == {"0": [0, 23]}
+    metadata = result.get_asset_materialization_events()[0].materialization.metadata
+    assert metadata["rows"].value == 20
+    assert metadata["bad_records"].value == 3
+    assert len(metadata["bad_record_examples"].value) == 3
+    assert metadata["kafka_offsets"].value == {"0": [0, 23]}
+    assert all(evaluation.passed for evaluation in result.get_asset_check_evaluations())

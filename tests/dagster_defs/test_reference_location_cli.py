@@ -1,14 +1,17 @@
 """The reference code location through Dagster's own CLI and webserver (real processes).
 
 `dagster asset materialize -m definitions --select <source> --partition <hour>` for each of
-the four source kinds against data written by `synth`, then the run's metadata is read back
-from the Dagster instance; and `dagster dev` serves the code location over GraphQL.
+the four source kinds against data written by `synth` (resources from `EnvVar`s resolved in the
+step processes), then the run's metadata and checks are read back from the Dagster instance; a
+partition whose rows lie in another hour is materialised and fails its blocking check; and
+`dagster dev` serves the code location over GraphQL.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from primus_dagster.kafka_broker import free_port
+from primus_dagster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -72,21 +75,76 @@ def test_cli_materializes_each_source_kind(world_env: dict[str, str], asset: str
         timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    script = f"""
-import json
-from dagster import AssetKey, DagsterInstance
-instance = DagsterInstance.get()
-event = instance.get_latest_materialization_event(AssetKey({asset!r}))
-meta = event.asset_materialization.metadata
-print(json.dumps({{k: getattr(v, "value", None) for k, v in meta.items()}}, default=str))
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=world_env, capture_output=True, text=True, check=True
-    ).stdout
-    meta = json.loads(out.strip().splitlines()[-1])
-    assert meta["rows"] > 0 and meta["arrow_bytes"] > 0
+    latest = latest_run_record(world_env, asset)
+    assert latest["metadata"]["rows"] > 0 and latest["metadata"]["arrow_bytes"] > 0
     if version_key:
-        assert meta[version_key] not in (None, "", {})
+        assert latest["metadata"][version_key] not in (None, "", {})
+    assert latest["checks"] == {
+        "no_unreadable_files": True,
+        "schema_matches_spec": True,
+        "not_empty": True,
+        "event_times_in_partition": True,
+    }
+
+
+READ_LATEST_RUN = """
+import json, sys
+from dagster import AssetKey, DagsterEventType, DagsterInstance
+instance = DagsterInstance.get()
+event = instance.get_latest_materialization_event(AssetKey(sys.argv[1]))
+checks = {
+    record.dagster_event.event_specific_data.check_name: record.dagster_event.event_specific_data.passed
+    for record in instance.all_logs(event.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+}
+metadata = {k: getattr(v, "value", None) for k, v in event.asset_materialization.metadata.items()}
+print(json.dumps({"partition": event.asset_materialization.partition, "metadata": metadata, "checks": checks},
+                 default=str))
+"""
+
+
+def latest_run_record(env: dict[str, str], asset: str) -> dict:
+    """The latest materialisation of ``asset`` (partition, metadata) and its run's check outcomes."""
+    out = subprocess.run(
+        [sys.executable, "-c", READ_LATEST_RUN, asset], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_cli_materializes_a_faulty_partition_and_fails_its_blocking_check(world_env: dict[str, str]) -> None:
+    hive = Path(world_env["PRIMUS_DATA_ROOT"]) / "parquet" / "impressions" / "dt=2026-11-01"
+    shutil.copytree(hive / "hour=00", hive / "hour=05")  # hour 0's rows under hour 5
+    proc = subprocess.run(
+        [
+            DAGSTER,
+            "asset",
+            "materialize",
+            "-m",
+            "definitions",
+            "--select",
+            "impressions_parquet",
+            "--partition",
+            "2026-11-01-05:00",
+        ],
+        cwd=REPO,
+        env=world_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    assert "event_times_in_partition" in proc.stdout + proc.stderr
+    latest = latest_run_record(world_env, "impressions_parquet")
+    assert latest["partition"] == "2026-11-01-05:00" and latest["metadata"]["rows"] > 0
+    assert latest["checks"] == {
+        "no_unreadable_files": True,
+        "schema_matches_spec": True,
+        "not_empty": True,
+        "event_times_in_partition": False,
+    }
+
+
+ASSET_NODES_QUERY = """{ assetNodes { assetKey { path } partitionDefinition { type }
+  assetChecksOrError { ... on AssetChecks { checks { name } } } } }"""
 
 
 def test_dagster_dev_serves_the_code_location(world_env: dict[str, str]) -> None:
@@ -100,7 +158,7 @@ def test_dagster_dev_serves_the_code_location(world_env: dict[str, str]) -> None
         start_new_session=True,
     )
     try:
-        query = json.dumps({"query": "{ assetNodes { assetKey { path } partitionDefinition { type } } }"}).encode()
+        query = json.dumps({"query": ASSET_NODES_QUERY}).encode()
         deadline = time.monotonic() + 90
         nodes = None
         while time.monotonic() < deadline:
@@ -119,6 +177,12 @@ def test_dagster_dev_serves_the_code_location(world_env: dict[str, str]) -> None
         names = {node["assetKey"]["path"][-1] for node in nodes}
         assert {"impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka"} <= names
         assert all(node["partitionDefinition"]["type"] == "TIME_WINDOW" for node in nodes)
+        checks = {
+            node["assetKey"]["path"][-1]: {c["name"] for c in node["assetChecksOrError"]["checks"]} for node in nodes
+        }
+        assert "schema_matches_spec" in checks["impressions_parquet"] and checks["ctr_demo_model"] == {
+            "auc_not_regressed"
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

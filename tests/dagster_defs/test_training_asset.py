@@ -11,7 +11,6 @@ from dagster import AssetKey, DagsterInstance, materialize
 
 from primus_dagster.dagster_defs import (
     ExecutorPoolResource,
-    KafkaResource,
     MlflowResource,
     PrimusStorageResource,
     build_training_asset,
@@ -19,7 +18,7 @@ from primus_dagster.dagster_defs import (
 from primus_dagster.dagster_defs.training_asset import auc_check, source_deps, training_partitions_def
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from jobkit import make_job  # noqa: E402
+from jobkit import make_job
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -52,7 +51,6 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     asset = build_training_asset(env["job"], env["job_path"])
     resources = {
         "storage": PrimusStorageResource(data_root=str(env["root"])),
-        "kafka": KafkaResource(),
         "mlflow": MlflowResource(),
         "executor_pool": ExecutorPoolResource(data_executors=1),
     }

@@ -22,10 +22,8 @@ READ_BACK = """
 import json, sys
 import mlflow, torch
 from dagster import AssetKey, DagsterInstance
-from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
-from primus_dagster.data.graph import Planner
+from primus_dagster.data import Planner, SourceContext, TimeWindow, arrow_to_tensors, make_adapter
 from primus_dagster.spec import load_job_spec
-from primus_dagster.training.features import features_from_arrow
 from primus_dagster.training.tracking import default_tracking_uri, use_tracking_uri
 
 event = DagsterInstance.get().get_latest_materialization_event(AssetKey("ctr_demo_model"))
@@ -36,11 +34,12 @@ with use_tracking_uri(default_tracking_uri()):
     model = mlflow.pytorch.load_model(meta["model_uri"])
 job = load_job_spec("examples/job.yaml")
 context = SourceContext(sys.argv[1])
-task = next(iter(Planner(job.dataset, context).plan(TimeWindow.hours_from(job.dataset.start, 1)).tasks))
+with Planner.for_job(job, context) as planner:
+    task = next(iter(planner.plan(TimeWindow.hours_from(job.dataset.start, 1)).tasks))
 with make_adapter(job.dataset.source(task.read.source), context) as adapter:
-    feats = features_from_arrow(next(iter(adapter.read(task.read))))
+    tensors = arrow_to_tensors(next(iter(adapter.read(task.read))))
 with torch.no_grad():
-    scores = torch.sigmoid(model.predict(feats.dense, feats.sparse))
+    scores = torch.sigmoid(model.predict(torch.nan_to_num(tensors.dense, nan=0.0), tensors.sparse))
 print(json.dumps({"meta": meta, "checkpoints": checkpoints, "scored": int(scores.numel()),
                   "in_range": bool(((scores > 0) & (scores < 1)).all())}, default=str))
 """

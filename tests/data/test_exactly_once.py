@@ -17,7 +17,7 @@ import pytest
 
 from primus_dagster.data.driver import DataDriver
 from primus_dagster.data.graph import Planner
-from primus_dagster.data.local import LocalDataPlane
+from primus_dagster.data.local_plane import LocalDataPlane
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
@@ -95,7 +95,7 @@ def delivered(batch) -> list[tuple[str, int]]:
 def test_sigkill_of_an_executor_mid_serving_loses_and_repeats_nothing(world: dict) -> None:
     got: list[tuple[str, int]] = []
     with plane(world, tasks=world["tasks"], executors=2, slow_ms_per_batch={0: 30}) as dp:
-        with dp.reader(0, framework="numpy", refresh_s=0.1) as reader:
+        with dp.reader(0, refresh_s=0.1) as reader:
             done = threading.Event()
 
             def consume() -> None:
@@ -123,20 +123,19 @@ def test_restore_from_a_barrier_snapshot_replays_exactly_the_unseen_batches(worl
     before: list[tuple[str, int]] = []
     lost: list[tuple[str, int]] = []
     snapshot_path = tmp_path / "driver.json"
-    with plane(world, tasks=world["tasks"], executors=1) as dp:
-        with dp.reader(0, framework="numpy", refresh_s=0.1) as reader:
-            for _ in range(12):
-                before.extend(delivered(reader.next_batch(timeout=30)))
-            snapshot = reader.barrier(1, wait_s=10)
-            assert snapshot is not None and snapshot["barrier_id"] == 1
-            DataDriver.restore(snapshot).save(snapshot_path)
-            for _ in range(6):  # trained after the checkpoint, then the job crashes: discarded
-                lost.extend(delivered(reader.next_batch(timeout=30)))
+    with plane(world, tasks=world["tasks"], executors=1) as dp, dp.reader(0, refresh_s=0.1) as reader:
+        for _ in range(12):
+            before.extend(delivered(reader.next_batch(timeout=30)))
+        snapshot = reader.barrier(1, wait_s=10)
+        assert snapshot is not None and snapshot["barrier_id"] == 1
+        DataDriver.restore(snapshot).save(snapshot_path)
+        for _ in range(6):  # trained after the checkpoint, then the job crashes: discarded
+            lost.extend(delivered(reader.next_batch(timeout=30)))
     # Crash: readers, executors and the driver are gone. Restart from the snapshot.
     after: list[tuple[str, int]] = []
     restored = DataDriver.load(snapshot_path)
     with plane(world, driver=restored, executors=2) as dp:
-        with dp.reader(0, framework="numpy", refresh_s=0.1) as reader:
+        with dp.reader(0, refresh_s=0.1) as reader:
             for batch in reader:
                 after.extend(delivered(batch))
         assert dp.driver.status()["done"]

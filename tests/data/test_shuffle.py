@@ -35,7 +35,7 @@ def test_rebalance_spreads_a_stream_evenly_and_avoids_a_slow_trainer() -> None:
     r = RebalanceShuffle(3)
     fills = [0, 0, 0]
     counts = [0, 0, 0]
-    for step in range(300):
+    for _step in range(300):
         t = r.choose(fills)
         fills[t] += 1
         counts[t] += 1

@@ -19,7 +19,7 @@ import pytest
 
 from primus_dagster.data.driver import DataDriver, JobFailedError
 from primus_dagster.data.executor import DataExecutor
-from primus_dagster.data.local import LocalDataPlane
+from primus_dagster.data.local_plane import LocalDataPlane
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import T0, plan, write_tree
@@ -89,7 +89,7 @@ def corrupt_second_row_group(path: str) -> int:
 def read_everything(plane: LocalDataPlane, timeout: float = 30.0) -> list[int]:
     """Every sample id the trainer-side reader yields until the data ends."""
     got: list[int] = []
-    with plane.reader(0, framework="numpy", refresh_s=0.1) as reader:
+    with plane.reader(0, refresh_s=0.1) as reader:
         while (batch := reader.next_batch(timeout=timeout)) is not None:
             got += batch.sample_id.tolist()
     return got
@@ -167,7 +167,7 @@ def run_in_process(driver: DataDriver, spec: Path, data_root: Path, timeout: flo
             assert time.monotonic() < deadline, f"executor did not finish: {driver.status()['counts']}"
             item = executor.take(0, timeout=0.2)
             if item is not None and driver.claim("trainer-0", item.meta.batch_id):
-                got += item.wire.column("sample_id").to_pylist()
+                got += item.columns.column("sample_id").to_pylist()
     return got
 
 
@@ -217,5 +217,5 @@ def test_planned_partitions_are_where_the_tree_put_them(tmp_path: Path) -> None:
     _, tasks, ids = tree(tmp_path, max_attempts=1, threshold=0.0, hours=2, files=2)
     assert [t.partition for t in tasks] == sorted(t.partition for t in tasks)
     assert tasks[0].partition == T0
-    for task, task_ids in zip(tasks, ids):
+    for task, task_ids in zip(tasks, ids, strict=True):
         assert pq.read_table(task.read.uri, columns=["sample_id"]).column(0).to_pylist() == task_ids

@@ -136,7 +136,7 @@ def test_adapters_see_the_written_partitions(written: tuple) -> None:
     from primus_dagster.data.sources import make_adapter
     from primus_dagster.data.sources.base import TimeWindow
 
-    job, world, root, summary = written
+    job, _world, root, summary = written
     window = TimeWindow.hours_from(job.dataset.start, 4)
     for name in BATCH:
         with make_adapter(job.dataset.source(name), SourceContext(str(root))) as adapter:

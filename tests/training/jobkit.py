@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterable
 
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter

@@ -7,6 +7,7 @@ the comm hook averages each tower's gradient over the ranks that trained it; a f
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from jobkit import expected_ids, make_job
 
+from primus_dagster.data import Batch
 from primus_dagster.data.graph import Planner
-from primus_dagster.data.local import LocalDataPlane
+from primus_dagster.data.local_plane import LocalDataPlane
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.distributed import params_checksum, run_ddp, run_ddp_in_memory
 from primus_dagster.training.models import build_model
@@ -84,27 +86,24 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
     )
     shards = [
         [
-            {
-                "dense": torch.randn(64, 3),
-                "sparse": torch.randint(-(10**9), 10**9, (64, 2)),
-                "label": (torch.rand(64) < 0.3).float(),
-                "kind": k,
-            }
+            Batch.from_tensors(
+                torch.randn(64, 3), torch.randint(-(10**9), 10**9, (64, 2)), (torch.rand(64) < 0.3).float(), kind=k
+            )
             for k in kinds.split()
         ]
         for kinds in ("batch stream batch stream", "batch batch stream stream")
     ]
     for rank, shard in enumerate(shards):
-        torch.save(shard, tmp_path / f"{rank}.pt")
+        (tmp_path / f"{rank}.pt").write_bytes(pickle.dumps(shard))
     results = run_ddp_in_memory([str(tmp_path / "0.pt"), str(tmp_path / "1.pt")], spec, warmup_steps=1)
 
     model = build_model(spec.model.model_copy(update={"sparse_embeddings": False}), 3, 2, seed=spec.seed)  # as DDP
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
-    for pair in [(shards[0][0], shards[1][0]), *zip(*shards)]:  # the warm-up round, then the shards
+    for pair in [(shards[0][0], shards[1][0]), *zip(*shards, strict=True)]:  # the warm-up round, then the shards
         grads: dict[str, list[torch.Tensor]] = {}
         for x in pair:
             model.zero_grad(set_to_none=True)
-            F.binary_cross_entropy_with_logits(model(x["dense"], x["sparse"], x["kind"]), x["label"]).backward()
+            F.binary_cross_entropy_with_logits(model(x.dense, x.sparse, x.kind), x.label).backward()
             for name, p in model.named_parameters():
                 if p.grad is not None:
                     grads.setdefault(name, []).append(p.grad)
@@ -116,13 +115,8 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
 
 
 def test_a_failing_rank_is_named(tmp_path: Path) -> None:
-    micro = {
-        "dense": torch.zeros(4, 3),
-        "sparse": torch.zeros(4, 2, dtype=torch.int64),
-        "label": torch.zeros(4),
-        "kind": "batch",
-    }
-    torch.save([micro], tmp_path / "good.pt")
+    micro = Batch.from_tensors(torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4), kind="batch")
+    (tmp_path / "good.pt").write_bytes(pickle.dumps([micro]))
     spec = TrainingSpec(mode="batch", batch_size=4, model={"type": "single", "hash_buckets": 64, "embedding_dim": 2})
     # rank 1 fails first; rank 0 then loses its peer (it may fail too): the message names rank 1
     with pytest.raises(RuntimeError, match=r"rank 1 failed \(exit code 1; failed ranks: \[(0, )?1\]\)[\s\S]*missing"):

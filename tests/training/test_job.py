@@ -1,7 +1,7 @@
 """Training jobs end to end: real executor processes, Flight, the driver, MLflow (SQLite).
 
 The kill test SIGKILLs a running ``primus-dagster train`` (with its executors: the whole process
-group, as when a node dies), restarts it, and checks through the sample log that it resumed
+group, as when a node dies), restarts it, and checks through the log of trained sample ids that it resumed
 from the MLflow checkpoint and trained every sample of the window exactly once after it.
 """
 
@@ -21,11 +21,11 @@ import pytest
 import torch
 from jobkit import expected_ids, make_job
 
+from primus_dagster.data import Batch
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import make_adapter
-from primus_dagster.training.features import features_from_arrow
-from primus_dagster.training.job import TrainingJob, run_training_job
-from primus_dagster.training.sample_log import read_sample_log
+from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog, read_trained_sample_ids
+from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
 from primus_dagster.training.tracking import use_tracking_uri
 
 pytestmark = pytest.mark.integration
@@ -34,19 +34,20 @@ pytestmark = pytest.mark.integration
 def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="mixed", model="mtrm", every=5)
     phases = []
-    result = run_training_job(
-        TrainingJob(
-            env["job"],
-            env["job_path"],
-            env["root"],
-            env["window"],
-            executors=2,
-            record_samples=tmp_path / "samples.bin",
-            progress=lambda p: phases.append(p["phase"]),
+    with TrainedSampleIdsLog(tmp_path / "samples.bin") as samples:
+        result = run_training_job(
+            TrainingJob(
+                env["job"],
+                env["job_path"],
+                env["root"],
+                env["window"],
+                executors=2,
+                progress=lambda p: phases.append(p["phase"]),
+            ),
+            JobHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
         )
-    )
     expected = expected_ids(env)
-    trained = Counter(int(i) for _, ids in read_sample_log(tmp_path / "samples.bin") for i in ids)
+    trained = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "samples.bin") for i in ids)
     assert trained == expected
     assert result.stats["samples"] == sum(expected.values())
     assert result.stats["samples_batch"] > 0 and result.stats["samples_stream"] > 0
@@ -64,10 +65,10 @@ def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path
     assert [a.path for a in client.list_artifacts(result.run_id, "checkpoints")]
     with use_tracking_uri(env["job"].tracking.tracking_uri):
         model = mlflow.pytorch.load_model(result.model_uri)
-    feats = features_from_arrow(next(iter(_some_batch(env))))
+    batch = Batch.from_arrow(next(iter(_some_batch(env))))
     with torch.no_grad():
-        scores = torch.sigmoid(model.predict(feats.dense, feats.sparse))
-    assert scores.shape == (feats.rows,) and bool(((scores > 0) & (scores < 1)).all())
+        scores = torch.sigmoid(model.predict(batch.dense, batch.sparse))
+    assert scores.shape == (batch.rows,) and bool(((scores > 0) & (scores < 1)).all())
 
 
 def _some_batch(env: dict):
@@ -100,7 +101,7 @@ def _train_cmd(env: dict, log: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "primus_dagster.cli",
+        "primus_dagster.devtools.cli",
         "train",
         str(env["job_path"]),
         "--hours",
@@ -154,10 +155,10 @@ def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_
     resumed = meta["resumed_from_step"]
     assert resumed is not None and resumed > 0
 
-    before = [(s, ids) for s, ids in read_sample_log(tmp_path / "run1.bin")]
+    before = [(s, ids) for s, ids in read_trained_sample_ids(tmp_path / "run1.bin")]
     assert before[-1][0] > 0
     kept = Counter(int(i) for s, ids in before if s <= resumed for i in ids)
-    after = Counter(int(i) for _, ids in read_sample_log(tmp_path / "run2.bin") for i in ids)
+    after = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "run2.bin") for i in ids)
     expected = expected_ids(env)
     assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart
     assert len(set(kept) | set(after)) == len(set(expected))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from primus_dagster.spec.job import ModelSpec
-from primus_dagster.training.evaluation import auc
+from primus_dagster.training.metrics import auc
 from primus_dagster.training.models import MTRM, HashedEmbedding, SingleTower, build_model, model_summary
 from primus_dagster.training.trainer import RecOptimizer
 

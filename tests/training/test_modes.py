@@ -38,5 +38,5 @@ def test_unknown_mode_and_foreign_checkpoint_phase_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="unknown training mode 'online'"):
         phases("online")
     assert phase_index("batch_then_stream", "stream") == 1
-    with pytest.raises(ValueError, match="training.mode changed"):
+    with pytest.raises(ValueError, match=r"training\.mode changed"):
         phase_index("mixed", "stream")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from primus_dagster.data.reader import QueueStat
+from primus_dagster.data.reader.remote_reader import QueueStat
 from primus_dagster.training.priority import MixturePriority, backlog_signals, mixture_probabilities, sigmoid
 
 

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
+from primus_dagster.data import Batch
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
-from primus_dagster.training.features import Features
 from primus_dagster.training.models import HashedEmbedding, build_model
 from primus_dagster.training.trainer import RecOptimizer, Trainer
 
 SMALL = {"embedding_dim": 4, "hash_buckets": 512, "memory_hidden": [8], "adapt_hidden": [8]}
 
 
-def batch(kind: str, rows: int = 64) -> Features:
+def batch(kind: str, rows: int = 64) -> Batch:
     g = torch.Generator().manual_seed(1)
-    return Features(
-        torch.randn(rows, 3, generator=g),
-        torch.randint(0, 40, (rows, 2), generator=g),
-        (torch.rand(rows, generator=g) < 0.3).float(),
-        kind,
+    dense = torch.randn(rows, 3, generator=g).numpy().ravel()
+    sparse = torch.randint(0, 40, (rows, 2), generator=g).numpy()
+    label = (torch.rand(rows, generator=g) < 0.3).float().numpy()
+    columns = pa.record_batch(
+        {
+            "ts": pa.array(np.zeros(rows, dtype="int64"), pa.timestamp("us", "UTC")),
+            "label": label,
+            "dense": pa.FixedSizeListArray.from_arrays(pa.array(dense), 3),
+            "a": sparse[:, 0],
+            "b": sparse[:, 1],
+        }
     )
+    return Batch.from_arrow(columns, kind=kind)
 
 
 def test_a_step_updates_only_the_embedding_rows_its_batch_touched() -> None:
@@ -56,5 +65,5 @@ def test_trainer_cuts_a_reader_batch_into_micro_batches_and_restores_counters() 
     model_state, optimizer_state = trainer.state()
     again = Trainer(build_model(spec.model, 3, 2, seed=5), spec)
     again.restore(model_state, optimizer_state, step=4, samples=70, samples_by_kind={"batch": 50, "stream": 20})
-    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), model_state.values()))
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), model_state.values(), strict=True))
     assert again.stats()["samples_stream"] == 20

@@ -11,9 +11,9 @@ Example::
 
 from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
-from primus_dagster.data.driver.records import JobFailedError
 from primus_dagster.data.driver.server import DriverServer
 from primus_dagster.data.driver.state import DataDriver
+from primus_dagster.data.driver.task_record import JobFailedError
 
 __all__ = [
     "DataDriver",

@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow.flight as flight
 
-from primus_dagster.data.driver.api import ExecutorReport, Lease
-from primus_dagster.data.driver.wire import (
+from primus_dagster.data.driver.actions import (
     DEDUP_ACTIONS,
     batch_to_dict,
     error_from_info,
@@ -33,6 +33,7 @@ from primus_dagster.data.driver.wire import (
     report_from_dict,
     report_to_dict,
 )
+from primus_dagster.data.driver.api import ExecutorReport, Lease
 from primus_dagster.data.tasks import BatchId, DataTask
 
 ADD_TASKS_CHUNK = 2000
@@ -63,7 +64,7 @@ class DriverClient:
 
     # -- transport --------------------------------------------------------------------------
     def call(self, action: str, body: dict[str, Any] | None = None) -> Any:
-        """Run one driver action (names and shapes: :data:`.wire.ACTIONS`); returns the decoded JSON."""
+        """Run one driver action (names and shapes: :data:`.actions.ACTIONS`); returns the decoded JSON."""
         payload = dict(body or {})
         if action in DEDUP_ACTIONS:
             payload["request_id"] = uuid.uuid4().hex
@@ -89,7 +90,7 @@ class DriverClient:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "DriverClient":
+    def __enter__(self) -> DriverClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

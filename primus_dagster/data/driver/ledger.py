@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 class RowSet:
@@ -53,7 +53,7 @@ class RowSet:
     def __iter__(self) -> Iterator[int]:
         return iter(self._rows)
 
-    def copy(self) -> "RowSet":
+    def copy(self) -> RowSet:
         out = RowSet()
         out._rows = array("q", self._rows)
         return out

@@ -4,7 +4,7 @@
 serialises all calls), binds to loopback by default, can require a shared secret
 (``authorization: Bearer <token>`` on every call, checked by a server middleware; wrong or
 missing token → ``FlightUnauthenticatedError``) and runs a timer that expires overdue leases
-every ``lease_s / 4``. The action names and JSON shapes are listed in :data:`.wire.ACTIONS`.
+every ``lease_s / 4``. The action names and JSON shapes are listed in :data:`.actions.ACTIONS`.
 
 Example::
 
@@ -20,14 +20,12 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow.flight as flight
 
-from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
-from primus_dagster.data.driver.records import JobFailedError
-from primus_dagster.data.driver.state import DataDriver
-from primus_dagster.data.driver.wire import (
+from primus_dagster.data.driver.actions import (
     ACTIONS,
     CHUNK_BYTES,
     DEDUP_ACTIONS,
@@ -37,10 +35,13 @@ from primus_dagster.data.driver.wire import (
     report_from_dict,
     report_to_dict,
 )
+from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
+from primus_dagster.data.driver.state import DataDriver
+from primus_dagster.data.driver.task_record import JobFailedError
 from primus_dagster.data.flight_auth import BearerTokenMiddlewareFactory
 from primus_dagster.data.tasks import DataTask
 
-__all__ = ["DriverServer", "DriverClient", "DriverUnavailableError"]
+__all__ = ["DriverClient", "DriverServer", "DriverUnavailableError"]
 
 log = logging.getLogger(__name__)
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -164,7 +165,7 @@ class DriverServer(flight.FlightServerBase):
             return cached
 
     # -- lifecycle --------------------------------------------------------------------------
-    def serve_in_thread(self) -> "DriverServer":
+    def serve_in_thread(self) -> DriverServer:
         """Start the lease-expiry timer (the server already accepts calls); returns ``self``."""
         if self._timer is None:
             interval = max(0.01, self.driver.lease_s / 4)
@@ -191,7 +192,7 @@ class DriverServer(flight.FlightServerBase):
             self._timer.join(timeout=5)
         super().shutdown()
 
-    def __enter__(self) -> "DriverServer":
+    def __enter__(self) -> DriverServer:
         return self.serve_in_thread()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,62 +1,51 @@
 """The central data driver, in process: task table, leases, retries, claim ledger, barriers, snapshots.
 
-:class:`DataDriver` implements :class:`~primus_dagster.data.driver.api.DriverAPI`. It is pure logic
-(no I/O but :meth:`DataDriver.save` / :meth:`DataDriver.load`), takes its clock as an argument and
-is thread-safe (one re-entrant lock; :class:`~.server.DriverServer` serves it over Flight).
+:class:`DataDriver` implements :class:`~primus_dagster.data.driver.api.DriverAPI`. It is pure logic (no I/O
+but :meth:`DataDriver.save` / :meth:`DataDriver.load`), takes its clock as an argument and is thread-safe (one
+re-entrant lock; :class:`~.server.DriverServer` serves it over Flight). Task states, leases, and why delivery
+is exactly once across failures and restores: ``docs/data_plane.md``.
 
-Task states: ``new`` (known, not queued) → ``pending`` (queued; at most ``pending_window`` tasks are
-promoted from new, always the chronologically first) → ``running`` (leased to one executor until
-``deadline``) → ``succeeded`` | ``failed``. Every API call first runs :meth:`expire`: a running task
-whose lease passed goes back to pending; an expiry or a :meth:`fail` counts as a failure and the
-task is ``failed`` after ``max_attempts`` failures. The job fails when failed / total tasks exceeds
-``failed_task_threshold``.
+Example::
 
-Exactly-once. Let ``B`` be the set of all batches ``(task_id, first_row)`` of all tasks; a task's
-batches are deterministic, so a re-run yields the same ids.
-
-* *Live*: a reader yields a batch only when :meth:`DataDriver.claim` answers True (the first claim of
-  that id; the ledger only grows): at most once. A task is re-leased until it succeeds (or the job
-  fails), skipping only claimed batches, and readers yield every batch they win: at least once.
-* *Barrier*: each trainer reports the batches it has *consumed* (trained on) since its last barrier;
-  when all ``trainers`` reported barrier ``k`` the driver takes snapshot ``S_k`` holding the consumed
-  set ``C`` and the task table, and the trainers checkpoint: checkpoint ``k`` has trained on exactly ``C``.
-* *Restore* from ``S_k``: the claim ledger becomes ``C`` (claims made after the barrier are forgotten:
-  they fed a model that is discarded, or sat in reader queues); running tasks become pending
-  (attempts kept); a succeeded task stays succeeded only when fully consumed (``len(consumed) ==
-  batches`` and consumed rows ``== rows``, as counted by :meth:`complete` over the task's WHOLE
-  output), else it becomes pending. So every batch of ``B − C`` belongs to a new or pending task (or
-  a failed one, tolerated below the threshold), which is leased again with ``Lease.claimed_rows = C ∩
-  task`` (skipped), and a batch of ``C`` served anyway is refused by :meth:`claim`. By the live
-  argument each batch of ``B − C`` is then claimed exactly once and no batch of ``C`` ever: after
-  restore the set of batches that will be claimed is exactly ``B − C``, and checkpoint + restored run
-  train on ``C ⊎ (B − C) = B``, nothing lost, nothing twice.
+    driver = DataDriver(lease_s=30, trainers=1)
+    driver.add_tasks(plan.tasks)
+    leases = driver.lease("exec-0", max_tasks=2)          # an executor's next tasks, in order
+    driver.claim("trainer-0", batch_id)                   # True: the first claim, the reader yields it
+    snap = driver.barrier("trainer-0", [batch_id], 1)     # all trainers reported: snapshot S_1
+    driver = DataDriver.restore(snap)                     # serves again what S_1 had not consumed
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import json
+import os
 import threading
 import time
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from primus_dagster.data.driver.api import ExecutorReport, Lease
 from primus_dagster.data.driver.barrier import BarrierTracker
 from primus_dagster.data.driver.delivery import DeliveryWatch
-from primus_dagster.data.driver.records import (
+from primus_dagster.data.driver.snapshot import read_snapshot, save_snapshot
+from primus_dagster.data.driver.task_record import (
     FAILED,
     NEW,
     PENDING,
     RUNNING,
+    SNAPSHOT_FORMAT,
     STATES,
     SUCCEEDED,
     JobFailedError,
     TaskRecord,
 )
-from primus_dagster.data.driver.snapshot import SnapshotMixin
 from primus_dagster.data.tasks import BatchId, DataTask
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 _BUSY = frozenset((NEW, PENDING, RUNNING))
 
 
@@ -67,20 +56,20 @@ def _count(rows: Any) -> int:
 OrderKey = tuple[str, str, str]
 
 
-def _api(method: F) -> F:
+def _api(method: Callable[Concatenate[DataDriver, P], R]) -> Callable[Concatenate[DataDriver, P], R]:
     """Run under the driver's lock, after expiring overdue leases."""
 
     @functools.wraps(method)
-    def wrapper(self: "DataDriver", *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: DataDriver, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
             self._expire_locked()
             return method(self, *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
-class DataDriver(SnapshotMixin):
-    """The task table and ledgers of one data job (see the module docstring).
+class DataDriver:
+    """The task table and ledgers of one data job (states and guarantees: ``docs/data_plane.md``).
 
     Example::
 
@@ -347,6 +336,51 @@ class DataDriver(SnapshotMixin):
         """The snapshot of the last completed barrier (None before the first)."""
         with self._lock:
             return self._barriers.get()
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _snapshot_locked(self, barrier_id: int | None) -> dict[str, Any]:
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "barrier_id": barrier_id,
+            "source_versions": json.loads(json.dumps(self.source_versions)),
+            "config": {
+                "max_attempts": self.max_attempts,
+                "failed_task_threshold": self.failed_task_threshold,
+                "lease_s": self.lease_s,
+                "trainers": self.trainers,
+            },
+            "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-serialisable state: tasks (payload, state, attempts, failures, error, rows, batches,
+        consumed first_rows), source versions, config and the last barrier id."""
+        with self._lock:
+            return self._snapshot_locked(self._barriers.last)
+
+    def save(self, path: str | os.PathLike[str], snapshot: dict[str, Any] | None = None) -> Path:
+        """Write ``snapshot`` (default: a fresh one) atomically (temp file + ``os.replace``)."""
+        return save_snapshot(path, self.snapshot() if snapshot is None else snapshot)
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any], **kwargs: Any) -> DataDriver:
+        """A driver in the state of ``snapshot`` (rules: ``docs/data_plane.md``); ``kwargs`` override its config."""
+        if snapshot.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(
+                f"not a data driver snapshot (format {snapshot.get('format')!r}, expected {SNAPSHOT_FORMAT!r})"
+            )
+        driver = cls(**{**snapshot.get("config", {}), **kwargs})
+        for entry in snapshot["tasks"]:
+            driver._insert(TaskRecord.from_snapshot(entry))
+        driver.source_versions = dict(snapshot.get("source_versions") or {})
+        barrier_id = snapshot.get("barrier_id")
+        driver._barriers.keep(barrier_id, snapshot if barrier_id is not None else None)
+        return driver
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> DataDriver:
+        """:meth:`restore` from a file written by :meth:`save`."""
+        return cls.restore(read_snapshot(path), **kwargs)
 
     # -- status -----------------------------------------------------------------------------
     def _job_failed(self) -> bool:

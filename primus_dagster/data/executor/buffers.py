@@ -20,7 +20,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from primus_dagster.data.shuffle import Shuffle
 

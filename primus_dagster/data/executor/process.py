@@ -33,13 +33,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from primus_dagster.data.driver.api import DriverAPI
-from primus_dagster.data.executor.core import DataExecutor
+from primus_dagster.data.executor.data_executor import DataExecutor
 from primus_dagster.spec import JobSpec, load_job_spec
 
 TOKEN_ENV = "PRIMUS_DATA_TOKEN"
@@ -66,7 +67,7 @@ class ExecutorConfig:
     drain_s: float = 10.0
     linger_s: float = 2.0
     log_level: str = "WARNING"
-    shm: bool = True  # offer the shared-memory path to readers on this host (see ``shm``)
+    shm: bool = True  # offer the shared-memory path to readers on this host (docs/shared_memory.md)
 
     def argv(self) -> list[str]:
         """Command-line arguments (without the token)."""
@@ -140,7 +141,7 @@ def connect_driver(location: str, token: str | None = None) -> DriverAPI:
     """A :class:`DriverAPI` client for the driver served at ``location``."""
     from primus_dagster.data.driver.server import DriverClient
 
-    return DriverClient(location, token=token)  # type: ignore[call-arg,no-any-return]
+    return DriverClient(location, token=token)
 
 
 def build_executor(config: ExecutorConfig, driver: DriverAPI, token: str | None = None) -> DataExecutor:

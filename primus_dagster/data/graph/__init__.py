@@ -6,8 +6,8 @@ and a :class:`ListingCache`, returning a :class:`Plan` of ordered :class:`DataTa
 ``join_labels`` is the Joiner's row-level rule, used by executors on join tasks.
 """
 
-from primus_dagster.data.graph.blocks import ListingCache, TaskBlock
 from primus_dagster.data.graph.join import join_labels
+from primus_dagster.data.graph.listing_cache import ListingCache, TaskBlock
 from primus_dagster.data.graph.ops import (
     JoinerOp,
     SinkOp,

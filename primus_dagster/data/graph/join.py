@@ -66,7 +66,7 @@ def join_labels(
     the partition end + lateness), so unmatched rows are 0.0. Rows with a null key or time
     never match; a null left time gives a null label. Left row order is kept.
     """
-    lateness_us = int(round(info.lateness_s * 1_000_000))
+    lateness_us = round(info.lateness_s * 1_000_000)
     left_key, right_key = _column(left, info.key, "left"), _column(right, info.key, "right")
     left_ts, left_ts_null = _micros(_column(left, ts_col, "left"), ts_col)
     right_ts, right_ts_null = _micros(_column(right, ts_col, "right"), ts_col)
@@ -95,10 +95,7 @@ def join_labels(
         last = np.searchsorted(composite, code * width + rank[nr + nq :], side="right")
         matched[query] = last > first
 
-    if watermark is None:
-        passed = np.ones(len(left), dtype=bool)
-    else:
-        passed = left_ts + lateness_us <= _watermark_us(watermark)
+    passed = np.ones(len(left), dtype=bool) if watermark is None else left_ts + lateness_us <= _watermark_us(watermark)
     labels = np.where(matched, 1.0, 0.0).astype(np.float32)
     unknown = left_ts_null | (~matched & ~passed)
     column = pa.array(labels, type=pa.float32(), mask=unknown)

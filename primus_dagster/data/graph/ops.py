@@ -20,7 +20,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Union
+from typing import Any
 
 from primus_dagster.data.sources.base import SourceContext, TimeWindow
 from primus_dagster.spec.dataset import DatasetSpec, StreamSpec, granularity_step
@@ -169,7 +169,7 @@ class SinkOp:
     id: str = "sink"
 
 
-Op = Union[TimerOp, SourceOp, JoinerOp, SinkOp]
+Op = TimerOp | SourceOp | JoinerOp | SinkOp
 
 
 @dataclass
@@ -204,7 +204,7 @@ class TaskGraph:
         return op if isinstance(op, JoinerOp) else None
 
     def to_dict(self) -> dict[str, Any]:
-        nodes = []
+        nodes: list[dict[str, Any]] = []
         for op in self.nodes.values():
             if isinstance(op, TimerOp):
                 nodes.append(
@@ -306,8 +306,8 @@ def compile_graph(dataset: DatasetSpec, context: SourceContext) -> TaskGraph:
     for stream in dataset.streams:
         if stream.join is not None:
             j = stream.join
-            joiner = JoinerOp(f"join:{stream.name}", stream.name, j.left, j.right, j.key, j.lateness)
-            graph.nodes[joiner.id] = joiner
+            join_op = JoinerOp(f"join:{stream.name}", stream.name, j.left, j.right, j.key, j.lateness)
+            graph.nodes[join_op.id] = join_op
     sink = SinkOp()
     graph.nodes[sink.id] = sink
     for stream in dataset.streams:

@@ -16,14 +16,18 @@ contain no ``/``, every task id of one segment sorts before every task id of the
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Iterator, Literal, Sequence, overload
+from typing import Any, Literal, overload
 
-from primus_dagster.data.graph.blocks import TaskBlock
+from primus_dagster.data.graph.listing_cache import TaskBlock
 from primus_dagster.data.graph.ops import TaskGraph
 from primus_dagster.data.sources.base import ReadTask, TimeWindow
 from primus_dagster.data.tasks import DataTask, JoinInfo
+
+NotReadyState = Literal["not_ready", "waiting", "error"]
+"""Why a partition is left out of a plan (:attr:`NotReady.state`)."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ class NotReady:
     source: str
     partition: Any  # datetime
     reason: str
-    state: Literal["not_ready", "waiting", "error"] = "not_ready"
+    state: NotReadyState = "not_ready"
 
     def to_dict(self) -> dict[str, Any]:
         return {

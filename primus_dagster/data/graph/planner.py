@@ -21,14 +21,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
-from primus_dagster.data.graph.blocks import ListingCache, TaskBlock
+from primus_dagster.data.graph.listing_cache import ListingCache, TaskBlock
 from primus_dagster.data.graph.ops import SourceOp, TaskGraph, compile_graph
-from primus_dagster.data.graph.plan import ConsumerCount, NotReady, Plan, PlanStats, Segment, TaskSequence
+from primus_dagster.data.graph.plan import (
+    ConsumerCount,
+    NotReady,
+    NotReadyState,
+    Plan,
+    PlanStats,
+    Segment,
+    TaskSequence,
+)
 from primus_dagster.data.sources.base import SourceAdapter, SourceContext, TimeWindow
 from primus_dagster.data.sources.registry import make_adapter
 from primus_dagster.data.tasks import JoinInfo
@@ -50,7 +59,7 @@ class _Listed:
 
     __slots__ = ("block", "reason", "state")
 
-    def __init__(self, block: TaskBlock | None = None, reason: str | None = None, state: str = "not_ready"):
+    def __init__(self, block: TaskBlock | None = None, reason: str | None = None, state: NotReadyState = "not_ready"):
         self.block, self.reason, self.state = block, reason, state
 
 
@@ -86,7 +95,7 @@ class Planner:
         self._op_locks = {op.id: threading.Lock() for op in self.graph.sources}
 
     @classmethod
-    def for_job(cls, job: Any, context: SourceContext, **kwargs: Any) -> "Planner":
+    def for_job(cls, job: Any, context: SourceContext, **kwargs: Any) -> Planner:
         """A planner for a :class:`JobSpec`, sized by ``job.data.planner_threads``."""
         kwargs.setdefault("threads", job.data.planner_threads)
         return cls(job.dataset, context, **kwargs)
@@ -108,7 +117,7 @@ class Planner:
             adapter.close()
         self._adapters.clear()
 
-    def __enter__(self) -> "Planner":
+    def __enter__(self) -> Planner:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -121,7 +130,7 @@ class Planner:
         try:
             with self._lock_for(op):
                 return self.adapter(op).version()
-        except Exception:  # noqa: BLE001 - the listing reports the error with its partitions
+        except Exception:  # the listing reports the error with its partitions
             return None
 
     def _lock_for(self, op: SourceOp) -> Any:
@@ -143,12 +152,12 @@ class Planner:
                         continue
                     try:
                         block = TaskBlock.from_tasks(part.start, part.version, adapter.split(part))
-                    except Exception as exc:  # noqa: BLE001 - reported with the partition
+                    except Exception as exc:  # reported with the partition
                         out[part.start] = _Listed(reason=f"split failed: {type(exc).__name__}: {exc}", state="error")
                         continue
                     self.cache.put(op.key, part.start, part.version, block)
                     out[part.start] = _Listed(block)
-        except Exception as exc:  # noqa: BLE001 - reported with each partition of the item
+        except Exception as exc:  # reported with each partition of the item
             reason = f"listing failed: {type(exc).__name__}: {exc}"
             return [(s, out.get(s) or _Listed(reason=reason, state="error")) for s in starts]
         missing = _Listed(reason="the adapter returned no such partition", state="error")
@@ -190,7 +199,7 @@ class Planner:
         items: list[tuple[datetime, SourceOp, list[datetime]]] = []
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="dtgg") as pool:
             versioned = [op for op in ops if op.type in VERSIONED_TYPES]
-            versions = dict(zip([op.id for op in versioned], pool.map(self._version, versioned)))
+            versions = dict(zip([op.id for op in versioned], pool.map(self._version, versioned), strict=True))
             stats.version_calls = len(versioned)
             for op in ops:
                 misses = []
@@ -220,12 +229,12 @@ class Planner:
         stats.seconds = time.perf_counter() - t0
         return Plan(window, graph, tasks, not_ready, counts, stats)
 
-    def _usable(self, listed: _Listed, spec: SourceSpec) -> tuple[bool, str, str]:
+    def _usable(self, listed: _Listed, spec: SourceSpec) -> tuple[bool, str, NotReadyState]:
         if listed.block is None:
             return False, listed.reason or "not ready", listed.state
         if not len(listed.block) and not spec.allow_empty:
             return False, "ready but empty (set allow_empty: true if that is expected)", "error"
-        return True, "", ""
+        return True, "", "not_ready"  # the state is only read when not usable
 
     def _assemble(
         self, consumer_starts: dict[tuple[str, str], list[datetime]], results: dict[tuple[str, datetime], _Listed]
@@ -244,28 +253,32 @@ class Planner:
                     ok, reason, state = self._usable(listed, source)
                     if not ok:
                         count.not_ready_partitions += 1
-                        not_ready.append(NotReady(stream.name, source.name, start, reason, state))  # type: ignore[arg-type]
+                        not_ready.append(NotReady(stream.name, source.name, start, reason, state))
                         continue
                     assert listed.block is not None
                     if joiner is not None and source.name == joiner.right:
                         count.ready_partitions += 1  # feeds the joiner only
                         continue
-                    join, right = None, ()
+                    join: JoinInfo | None = None
+                    right: tuple[TaskBlock, ...] = ()
                     if joiner is not None and source.name == joiner.left:
                         right_spec = self.dataset.source(joiner.right)
                         end = start + granularity_step(source.granularity) + joiner.lateness
-                        blocks = []
+                        blocks: list[TaskBlock] = []
+                        waiting = False
                         for r in TimeWindow(start, end).partition_starts(right_spec.granularity):
-                            r_ok, r_reason, _ = self._usable(results[(graph.source_of[joiner.right], r)], right_spec)
+                            r_listed = results[(graph.source_of[joiner.right], r)]
+                            r_ok, r_reason, _ = self._usable(r_listed, right_spec)
                             if not r_ok:
-                                blocks = None
+                                waiting = True
                                 reason = (
                                     f"waiting for {joiner.right} up to {end.isoformat()} (lateness "
                                     f"{joiner.lateness}): partition {r.isoformat()}: {r_reason}"
                                 )
                                 break
-                            blocks.append(results[(graph.source_of[joiner.right], r)].block)
-                        if blocks is None:
+                            assert r_listed.block is not None
+                            blocks.append(r_listed.block)
+                        if waiting:
                             count.not_ready_partitions += 1
                             not_ready.append(NotReady(stream.name, source.name, start, reason, "waiting"))
                             continue

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -58,7 +59,7 @@ class TimeWindow:
             raise ValueError(f"empty time window: {self.start.isoformat()} .. {self.end.isoformat()}")
 
     @classmethod
-    def hours_from(cls, start: datetime, hours: int) -> "TimeWindow":
+    def hours_from(cls, start: datetime, hours: int) -> TimeWindow:
         return cls(start, _utc(start) + timedelta(hours=hours))
 
     def partition_starts(self, granularity: str) -> list[datetime]:
@@ -134,14 +135,14 @@ class ReadTask:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ReadTask":
+    def from_dict(cls, data: dict[str, Any]) -> ReadTask:
         return cls(**{**data, "partition": datetime.fromisoformat(data["partition"])})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ReadTask":
+    def from_json(cls, text: str) -> ReadTask:
         return cls.from_dict(json.loads(text))
 
 
@@ -195,9 +196,10 @@ class SourceAdapter(abc.ABC):
         return part
 
     def close(self) -> None:
-        """Release connections (Kafka consumers, catalogs)."""
+        """Release connections (Kafka consumers, catalogs); the default adapter holds none."""
+        return None
 
-    def __enter__(self) -> "SourceAdapter":
+    def __enter__(self) -> SourceAdapter:
         return self
 
     def __exit__(self, *exc: object) -> None:

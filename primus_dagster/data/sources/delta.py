@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from datetime import datetime
-from typing import Iterator
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -72,7 +72,7 @@ def check_reader_protocol(
     uri: str,
     min_reader_version: int,
     reader_features: list[str] | None,
-    configuration: dict[str, str | None] | None = None,
+    configuration: Mapping[str, str | None] | None = None,
 ) -> None:
     """Raise :class:`UnsupportedDeltaFeatureError` if a file-by-file reader would misread the table."""
     unsupported = sorted(set(reader_features or ()) - HANDLED_READER_FEATURES)
@@ -174,7 +174,7 @@ class DeltaSource(SourceAdapter):
         paths = actions.column("path").to_pylist()
         sizes = actions.column("size_bytes").to_pylist()
         records = actions.column("num_records").to_pylist()
-        for date, hour, path, size, rows in zip(dates, hours, paths, sizes, records):
+        for date, hour, path, size, rows in zip(dates, hours, paths, sizes, records, strict=True):
             if date is None:
                 continue
             date_text = date.isoformat() if isinstance(date, _dt.date) else str(date)
@@ -246,10 +246,7 @@ class DeltaSource(SourceAdapter):
         cached = self._tasks.get((partition.version or "", partition.start))
         if cached is not None:
             return list(cached)
-        if partition.version is None:
-            table = self.table(refresh=True)
-        else:
-            table = self._open_table(int(partition.version))
+        table = self.table(refresh=True) if partition.version is None else self._open_table(int(partition.version))
         listed = self._list_files(table, [partition.start])
         self._remember(str(table.version()), listed)
         return list(listed[partition.start])
@@ -287,7 +284,7 @@ class DeltaSource(SourceAdapter):
         try:
             parquet = self._open_file(task.uri)
             present = set(parquet.schema_arrow.names)
-        except Exception as exc:  # noqa: BLE001 - any failure to open is this file's failure
+        except Exception as exc:  # any failure to open is this file's failure
             hint = " (vacuumed after listing?)" if isinstance(exc, FileNotFoundError) else ""
             raise SourceReadError(task.uri, f"cannot open Parquet data file of {where}{hint}: {exc}") from exc
         missing = [c for c in columns if c not in present]
@@ -303,7 +300,7 @@ class DeltaSource(SourceAdapter):
                 batch = next(batches)
             except StopIteration:
                 break
-            except Exception as exc:  # noqa: BLE001 - decoding errors name the file
+            except Exception as exc:  # decoding errors name the file
                 raise SourceReadError(task.uri, f"cannot read Parquet data file of {where}: {exc}") from exc
             if fill:
                 batch = self._fill_missing(batch, fill, self._table_schema(task.version))

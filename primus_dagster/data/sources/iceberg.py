@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Iterator
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,10 +32,11 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThan, Reference
+from pyiceberg.expressions.literals import literal
 from pyiceberg.io import pyarrow as iceberg_arrow
 from pyiceberg.table import FileScanTask, Table
-from pyiceberg.types import LongType, NestedField, TimestampType, TimestamptzType
+from pyiceberg.types import LongType, NestedField, PrimitiveType, TimestampType, TimestamptzType
 
 from primus_dagster.data.canonical import SchemaMismatchError, native_columns
 from primus_dagster.data.sources.base import (
@@ -133,6 +135,15 @@ def _rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Record
         yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
 
 
+def _ts_bound(field: NestedField, bounds: dict[int, bytes] | None) -> int | None:
+    """A data file's bound of the ts column (from its lower or upper ``bounds``); None when not recorded."""
+    raw = bounds.get(field.field_id) if bounds else None
+    if raw is None:
+        return None
+    # timestamp(tz) (micros) or long (ms): primitive types, as checked by IcebergSource._ts_field
+    return int(from_bytes(cast(PrimitiveType, field.field_type), raw))
+
+
 class IcebergSource(SourceAdapter):
     """Adapter for an Iceberg table; partitions are ``[start, end)`` row filters on the ts column.
 
@@ -201,8 +212,10 @@ class IcebergSource(SourceAdapter):
 
     def _row_filter(self, table: Table, start: datetime, end: datetime) -> BooleanExpression:
         field = self._ts_field(table)
+        ts = Reference(field.name)
         return And(
-            GreaterThanOrEqual(field.name, self._literal(field, start)), LessThan(field.name, self._literal(field, end))
+            GreaterThanOrEqual(term=ts, value=literal(self._literal(field, start))),
+            LessThan(term=ts, value=literal(self._literal(field, end))),
         )
 
     def _plan(self, table: Table, snapshot_id: int, start: datetime, end: datetime) -> list[FileScanTask]:
@@ -222,10 +235,8 @@ class IcebergSource(SourceAdapter):
         limits = [(s, self._literal(field, s), self._literal(field, s + self._step)) for s in starts]
         for task in self._plan(table, snapshot_id, starts[0], starts[-1] + self._step):
             data = task.file
-            low = data.lower_bounds.get(field.field_id) if data.lower_bounds else None
-            high = data.upper_bounds.get(field.field_id) if data.upper_bounds else None
-            low_v = from_bytes(field.field_type, low) if low is not None else None
-            high_v = from_bytes(field.field_type, high) if high is not None else None
+            low_v = _ts_bound(field, data.lower_bounds)
+            high_v = _ts_bound(field, data.upper_bounds)
             for start, lo, hi in limits:
                 if (low_v is None or low_v < hi) and (high_v is None or high_v >= lo):
                     out[start].append(
@@ -397,7 +408,7 @@ class IcebergSource(SourceAdapter):
                     return
                 except (SourceReadError, IcebergTableNotFoundError, SchemaMismatchError):
                     raise
-                except Exception as exc:  # noqa: BLE001 - any failure reading the file names it
+                except Exception as exc:  # any failure reading the file names it
                     raise SourceReadError(
                         task.uri, f"cannot read Iceberg data file (snapshot {task.version}): {exc}"
                     ) from exc

@@ -14,8 +14,10 @@ Example::
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -93,18 +95,17 @@ class ParquetSource(SourceAdapter):
         step = granularity_step(self.spec.granularity)
         rel = partition_dir(self.spec, start)
         path = f"{self._root_path}/{rel}"
-        base = dict(source=self.spec.name, start=start, end=start + step, location=path)
+        listed = functools.partial(Partition, source=self.spec.name, start=start, end=start + step, location=path)
         entries = self._list_dir(path)
         if entries is None:
-            return Partition(**base, ready=False, reason=f"directory {path} does not exist")
+            return listed(ready=False, reason=f"directory {path} does not exist")
         files = sorted((e for e in entries if _is_data_file(e)), key=lambda e: e["name"])
         names = {e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries}
         marker = self.spec.success_marker
         ready, reason = True, None
         if marker and marker not in names:
             ready, reason = False, f"no {marker} marker in {path}"
-        return Partition(
-            **base,
+        return listed(
             ready=ready,
             reason=reason,
             files=len(files),

@@ -11,9 +11,9 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -17,16 +17,15 @@ from primus_dagster.data.driver import (
     ExecutorReport,
     JobFailedError,
 )
-from primus_dagster.data.driver.wire import ACTIONS
+from primus_dagster.data.driver.actions import ACTIONS
 from primus_dagster.data.tasks import BatchId
 
 
 @pytest.fixture
 def served(clock):
     driver = DataDriver(max_attempts=2, failed_task_threshold=0.3, lease_s=10, trainers=2, clock=clock)
-    with DriverServer(driver) as server:
-        with DriverClient(server.location, retry_s=2) as client:
-            yield driver, server, client
+    with DriverServer(driver) as server, DriverClient(server.location, retry_s=2) as client:
+        yield driver, server, client
 
 
 def test_every_action_round_trips(served, clock, task_factory):
@@ -82,7 +81,7 @@ def test_every_action_round_trips(served, clock, task_factory):
 
 
 def test_errors_come_back_typed(served, task_factory):
-    driver, server, client = served
+    driver, _server, client = served
     driver.add_tasks([task_factory(0), task_factory(1)])
     with pytest.raises(KeyError, match="unknown data task 'missing'"):
         client.complete("e", "missing", 1, 1)
@@ -120,7 +119,7 @@ def test_retried_claim_gets_the_first_answer(served, task_factory):
 
 
 def test_large_responses_are_chunked(served, task_factory):
-    driver, server, client = served
+    _driver, _server, client = served
     tasks = [task_factory(i, pad="x" * 600) for i in range(2500)]  # ~2.5 MB of JSON; add_tasks in 2 chunks
     assert client.add_tasks(tasks) == 2500
     snap = client.snapshot()

@@ -92,7 +92,7 @@ def _simulate(seed: int, tasks_n: int, tmp_path, task_factory) -> None:
     for task in tasks:
         sizes = [rng.randint(1, 50) for _ in range(rng.randint(0, 6))]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        layout[task.task_id] = [BatchId(task.task_id, s, n) for s, n in zip(starts, sizes)]
+        layout[task.task_id] = [BatchId(task.task_id, s, n) for s, n in zip(starts, sizes, strict=True)]
     every = Counter(b for bs in layout.values() for b in bs)
     trainers = ["t0", "t1"]
 

@@ -113,7 +113,7 @@ def test_fail_retries_until_max_attempts_and_keeps_error(clock, task_factory):
     task = task_factory(0)
     driver.add_tasks([task])
     for attempt in (1, 2, 3):
-        [lease] = driver.lease("e")
+        [_lease] = driver.lease("e")
         driver.fail("other", task.task_id, "ignored: not the owner")
         assert driver.task_info(task.task_id)["state"] == "running"
         driver.fail("e", task.task_id, f"boom {attempt}")
@@ -160,12 +160,12 @@ def test_complete_edge_cases(clock, task_factory):
     driver = DataDriver(lease_s=5, max_attempts=1, failed_task_threshold=1.0, clock=clock)
     t0, t1 = task_factory(0), task_factory(1)
     driver.add_tasks([t0, t1])
-    [lease] = driver.lease("a")
+    driver.lease("a")
     clock.advance(6)
     driver.expire()  # max_attempts=1: t0 failed
     driver.complete("a", t0.task_id, 1, 1)  # late completion of a failed task: ignored
     assert driver.task_info(t0.task_id)["state"] == "failed"
-    [lease] = driver.lease("b")
+    [_lease] = driver.lease("b")
     driver.complete("late", t1.task_id, 8, 2)  # another executor finished it: accepted
     driver.complete("b", t1.task_id, 8, 2)  # idempotent
     assert driver.task_info(t1.task_id)["state"] == "succeeded" and driver.status()["rows"] == 8
@@ -177,7 +177,7 @@ def test_claim_dedup_and_claimed_rows_on_relase(clock, task_factory):
     driver = DataDriver(lease_s=5, clock=clock)
     task = task_factory(0)
     driver.add_tasks([task])
-    [lease] = driver.lease("a")
+    [_lease] = driver.lease("a")
     assert driver.claim("t0", BatchId(task.task_id, 0, 100))
     assert not driver.claim("t1", BatchId(task.task_id, 0, 100))  # served twice: dropped
     assert driver.claim_many(

@@ -12,14 +12,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from primus_dagster.data.executor import DataExecutor, Item
-from primus_dagster.data.executor.wire import from_wire
+from primus_dagster.data import Batch
+from primus_dagster.data.executor import DataExecutor
 from primus_dagster.data.tasks import DataTask, JoinInfo
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import FakeDriver, job_spec, plan, wait_until, write_tree
 
 
-def drain(executor: DataExecutor, trainer: int = 0, timeout: float = 20) -> list[Item]:
+def drain(executor: DataExecutor, trainer: int = 0, timeout: float = 20) -> list[Batch]:
     out = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -32,8 +32,8 @@ def drain(executor: DataExecutor, trainer: int = 0, timeout: float = 20) -> list
     raise AssertionError(f"executor did not finish in {timeout}s (got {len(out)} batches)")
 
 
-def run_all(executor: DataExecutor, trainers: int = 1) -> list[list[Item]]:
-    results: list[list[Item]] = [[] for _ in range(trainers)]
+def run_all(executor: DataExecutor, trainers: int = 1) -> list[list[Batch]]:
+    results: list[list[Batch]] = [[] for _ in range(trainers)]
     threads = [threading.Thread(target=lambda i=i: results[i].extend(drain(executor, i))) for i in range(trainers)]
     with executor:
         for t in threads:
@@ -43,8 +43,8 @@ def run_all(executor: DataExecutor, trainers: int = 1) -> list[list[Item]]:
     return results
 
 
-def sample_ids(items: list[Item]) -> list[int]:
-    return [i for item in items for i in item.wire.column("sample_id").to_pylist()]
+def sample_ids(items: list[Batch]) -> list[int]:
+    return [i for item in items for i in item.columns.column("sample_id").to_pylist()]
 
 
 def test_every_row_once_with_deterministic_batch_ids(tmp_path: Path) -> None:
@@ -59,8 +59,8 @@ def test_every_row_once_with_deterministic_batch_ids(tmp_path: Path) -> None:
     by_task: dict[str, list[tuple[int, int]]] = {}
     for item in items:
         by_task.setdefault(item.meta.task_id, []).append((item.meta.first_row, item.meta.rows))
-        assert item.meta.rows == item.wire.num_rows and item.meta.kind == "batch" and item.meta.stream == "history"
-        assert "source" not in item.wire.schema.names  # rides in the metadata
+        assert item.meta.rows == item.columns.num_rows and item.meta.kind == "batch" and item.meta.stream == "history"
+        assert "source" not in item.columns.schema.names  # rides in the metadata
     for task_id, spans in by_task.items():
         assert sorted(spans) == [(0, 100), (100, 100), (200, 50)], task_id
     assert all(r.state == "succeeded" and r.rows == 250 and r.batches == 3 for r in driver.tasks.values())
@@ -150,12 +150,12 @@ def join_task(tmp_path: Path, key: str = "sample_id") -> tuple[DataTask, object,
 
 
 def test_join_task_labels_left_rows_by_late_right_events(tmp_path: Path) -> None:
-    task, job, imps = join_task(tmp_path)
+    task, job, _imps = join_task(tmp_path)
     driver = FakeDriver([task])
     (items,) = run_all(DataExecutor(driver, job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05))
     assert [(i.meta.first_row, i.meta.rows) for i in items] == [(0, 40), (40, 40), (80, 20)]
-    got = pa.Table.from_batches([i.wire for i in items])
-    labels = dict(zip(got["sample_id"].to_pylist(), got["label"].to_pylist()))
+    got = pa.Table.from_batches([i.columns for i in items])
+    labels = dict(zip(got["sample_id"].to_pylist(), got["label"].to_pylist(), strict=True))
     assert labels == {i: 1.0 if i % 4 == 0 else 0.0 for i in range(100)}
     assert driver.tasks[task.task_id].state == "succeeded"
 
@@ -173,7 +173,7 @@ def test_backpressure_bounds_every_trainer_buffer(tmp_path: Path) -> None:
     job = job_spec(batch_rows=20, buffer_batches=2, trainers=2, task_runners=3)
     driver = FakeDriver(plan(job, tmp_path))
     executor = DataExecutor(driver, job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05)
-    got: list[Item] = []
+    got: list[Batch] = []
     with executor:
         assert wait_until(lambda: executor.buffers.fills() == [2, 2])  # runners fill the buffers ...
         time.sleep(0.2)  # ... and then block
@@ -215,16 +215,16 @@ def test_forward_shuffle_pairs_executor_with_one_trainer(tmp_path: Path) -> None
     assert first == [] and len(second) == 4  # data-3 -> trainer 3 mod 2 = 1
 
 
-def test_wire_round_trip_restores_canonical_columns(tmp_path: Path) -> None:
+def test_served_batches_restore_canonical_columns(tmp_path: Path) -> None:
     write_tree(tmp_path, hours=1, files=1, rows=30)
     job = job_spec(batch_rows=30)
     (task,) = plan(job, tmp_path, hours=1)
     (items,) = run_all(DataExecutor(FakeDriver([task]), job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05))
-    canonical, meta = from_wire(items[0].wire, items[0].raw_meta)
+    canonical = items[0].canonical()
     assert canonical.schema.field("kind").type == pa.dictionary(pa.int32(), pa.string())
-    assert set(canonical.column("source").to_pylist()) == {"src"} and meta.batch_id.first_row == 0
+    assert set(canonical.column("source").to_pylist()) == {"src"} and items[0].batch_id.first_row == 0
     with pytest.raises(ValueError, match="metadata says"):
-        from_wire(items[0].wire.slice(1), items[0].raw_meta)
+        Batch(items[0].columns.slice(1), items[0].meta)
 
 
 def test_rebalance_sends_more_to_the_trainer_that_keeps_up(tmp_path: Path) -> None:
@@ -233,8 +233,8 @@ def test_rebalance_sends_more_to_the_trainer_that_keeps_up(tmp_path: Path) -> No
     executor = DataExecutor(
         FakeDriver(plan(job, tmp_path, hours=1)), job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05
     )
-    fast: list[Item] = []
-    slow: list[Item] = []
+    fast: list[Batch] = []
+    slow: list[Batch] = []
 
     def slow_reader() -> None:
         while (item := executor.take(1)) is not None:

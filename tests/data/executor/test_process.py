@@ -15,7 +15,7 @@ import pytest
 from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
 from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.executor.process import parse_args
-from primus_dagster.data.reader import RemoteReader
+from primus_dagster.data.reader.remote_reader import RemoteReader
 from tests.data.executor.datakit import job_spec, job_text, plan, write_tree
 
 pytestmark = pytest.mark.integration
@@ -41,10 +41,10 @@ def read_trainer(location: str, trainer: int, out: dict[int, list[int]], errors:
     try:
         with (
             DriverClient(location, token=TOKEN) as client,
-            RemoteReader(client, trainer, token=TOKEN, framework="numpy", refresh_s=0.1, prefetch=64) as reader,
+            RemoteReader(client, trainer, token=TOKEN, refresh_s=0.1, prefetch=64) as reader,
         ):
             out[trainer] = [i for batch in reader for i in batch.sample_id.tolist()]
-    except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+    except BaseException as exc:
         errors.append(exc)
 
 

@@ -152,7 +152,7 @@ def test_join_tasks_wait_for_right_side_up_to_end_plus_lateness(tmp_path: Path) 
     assert {t.partition for t in joins} == {T0, T0 + H}  # hour 2 needs clicks of hour 3
     assert all(t.read.source == "imp_h" and t.join is not None for t in joins)
     assert joins[0].join.lateness_s == 900 and joins[0].join.key == "sample_id"
-    first = [t for t in joins if t.partition == T0][0]
+    first = next(t for t in joins if t.partition == T0)
     assert [(r.source, r.partition) for r in first.right_reads] == [("clk_h", T0)] * 2 + [("clk_h", T0 + H)] * 2
     assert DataTask.from_json(first.to_json()) == first
     waiting = [p for p in plan.not_ready if p.state == "waiting"]

@@ -62,7 +62,7 @@ def hourly(tmp_path: Path) -> tuple[Path, dict[int, pa.Table]]:
     written: dict[int, list[pa.Table]] = {0: [], 1: [], 3: []}
     for k in range(2):
         parts = [native_rows(T0 + timedelta(hours=h), 40 + h, 10_000 * k + 1000 * h) for h in written]
-        for h, part in zip(written, parts):
+        for h, part in zip(written, parts, strict=True):
             written[h].append(part)
         append(path, pa.concat_tables(parts))
     return path, {h: pa.concat_tables(ts) for h, ts in written.items()}
@@ -76,7 +76,7 @@ def test_partitions_list_files_rows_version_and_readiness(hourly, tmp_path: Path
     assert [p.ready for p in parts] == [True, True, False, True]
     assert all(p.version == "1" for p in parts) and source.version() == "1"
     actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()
-    for part, hour in zip(parts, range(4)):
+    for part, hour in zip(parts, range(4), strict=True):
         mine = [a for a in actions if a["partition.hour"] == hour]
         assert part.files == len(mine) == (0 if hour == 2 else 2)
         assert part.bytes == sum(a["size_bytes"] for a in mine)
@@ -179,7 +179,7 @@ def test_column_added_later_reads_as_null_in_older_files(tmp_path: Path) -> None
     append(path, old)
     new = native_rows(T0, 10, 100)
     append(path, new.append_column("d13", pa.array(np.ones(10, np.float32))), schema_mode="merge")
-    source = DeltaSource(make_spec(str(path), dense=DENSE + ["d13"]), SourceContext())
+    source = DeltaSource(make_spec(str(path), dense=[*DENSE, "d13"]), SourceContext())
     table = read_all(source, source.split(source.partition(T0))).sort_by("sample_id")
     extra = table.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 14)[:, 13]
     assert np.isnan(extra[:10]).all() and (extra[10:] == 1).all()

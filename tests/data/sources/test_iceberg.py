@@ -82,7 +82,7 @@ def hourly(tmp_path: Path) -> tuple[IcebergSourceSpec, SourceContext, Table, dic
     written: dict[int, list[pa.Table]] = {0: [], 1: [], 3: []}
     for k in range(2):
         parts = [native_rows(T0 + timedelta(hours=h), 40 + h, 10_000 * k + 1000 * h) for h in written]
-        for h, part in zip(written, parts):
+        for h, part in zip(written, parts, strict=True):
             written[h].append(part)
         commit(table, parts)
     return spec, ctx, table, {h: pa.concat_tables(ts) for h, ts in written.items()}
@@ -121,7 +121,7 @@ def test_partitions_list_files_rows_version_and_readiness(hourly) -> None:
 
 
 def test_split_and_read_return_exactly_the_written_rows(hourly) -> None:
-    spec, ctx, table, written = hourly
+    spec, ctx, _table, written = hourly
     source = IcebergSource(spec.model_copy(update={"batch_rows": 16}), ctx)
     part = source.partition(T0 + timedelta(hours=1))
     tasks = source.split(part)
@@ -201,7 +201,7 @@ def test_missing_table_names_identifier_and_catalog(tmp_path: Path) -> None:
 
 
 def test_corrupt_file_fails_alone_and_names_the_file(hourly) -> None:
-    spec, ctx, table, written = hourly
+    spec, ctx, _table, written = hourly
     source = IcebergSource(spec, ctx)
     assert_corrupt_file_fails_alone(source, source.partition(T0), written[0])
 

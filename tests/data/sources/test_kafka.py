@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from primus_dagster.data.sources.base import ReadTask, SourceContext, SourceReadError, TimeWindow
 from primus_dagster.data.sources.kafka import KafkaConfigError, KafkaSource, json_schema
-from primus_dagster.kafka_broker import EmbeddedBroker, create_topic
+from primus_dagster.devtools.kafka_broker import EmbeddedBroker, create_topic
 from primus_dagster.spec.sources import KafkaSourceSpec
 
 pytestmark = pytest.mark.integration
@@ -110,7 +111,7 @@ def test_partitions_give_exact_offset_ranges(stream: dict[str, Any]) -> None:
         parts = src.partitions(TimeWindow.hours_from(H0 - timedelta(hours=1), 6))
         first_fetches = src.probe_fetches
         assert [p.start for p in parts] == [H0 + timedelta(hours=h) for h in range(-1, 5)]
-        for h, part in zip(range(-1, 5), parts):
+        for h, part in zip(range(-1, 5), parts, strict=True):
             want = expected_ranges(stream["rows"], H0_MS + h * HOUR_MS, H0_MS + (h + 1) * HOUR_MS)
             assert part.detail["offsets"] == want, f"hour {h}"
             assert part.rows == sum(e - s for s, e in want.values())
@@ -171,7 +172,7 @@ def test_read_returns_the_produced_rows(stream: dict[str, Any]) -> None:
             got = table.to_pydict()
             assert sorted(got["sample_id"]) == sorted(want) and len(want) == n
             columns = (got["sample_id"], got["label"], got["ts"], got["dense"], got["user_id"])
-            for sid, label, ts, dense, user in zip(*columns):
+            for sid, label, ts, dense, user in zip(*columns, strict=True):
                 assert label == (None if sid % 7 == 0 else float(sid % 2))
                 assert int(ts.timestamp() * 1000) == want[sid]
                 assert dense[0] == float(sid) and dense[12] == pytest.approx(sid + 1.2)
@@ -234,7 +235,7 @@ def test_corrupt_records_are_skipped_and_counted(kafka_broker: EmbeddedBroker) -
         table = pa.Table.from_batches(list(src.read(task)))
         got = table.to_pydict()
         assert got["sample_id"] == good_ids
-        by_id = dict(zip(got["sample_id"], got["ts"]))
+        by_id = dict(zip(got["sample_id"], got["ts"], strict=True))
         assert int(by_id[30].timestamp()) == H0_MS // 1000 + 30
         stats = src.last_read_stats
         assert stats["bad_records"] == len(bad_values) and stats["records"] == 120
@@ -259,7 +260,7 @@ def test_interleaved_reads_use_separate_consumers(stream: dict[str, Any]) -> Non
         t0, t1 = src.split(src.partition(H0))[:2]
         a, b = src.read(t0), src.read(t1)
         ids: list[int] = []
-        for x, y in zip(a, b):  # both generators are open at once
+        for x, y in zip(a, b, strict=False):  # both generators are open at once
             ids += x.column("sample_id").to_pylist() + y.column("sample_id").to_pylist()
         ids += [i for rest in (a, b) for batch in rest for i in batch.column("sample_id").to_pylist()]
         assert len(ids) == len(set(ids)) == (t0.rows or 0) + (t1.rows or 0)

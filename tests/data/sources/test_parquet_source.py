@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def test_row_group_split(tmp_path: Path) -> None:
     tasks = adapter.split(adapter.partition(T0))
     assert len(tasks) > 2
     assert tasks[0].start == 0 and tasks[-1].stop == 10
-    assert all(a.stop == b.start for a, b in zip(tasks, tasks[1:]))
+    assert all(a.stop == b.start for a, b in itertools.pairwise(tasks))
     ids = [i for t in tasks for b in adapter.read(t) for i in b.column("sample_id").to_pylist()]
     assert sorted(ids) == list(range(10_000))
 

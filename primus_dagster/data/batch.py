@@ -1,0 +1,350 @@
+"""The one batch type of the data plane: :class:`Batch` (Arrow columns + metadata + tensors).
+
+A :class:`Batch` is what travels from a data executor to a trainer and what every consumer of
+data holds: the executor's buffers, the dataset server's streams, the reader's queues, the
+trainer, evaluation and the benchmarks. It holds
+
+* ``columns``: the canonical Arrow columns *without* the constant ``source``/``kind`` columns
+  (they ride in the metadata; Flight streams cannot carry dictionary columns batch by batch);
+* ``meta``: a :class:`BatchMeta` -- the batch's identity (task, first row, rows: its
+  :class:`~primus_dagster.data.tasks.BatchId`), its stream, kind and source;
+* the columns as torch tensors, converted once on first use by :func:`arrow_to_tensors`
+  (zero-copy views over the Arrow buffers wherever the data allows).
+
+With the shared-memory transport the Arrow buffers are an executor's slot, which stays
+reserved for as long as any column or tensor view of the batch is alive.
+
+Example::
+
+    batch = Batch.from_arrow(canonical_record_batch)       # any canonical Arrow batch / table
+    batch.dense.shape, batch.sparse.shape, batch.kind      # (B, n_dense), (B, n_sparse), "batch"
+    head = batch.slice(0, 1024)                            # zero-copy, tensors too
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from primus_dagster.data.tasks import BatchId
+
+if TYPE_CHECKING:  # torch is imported on the first conversion: executor processes never need it
+    import torch
+
+#: Constant per batch: carried by :class:`BatchMeta`, not as columns.
+CONSTANT_COLUMNS = ("source", "kind")
+#: Canonical columns that are not sparse features.
+_NOT_SPARSE = ("sample_id", "ts", "label", "dense", *CONSTANT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What travels beside each batch: its identity and where it belongs.
+
+    >>> meta = BatchMeta("history:src/f.parquet", 0, 4096, "history", "batch", "src")
+    >>> BatchMeta.decode(meta.encode()) == meta
+    True
+    """
+
+    task_id: str
+    first_row: int
+    rows: int
+    stream: str
+    kind: str
+    source: str
+
+    @property
+    def batch_id(self) -> BatchId:
+        return BatchId(self.task_id, self.first_row, self.rows)
+
+    def encode(self) -> bytes:
+        """Compact JSON (UTF-8): the Flight ``app_metadata`` of this batch."""
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | pa.Buffer | dict[str, Any]) -> BatchMeta:
+        data = raw if isinstance(raw, dict) else json.loads(bytes(raw).decode())
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"bad batch metadata {data!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class BatchTensors:
+    """The columns of a batch as torch tensors (see :func:`arrow_to_tensors`)."""
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    label: torch.Tensor
+    ts: torch.Tensor
+    sample_id: torch.Tensor | None
+
+    def slice(self, start: int, stop: int) -> BatchTensors:
+        sid = None if self.sample_id is None else self.sample_id[start:stop]
+        return BatchTensors(
+            self.dense[start:stop], self.sparse[start:stop], self.label[start:stop], self.ts[start:stop], sid
+        )
+
+
+class Batch:
+    """One batch from executor to trainer (see the module docstring).
+
+    Tensors (``dense``, ``sparse``, ``label``, ``ts``, ``sample_id``) are converted from
+    ``columns`` on first access and kept; views over Arrow memory are read-only: clone before
+    writing into them.
+    """
+
+    __slots__ = ("_tensors", "columns", "meta")
+
+    def __init__(self, columns: pa.RecordBatch, meta: BatchMeta):
+        if meta.rows != columns.num_rows:
+            raise ValueError(f"batch {meta.batch_id.key()}: metadata says {meta.rows} rows, got {columns.num_rows}")
+        self.columns = columns
+        self.meta = meta
+        self._tensors: BatchTensors | None = None
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_arrow(
+        cls,
+        data: pa.RecordBatch | pa.Table,
+        *,
+        kind: str | None = None,
+        stream: str = "",
+        source: str | None = None,
+        batch_id: BatchId | None = None,
+    ) -> Batch:
+        """A batch of canonical Arrow data (with or without its ``source``/``kind`` columns).
+
+        ``kind``/``source`` default to the data's constant columns (first row); ``batch_id`` to
+        ``BatchId("", 0, rows)``. Dictionary columns other than the constant ones are decoded.
+        """
+        record_batch = _one_record_batch(data)
+        kind = kind or _constant(record_batch, "kind")
+        if kind is None:
+            raise ValueError("kind not given and the data has no rows / no 'kind' column")
+        source = source if source is not None else (_constant(record_batch, "source") or "")
+        batch_id = batch_id or BatchId("", 0, record_batch.num_rows)
+        meta = BatchMeta(batch_id.task_id, batch_id.first_row, batch_id.rows, stream, kind, source)
+        return cls(_without_constants(record_batch), meta)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        dense: torch.Tensor,
+        sparse: torch.Tensor,
+        label: torch.Tensor,
+        *,
+        kind: str,
+        sparse_names: Sequence[str] | None = None,
+    ) -> Batch:
+        """A batch of in-memory tensors (tests, benchmarks): dense float32 [B, n], sparse int64
+        [B, F] (columns ``sparse_names``, default ``s0..``), label float32 [B]; ``ts`` is 0."""
+        rows, width = int(dense.shape[0]), int(dense.shape[1])
+        names = list(sparse_names) if sparse_names is not None else [f"s{i}" for i in range(int(sparse.shape[1]))]
+        sparse_np = sparse.detach().cpu().numpy()
+        columns = {
+            "ts": pa.array(np.zeros(rows, dtype=np.int64), pa.timestamp("us", "UTC")),
+            "label": pa.array(label.detach().cpu().numpy().astype(np.float32, copy=False)),
+            "dense": pa.FixedSizeListArray.from_arrays(
+                pa.array(dense.detach().cpu().numpy().astype(np.float32, copy=False).ravel()), width
+            ),
+            **{name: pa.array(sparse_np[:, i].astype(np.int64, copy=False)) for i, name in enumerate(names)},
+        }
+        return cls(pa.record_batch(columns), BatchMeta("", 0, rows, "", kind, ""))
+
+    @classmethod
+    def concat(cls, batches: Sequence[Batch]) -> Batch:
+        """One batch of ``batches`` (same kind, stream and source as the first; one copy)."""
+        if not batches:
+            raise ValueError("concat of no batches")
+        first = batches[0].meta
+        table = pa.Table.from_batches([b.columns for b in batches])
+        columns = _one_record_batch(table)
+        meta = BatchMeta(first.task_id, first.first_row, columns.num_rows, first.stream, first.kind, first.source)
+        return cls(columns, meta)
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def batch_id(self) -> BatchId:
+        return self.meta.batch_id
+
+    @property
+    def rows(self) -> int:
+        return self.meta.rows
+
+    @property
+    def kind(self) -> str:
+        return self.meta.kind
+
+    @property
+    def stream(self) -> str:
+        return self.meta.stream
+
+    @property
+    def source(self) -> str:
+        return self.meta.source
+
+    def canonical(self) -> pa.RecordBatch:
+        """The canonical Arrow batch: ``columns`` plus the constant ``source``/``kind`` columns."""
+        n = self.columns.num_rows
+        dict_type = pa.dictionary(pa.int32(), pa.string())
+        zeros = pa.array(np.zeros(n, dtype=np.int32))  # shared by both (arrays are immutable)
+        arrays = [*self.columns.columns, _one_value(self.source, zeros), _one_value(self.kind, zeros)]
+        fields = [
+            *self.columns.schema,
+            pa.field("source", dict_type, nullable=False),
+            pa.field("kind", dict_type, nullable=False),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+    def slice(self, start: int, stop: int) -> Batch:
+        """Rows ``[start, stop)`` (zero-copy; already converted tensors are sliced, not reconverted)."""
+        stop = min(stop, self.rows)
+        meta = BatchMeta(
+            self.meta.task_id, self.meta.first_row + start, stop - start, self.stream, self.kind, self.source
+        )
+        out = Batch(self.columns.slice(start, stop - start), meta)
+        if self._tensors is not None:
+            out._tensors = self._tensors.slice(start, stop)
+        return out
+
+    # ----------------------------------------------------------------- tensors
+    @property
+    def tensors(self) -> BatchTensors:
+        if self._tensors is None:
+            self._tensors = arrow_to_tensors(self.columns)
+        return self._tensors
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """float32 [B, n_dense]; a missing value (or a null row) is NaN."""
+        return self.tensors.dense
+
+    @property
+    def sparse(self) -> torch.Tensor:
+        """int64 [B, n_sparse] raw ids in :attr:`sparse_names` order (null -> 0)."""
+        return self.tensors.sparse
+
+    @property
+    def sparse_names(self) -> list[str]:
+        return sparse_feature_names(self.columns.schema)
+
+    @property
+    def label(self) -> torch.Tensor:
+        """float32 [B]; not (yet) labelled -> NaN."""
+        return self.tensors.label
+
+    @property
+    def ts(self) -> torch.Tensor:
+        """int64 [B]: event time, µs since the epoch (UTC)."""
+        return self.tensors.ts
+
+    @property
+    def sample_id(self) -> torch.Tensor | None:
+        """int64 [B] (null -> -1); None when the source has no ids."""
+        return self.tensors.sample_id
+
+    def __getstate__(self) -> tuple[pa.RecordBatch, BatchMeta]:
+        return self.columns, self.meta
+
+    def __setstate__(self, state: tuple[pa.RecordBatch, BatchMeta]) -> None:
+        self.columns, self.meta = state
+        self._tensors = None
+
+    def __repr__(self) -> str:
+        return f"Batch({self.batch_id.key()}, rows={self.rows}, kind={self.kind}, stream={self.stream})"
+
+
+# --------------------------------------------------------------------------- Arrow -> tensors
+def sparse_feature_names(schema: pa.Schema) -> list[str]:
+    """The sparse feature columns of a canonical schema: every integer column that is not canonical."""
+    return [f.name for f in schema if f.name not in _NOT_SPARSE and pa.types.is_integer(f.type)]
+
+
+def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
+    """The one Arrow -> torch converter: dense [B, n] (missing -> NaN), sparse [B, F] (null -> 0),
+    label (null -> NaN), ts (µs), sample_id (null -> -1; None without ids). No per-row Python
+    work; views over the Arrow buffers where there are no nulls to fill."""
+    schema = columns.schema
+    dense = _dense(columns.column(schema.get_field_index("dense")))
+    label = _numpy(columns.column(schema.get_field_index("label")))
+    ts = columns.column(schema.get_field_index("ts")).view(pa.int64()).to_numpy(zero_copy_only=False)
+    sid_index = schema.get_field_index("sample_id")
+    sid = columns.column(sid_index) if sid_index >= 0 else None
+    sample_id = None if sid is None or sid.null_count == len(sid) else _torch(_numpy(sid, -1))
+    names = sparse_feature_names(schema)
+    if names:
+        sparse = np.stack([_numpy(columns.column(schema.get_field_index(n)), 0) for n in names], axis=1)
+    else:
+        sparse = np.zeros((columns.num_rows, 0), dtype=np.int64)
+    return BatchTensors(_torch(dense), _torch(sparse), _torch(label), _torch(ts), sample_id)
+
+
+def _numpy(array: pa.Array, fill: Any = None) -> np.ndarray:
+    if array.null_count and fill is not None:
+        array = pc.fill_null(array, pa.scalar(fill, array.type))
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _dense(array: pa.Array) -> np.ndarray:
+    width = array.type.list_size
+    values = array.values.slice(array.offset * width, len(array) * width)
+    out = values.to_numpy(zero_copy_only=False).reshape(len(array), width)
+    if array.null_count:  # a null list: its row is NaN
+        out = out.copy()
+        out[array.is_null().to_numpy(zero_copy_only=False)] = np.nan
+    return out
+
+
+def _torch(array: np.ndarray) -> torch.Tensor:
+    import torch
+
+    with warnings.catch_warnings():  # Arrow memory is read-only; torch warns once about that
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+# --------------------------------------------------------------------------- canonical <-> columns
+def _one_record_batch(data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    if isinstance(data, pa.RecordBatch):
+        return data
+    batches = data.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=data.schema)
+
+
+def _constant(batch: pa.RecordBatch, name: str) -> str | None:
+    index = batch.schema.get_field_index(name)
+    if index < 0 or batch.num_rows == 0:
+        return None
+    value = batch.column(index)[0].as_py()
+    return None if value is None else str(value)
+
+
+def _without_constants(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` without the constant columns, other dictionary columns decoded."""
+    if not any(f.name in CONSTANT_COLUMNS or pa.types.is_dictionary(f.type) for f in batch.schema):
+        return batch
+    arrays, fields = [], []
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        if field.name in CONSTANT_COLUMNS:
+            continue
+        if pa.types.is_dictionary(field.type):
+            column = pc.cast(column, field.type.value_type)
+            field = field.with_type(field.type.value_type)
+        arrays.append(column)
+        fields.append(field)
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _one_value(value: str, zeros: pa.Array) -> pa.DictionaryArray:
+    # All-zero indices into a one-entry dictionary: valid by construction, so skip validation.
+    return pa.DictionaryArray.from_arrays(zeros, pa.array([value]), safe=False)

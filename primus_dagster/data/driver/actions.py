@@ -1,0 +1,113 @@
+"""JSON shapes of the driver's Flight actions (shared by :mod:`.server` and :mod:`.client`).
+
+Every action's body and response is one JSON object (a response may come back in several
+``Result`` chunks of at most :data:`CHUNK_BYTES`, which the client joins). Errors travel as
+``FlightServerError`` whose ``extra_info`` is ``{"type", "message"}`` (+ ``report``, ``total``,
+``threshold`` for ``JobFailedError``) and are raised again as the same type by the client.
+
+Example::
+
+    body = {"trainer_id": "t0", "batch": batch_to_dict(BatchId("s:f", 0, 1024))}
+    assert batch_from_dict(body["batch"]) == BatchId("s:f", 0, 1024)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from primus_dagster.data.driver.api import ExecutorReport, Lease
+from primus_dagster.data.driver.task_record import JobFailedError
+from primus_dagster.data.tasks import BatchId, DataTask
+
+CHUNK_BYTES = 1 << 20
+
+#: action -> (request body, response); ``request_id`` (a client uuid) makes a retried call
+#: of a non-idempotent action (lease, claim, claim_many) return the first call's answer.
+ACTIONS: dict[str, str] = {
+    "lease": '{"executor_id", "max_tasks", "request_id"} -> {"leases": [lease]}',
+    "heartbeat": '{"report": report} -> {"cancel": [task_id], "done", "failed", "deadline"}',
+    "complete": '{"executor_id", "task_id", "rows", "batches"} -> {}',
+    "fail": '{"executor_id", "task_id", "error"} -> {}',
+    "claim": '{"trainer_id", "batch": batch, "request_id"} -> {"first": bool}',
+    "claim_many": '{"trainer_id", "batches": [batch], "request_id"} -> {"first": [bool]}',
+    "barrier": '{"trainer_id", "consumed": [batch], "barrier_id"} -> {"snapshot": snapshot | null}',
+    "barrier_snapshot": '{} -> {"snapshot": snapshot | null}',
+    "executors": '{} -> {"executors": {executor_id: report}}',
+    "status": "{} -> status",
+    "add_tasks": '{"tasks": [DataTask.to_dict()]} -> {"added": int}',
+    "snapshot": "{} -> snapshot",
+    "source_versions": '{"set": {..} | null} -> {"source_versions": {..}}',
+    "expire": '{} -> {"expired": [task_id]}',
+    "raise_if_failed": "{} -> {} (or a JobFailedError)",
+    "failure_report": '{} -> {"failed_tasks": [{"task_id", "uri", "attempts", "failures", "error"}]}',
+    "task_info": '{"task_id"} -> task info',
+}
+#: lease  = {"task": DataTask.to_dict(), "attempt": int, "deadline": float, "claimed_rows": [int]}
+#: report = {"executor_id", "address", "running": [task_id], "metrics": {name: float}}
+#: batch  = {"task_id", "first_row", "rows"}
+DEDUP_ACTIONS = frozenset({"lease", "claim", "claim_many"})
+
+
+def lease_to_dict(lease: Lease) -> dict[str, Any]:
+    return {
+        "task": lease.task.to_dict(),
+        "attempt": lease.attempt,
+        "deadline": lease.deadline,
+        "claimed_rows": list(lease.claimed_rows),
+    }
+
+
+def lease_from_dict(data: dict[str, Any]) -> Lease:
+    return Lease(
+        task=DataTask.from_dict(data["task"]),
+        attempt=int(data["attempt"]),
+        deadline=float(data["deadline"]),
+        claimed_rows=tuple(int(r) for r in data.get("claimed_rows", ())),
+    )
+
+
+def report_to_dict(report: ExecutorReport) -> dict[str, Any]:
+    return asdict(report)
+
+
+def report_from_dict(data: dict[str, Any]) -> ExecutorReport:
+    return ExecutorReport(
+        executor_id=data["executor_id"],
+        address=data.get("address", ""),
+        running=list(data.get("running", [])),
+        metrics=dict(data.get("metrics", {})),
+    )
+
+
+def batch_to_dict(batch: BatchId) -> dict[str, Any]:
+    return {"task_id": batch.task_id, "first_row": batch.first_row, "rows": batch.rows}
+
+
+def batch_from_dict(data: dict[str, Any]) -> BatchId:
+    return BatchId(task_id=data["task_id"], first_row=int(data["first_row"]), rows=int(data["rows"]))
+
+
+def error_info(err: BaseException) -> bytes:
+    """``extra_info`` of the FlightServerError that carries ``err`` to the client."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    info: dict[str, Any] = {"type": type(err).__name__, "message": str(message)}
+    if isinstance(err, JobFailedError):
+        info.update(report=err.report, total=err.total, threshold=err.threshold)
+    return json.dumps(info).encode()
+
+
+def error_from_info(extra_info: bytes, fallback: Exception) -> Exception:
+    """The client-side exception for a FlightServerError's ``extra_info`` (``fallback`` if none)."""
+    try:
+        info = json.loads(extra_info)
+        kind, message = info["type"], info["message"]
+    except (ValueError, TypeError, KeyError):
+        return fallback
+    if kind == "JobFailedError":
+        return JobFailedError(info["report"], int(info["total"]), float(info["threshold"]))
+    known: dict[str, type[Exception]] = {"KeyError": KeyError, "ValueError": ValueError, "TypeError": TypeError}
+    if kind in known:
+        return known[kind](message)
+    return RuntimeError(f"data driver error ({kind}): {message}")

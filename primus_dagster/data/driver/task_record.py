@@ -1,0 +1,163 @@
+"""The driver's per-task record, task states, the job failure error and snapshot entries.
+
+Kept apart from :mod:`.state` so the state machine reads on its own; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from primus_dagster.data.driver.ledger import RowSet
+from primus_dagster.data.tasks import BatchId, DataTask
+
+NEW, PENDING, RUNNING, SUCCEEDED, FAILED = "new", "pending", "running", "succeeded", "failed"
+STATES: tuple[str, ...] = (NEW, PENDING, RUNNING, SUCCEEDED, FAILED)
+SNAPSHOT_FORMAT = "primus-data-driver/1"
+
+
+class JobFailedError(RuntimeError):
+    """More than ``failed_task_threshold`` of the tasks failed; ``report`` lists each failed task.
+
+    Example::
+
+        try:
+            driver.raise_if_failed()
+        except JobFailedError as err:
+            for row in err.report:  # {"task_id", "uri", "attempts", "failures", "error"}
+                print(row["task_id"], row["error"])
+    """
+
+    def __init__(self, report: list[dict[str, Any]], total: int, threshold: float):
+        self.report = report
+        self.total = total
+        self.threshold = threshold
+        lines = [
+            f"{r['task_id']} (uri {r['uri']}): failed {r['failures']}x in {r['attempts']} attempts, "
+            f"last error: {r['error']}"
+            for r in report[:20]
+        ]
+        if len(report) > 20:
+            lines.append(f"... and {len(report) - 20} more")
+        super().__init__(
+            f"data job failed: {len(report)} of {total} tasks failed "
+            f"(threshold {threshold:.2%}):\n  " + "\n  ".join(lines)
+        )
+
+
+class TaskRecord:
+    """One row of the task table (``__slots__``: millions of them)."""
+
+    __slots__ = (
+        "attempts",
+        "batches",
+        "claimed",
+        "consumed",
+        "consumed_rows",
+        "deadline",
+        "error",
+        "failures",
+        "owner",
+        "rows",
+        "state",
+        "task",
+    )
+
+    def __init__(self, task: DataTask) -> None:
+        self.task = task
+        self.state = NEW
+        self.attempts = 0  # times handed out
+        self.failures = 0  # failed attempts (fail() or lease expiry); max_attempts of them fail the task
+        self.owner: str | None = None  # executor of the current (or last) attempt
+        self.deadline = 0.0
+        self.error: str | None = None
+        self.rows = 0  # the task's whole output, reported by complete()
+        self.batches = 0
+        self.claimed: RowSet | None = None  # first_rows claimed by readers
+        self.consumed: RowSet | None = None  # first_rows trainers reported consumed at barriers
+        self.consumed_rows = 0
+
+    def claim(self, first_row: int) -> bool:
+        if self.claimed is None:
+            self.claimed = RowSet()
+        return self.claimed.add(first_row)
+
+    def consume(self, batch: BatchId) -> bool:
+        """Record a consumed batch (also claimed); True when it was not recorded before."""
+        self.claim(batch.first_row)
+        if self.consumed is None:
+            self.consumed = RowSet()
+        if not self.consumed.add(batch.first_row):
+            return False
+        self.consumed_rows += batch.rows
+        return True
+
+    @property
+    def consumed_done(self) -> bool:
+        """Succeeded and every batch of its output consumed (counts must match exactly: conservative)."""
+        if self.state != SUCCEEDED:
+            return False
+        count = 0 if self.consumed is None else len(self.consumed)
+        return count == self.batches and self.consumed_rows == self.rows
+
+    def failure_row(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task.task_id,
+            "uri": self.task.read.uri,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "error": self.error,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """Everything about the task but its payload (for tests, debugging, the UI)."""
+        return {
+            "task_id": self.task.task_id,
+            "state": self.state,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "owner": self.owner,
+            "deadline": self.deadline,
+            "error": self.error,
+            "rows": self.rows,
+            "batches": self.batches,
+            "claimed": [] if self.claimed is None else self.claimed.to_list(),
+            "consumed": [] if self.consumed is None else self.consumed.to_list(),
+            "consumed_rows": self.consumed_rows,
+            "consumed_done": self.consumed_done,
+        }
+
+    def to_snapshot(self) -> dict[str, Any]:
+        return {
+            "task": self.task.to_dict(),
+            "state": self.state,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "error": self.error,
+            "rows": self.rows,
+            "batches": self.batches,
+            "consumed": [] if self.consumed is None else self.consumed.to_list(),
+            "consumed_rows": self.consumed_rows,
+        }
+
+    @classmethod
+    def from_snapshot(cls, entry: dict[str, Any]) -> TaskRecord:
+        """The record as of the barrier: claims = consumed, running → pending, succeeded but not fully
+        consumed → pending (see the exactly-once argument in :mod:`.state`)."""
+        rec = cls(DataTask.from_dict(entry["task"]))
+        rec.attempts = int(entry.get("attempts", 0))
+        rec.failures = int(entry.get("failures", 0))
+        rec.error = entry.get("error")
+        rec.rows = int(entry.get("rows", 0))
+        rec.batches = int(entry.get("batches", 0))
+        consumed = entry.get("consumed") or []
+        if consumed:
+            rec.consumed = RowSet(consumed)
+            rec.claimed = rec.consumed.copy()
+        rec.consumed_rows = int(entry.get("consumed_rows", 0))
+        state = entry.get("state", NEW)
+        if state not in STATES:
+            raise ValueError(f"snapshot task {rec.task.task_id}: unknown state {state!r}")
+        rec.state = state
+        if state == RUNNING or (state == SUCCEEDED and not rec.consumed_done):
+            rec.state = PENDING
+        return rec

@@ -1,0 +1,424 @@
+"""The data executor: task runners, per-trainer buffers, heartbeats and the dataset server.
+
+A :class:`DataExecutor` runs ``task_runners`` threads. Each leases a task from the driver (only
+when a buffer it may fill has room and no other runner is waiting for room), reads it through
+the source's adapter (a join task: left batches labelled from the right events, see
+``reading``), numbers the output rows to give every batch its ``BatchId(task_id, first_row,
+rows)`` (the same on every re-run), skips the batches the lease says are already claimed, and
+puts the rest into the trainer buffer its stream's shuffle picks (blocking while full:
+backpressure). A task is *completed* at the driver once every one of its batches has been handed
+to a ``DoGet`` stream (so an executor that dies with batches still buffered leaves its tasks to
+be re-leased); a read error *fails* it (with the file/URI in the message). A heartbeat thread
+reports every ``lease/4`` with metrics and cancels tasks the driver says this executor lost.
+
+Example::
+
+    executor = DataExecutor(driver, job, "data-0", data_root="/data", trainers=2)
+    with executor:                     # starts the Flight server, heartbeats and runners
+        print(executor.location)       # grpc://127.0.0.1:PORT, also sent with heartbeats
+        executor.wait()                # until the driver is done and the buffers are drained
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from primus_dagster.data.batch import Batch
+from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
+from primus_dagster.data.executor.buffers import TrainerBuffers
+from primus_dagster.data.executor.dataset_server import DatasetServer
+from primus_dagster.data.executor.metrics import RateMeter
+from primus_dagster.data.flight_protocol import conform
+from primus_dagster.data.shuffle import executor_index_from_id, make_shuffle
+from primus_dagster.data.sources import SourceAdapter, SourceContext, make_adapter
+from primus_dagster.data.task_batches import task_batches
+from primus_dagster.data.tasks import BatchId, DataTask
+from primus_dagster.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _TaskRun:
+    lease: Lease
+    outstanding: int = 0  # batches buffered or in a DoGet, not yet handed over
+    rows: int = 0
+    batches: int = 0
+    read_done: bool = False
+    cancelled: bool = False
+    finished: bool = False  # complete/fail sent (or abandoned)
+
+
+@dataclass
+class _Counters:
+    rows_read: int = 0
+    batches_read: int = 0
+    rows_served: int = 0
+    tasks_completed: int = 0
+    tasks_failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class DataExecutor:
+    """One data executor (see module docstring); thread-safe, restartable only by a new instance."""
+
+    def __init__(
+        self,
+        driver: DriverAPI,
+        job: JobSpec,
+        executor_id: str,
+        data_root: str = ".",
+        *,
+        executor_index: int | None = None,
+        trainers: int | None = None,
+        task_runners: int | None = None,
+        buffer_batches: int | None = None,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+        kafka_bootstrap: str | None = None,
+        heartbeat_s: float | None = None,
+        slow_ms_per_batch: float = 0.0,
+        poll_s: float = 0.05,
+        serve: bool = True,
+        shm: bool = True,
+    ):
+        self.driver = driver
+        self.job = job
+        self.executor_id = executor_id
+        self.context = SourceContext(data_root=data_root, kafka_bootstrap_servers=kafka_bootstrap)
+        self.trainers = trainers or job.pools.training.replicas or 1
+        self.index = executor_index if executor_index is not None else executor_index_from_id(executor_id)
+        self.task_runners = task_runners or job.pools.data.task_runners
+        self.lease_s = job.data.lease.total_seconds()
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max(0.05, self.lease_s / 4)
+        self.poll_s = poll_s
+        self.shuffles = {s.name: make_shuffle(s.shuffle, self.index, self.trainers) for s in job.dataset.streams}
+        self.targets = sorted({t for s in self.shuffles.values() for t in s.targets()})
+        self.buffers: TrainerBuffers[Batch] = TrainerBuffers(self.trainers, buffer_batches or job.data.buffer_batches)
+        self.server = (
+            DatasetServer(
+                self,
+                host=host,
+                port=port,
+                token=token,
+                slow_ms_per_batch=slow_ms_per_batch,
+                advertise=advertise,
+                shm=shm,
+            )
+            if serve
+            else None
+        )
+        self.location = self.server.location if self.server else f"inproc://{executor_id}"
+        self._lock = threading.Condition()
+        self._tasks: dict[str, _TaskRun] = {}
+        self._schema: pa.Schema | None = None
+        self._stop = threading.Event()  # lease no more tasks
+        self._no_more_work = threading.Event()  # all runners exited: streams end when drained
+        self._hb_stop = threading.Event()
+        self.driver_done = False
+        self.fatal: str | None = None
+        self.counters = _Counters()
+        self._meter = RateMeter()
+        self._last_hb_ok = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        self._local = threading.local()
+        self._started = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> DataExecutor:
+        """Heartbeat once (registers the address), then start heartbeats and task runners."""
+        if self._started:
+            return self
+        self._started = True
+        self._heartbeat_once()
+        hb = threading.Thread(target=self._heartbeat_loop, name=f"{self.executor_id}-heartbeat", daemon=True)
+        hb.start()
+        runners = [
+            threading.Thread(target=self._runner, name=f"{self.executor_id}-runner-{i}", daemon=True)
+            for i in range(self.task_runners)
+        ]
+        for t in runners:
+            t.start()
+        threading.Thread(target=self._watch_runners, args=(runners,), daemon=True).start()
+        self._threads = [hb, *runners]
+        return self
+
+    def _watch_runners(self, runners: list[threading.Thread]) -> None:
+        for t in runners:
+            t.join()
+        self._no_more_work.set()
+        self.buffers.wake()
+        with self._lock:
+            self._lock.notify_all()
+
+    def stop(self) -> None:
+        """Lease nothing more and abandon the tasks being read (their leases will expire);
+        already-buffered batches are still served until :meth:`close`."""
+        self._stop.set()
+        self.buffers.wake()
+
+    def finished(self) -> bool:
+        """No more work and every trainer buffer drained."""
+        return self._no_more_work.is_set() and not any(self.buffers.fills())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until :meth:`finished`; True if it is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.finished():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self, drain_s: float = 0.0, linger_s: float = 0.0) -> None:
+        """Stop; serve what is buffered for up to ``drain_s``; let open streams end for up to
+        ``linger_s``; then end every stream and shut the server down."""
+        self.stop()
+        if drain_s > 0:
+            self.wait(drain_s)
+        deadline = time.monotonic() + linger_s
+        while self.server is not None and not self.server.idle() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.buffers.close()
+        self._no_more_work.wait(max(1.0, self.heartbeat_s * 2))
+        self._hb_stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        if self.server is not None:
+            self.server.shutdown()
+
+    def __enter__(self) -> DataExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- BatchFeed (dataset server)
+    def wait_schema(self, timeout: float | None = None) -> pa.Schema | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._schema is None:
+                if self._no_more_work.is_set() or self.buffers.closed:
+                    return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                self._lock.wait(0.1)
+            return self._schema
+
+    def next_for(self, trainer: int, timeout: float | None = None) -> Batch | None:
+        return self.buffers.get(trainer, finished=self._no_more_work.is_set, timeout=timeout)
+
+    def take(self, trainer: int, timeout: float | None = None) -> Batch | None:
+        """In-process consumption (no Flight): the next batch for ``trainer``, marked served."""
+        batch = self.buffers.get(trainer, finished=self._no_more_work.is_set, timeout=timeout)
+        if batch is not None:
+            self.served(batch)
+        return batch
+
+    def served(self, batch: Batch) -> None:
+        with self._lock:
+            self.counters.rows_served += batch.rows
+            run = self._tasks.get(batch.meta.task_id)
+            if run is None:
+                return
+            run.outstanding -= 1
+        self._maybe_complete(run)
+
+    def unserved(self, batch: Batch, trainer: int) -> None:
+        self.buffers.requeue(trainer, batch)
+
+    # ----------------------------------------------------------------- task runners
+    def _runner(self) -> None:
+        backoff = self.poll_s
+        try:
+            while not self._stop.is_set():
+                # No room, or another runner already waits for room (this executor has more work
+                # than its trainers take): leave the next task to an executor that can serve it
+                # sooner, instead of holding it leased (a slow executor would hoard tasks).
+                if self.buffers.waiting or self.buffers.fill_ratio(self.targets) >= 1.0:
+                    self._stop.wait(self.poll_s)
+                    continue
+                try:
+                    leases = self.driver.lease(self.executor_id, 1)
+                except Exception as exc:  # driver briefly unreachable: retry
+                    log.warning("%s: lease failed: %s", self.executor_id, exc)
+                    leases = []
+                if not leases:
+                    if self._driver_says_done():
+                        break
+                    self._stop.wait(backoff)
+                    # Idle: back off, but not far. Every reader waits for every executor's streams
+                    # to end, i.e. for the last idle runner to see the driver done (a 1 s cap put
+                    # up to a second of dead time at the end of each job).
+                    backoff = min(backoff * 2, 0.25)
+                    continue
+                backoff = self.poll_s
+                for lease in leases:
+                    self._run(lease)
+        finally:
+            for adapter in getattr(self._local, "adapters", {}).values():
+                adapter.close()
+
+    def _driver_says_done(self) -> bool:
+        if self.driver_done:
+            return True
+        try:
+            status = self.driver.status()
+        except Exception:
+            return False
+        if status.get("done") or status.get("failed"):
+            self.driver_done = True
+            self._stop.set()
+        return self.driver_done
+
+    def _adapter(self, source: str) -> SourceAdapter:
+        adapters: dict[str, SourceAdapter] = self._local.__dict__.setdefault("adapters", {})
+        if source not in adapters:
+            adapters[source] = make_adapter(self.job.dataset.source(source), self.context)
+        return adapters[source]
+
+    def _conform(self, wire: pa.RecordBatch, task: DataTask) -> pa.RecordBatch:
+        with self._lock:  # the first batch fixes the schema of this executor's Flight streams
+            if self._schema is None:
+                self._schema = wire.schema
+                self._lock.notify_all()
+            schema = self._schema
+        return conform(wire, schema, f"task {task.task_id} ({task.read.uri})")
+
+    def _run(self, lease: Lease) -> None:
+        task = lease.task
+        run = _TaskRun(lease)
+        with self._lock:
+            self._tasks[task.task_id] = run
+        abort = lambda: run.cancelled or self._stop.is_set()  # noqa: E731
+        try:
+            shuffle = self.shuffles[task.stream]
+            skip = set(lease.claimed_rows)
+            first = 0
+            for arrow_batch in task_batches(task, self._adapter):
+                if abort():
+                    return self._abandon(run)
+                n = arrow_batch.num_rows
+                if n == 0:
+                    continue
+                batch_id = BatchId(task.task_id, first, n)
+                first += n
+                run.batches += 1
+                if batch_id.first_row in skip:
+                    continue
+                batch = Batch.from_arrow(
+                    arrow_batch, kind=task.kind, stream=task.stream, source=task.read.source, batch_id=batch_id
+                )
+                batch = Batch(self._conform(batch.columns, task), batch.meta)
+                with self._lock:
+                    run.outstanding += 1
+                if self.buffers.put(batch, shuffle, abort=abort) is None:
+                    return self._abandon(run)
+                with self._lock:
+                    self.counters.rows_read += n
+                    self.counters.batches_read += 1
+            run.rows = first
+            with self._lock:
+                run.read_done = True
+        except Exception as exc:  # every read error fails the task, with its URI
+            if run.cancelled:
+                return None
+            self._fail(run, exc)
+            return None
+        self._maybe_complete(run)
+        return None
+
+    def _abandon(self, run: _TaskRun) -> None:
+        """Stopped or cancelled mid-read: neither complete nor fail (the lease expires)."""
+        with self._lock:
+            run.finished = True
+            self._tasks.pop(run.lease.task.task_id, None)
+        task_id = run.lease.task.task_id
+        self.buffers.purge(lambda b: b.meta.task_id == task_id)
+
+    def _fail(self, run: _TaskRun, exc: BaseException) -> None:
+        task = run.lease.task
+        message = str(exc)
+        uri = task.read.uri
+        if uri not in message:
+            message = f"{uri}: {message}"
+        message = f"{type(exc).__name__}: {message}"
+        self._abandon(run)
+        with self._lock:
+            self.counters.tasks_failed += 1
+            self.counters.errors = [*self.counters.errors[-99:], f"{task.task_id}: {message}"]  # the last 100
+        log.warning("%s: task %s failed: %s", self.executor_id, task.task_id, message)
+        try:
+            self.driver.fail(self.executor_id, task.task_id, message)
+        except Exception as rpc_exc:
+            log.warning("%s: could not report failure of %s: %s", self.executor_id, task.task_id, rpc_exc)
+
+    def _maybe_complete(self, run: _TaskRun) -> None:
+        with self._lock:
+            if run.finished or run.cancelled or not run.read_done or run.outstanding > 0:
+                return
+            run.finished = True
+            self._tasks.pop(run.lease.task.task_id, None)
+            self.counters.tasks_completed += 1
+        task_id = run.lease.task.task_id
+        try:
+            self.driver.complete(self.executor_id, task_id, run.rows, run.batches)
+        except Exception as exc:  # the lease will expire; the re-run's batches are deduplicated by claims
+            log.warning("%s: could not complete %s: %s", self.executor_id, task_id, exc)
+
+    def cancel(self, task_ids: list[str]) -> None:
+        """The driver no longer considers these tasks ours: stop them, drop their buffered batches."""
+        for task_id in task_ids:
+            with self._lock:
+                run = self._tasks.pop(task_id, None)
+                if run is None:
+                    continue
+                run.cancelled = True
+                run.finished = True
+            self.buffers.purge(lambda it, t=task_id: it.meta.task_id == t)  # type: ignore[misc]
+        self.buffers.wake()
+
+    # ----------------------------------------------------------------- heartbeats and metrics
+    def metrics(self) -> dict[str, float]:
+        """rows_per_s / batches_per_s since the last call, buffer_fill, cpu, rss_bytes, tasks_running."""
+        with self._lock:
+            rows, batches, running = self.counters.rows_read, self.counters.batches_read, len(self._tasks)
+        return {
+            **self._meter.sample(rows, batches),
+            "buffer_fill": self.buffers.fill_ratio(self.targets),
+            "tasks_running": float(running),
+        }
+
+    def report(self) -> ExecutorReport:
+        with self._lock:
+            running = list(self._tasks)
+        return ExecutorReport(self.executor_id, self.location, running=running, metrics=self.metrics())
+
+    def _heartbeat_once(self) -> dict[str, Any] | None:
+        try:
+            answer = self.driver.heartbeat(self.report()) or {}
+        except Exception as exc:
+            log.warning("%s: heartbeat failed: %s", self.executor_id, exc)
+            if time.monotonic() - self._last_hb_ok > 2 * self.lease_s:
+                self.fatal = f"driver unreachable for {2 * self.lease_s:.0f}s: {exc}"
+                self.stop()
+            return None
+        self._last_hb_ok = time.monotonic()
+        if answer.get("cancel"):
+            self.cancel(list(answer["cancel"]))
+        if answer.get("done") or answer.get("failed"):
+            self.driver_done = True
+            self.stop()
+        return answer
+
+    def _heartbeat_loop(self) -> None:
+        while not self._hb_stop.wait(self.heartbeat_s):
+            self._heartbeat_once()

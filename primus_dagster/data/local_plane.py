@@ -1,0 +1,190 @@
+"""A data plane on this machine: the driver served over Flight plus N data executor processes.
+
+The local executor pool of the roadmap builds on this; tests, benchmarks and the training
+job use it to run the real processes (``python -m primus_dagster.data.executor``).
+
+Example::
+
+    with LocalDataPlane(job_path, data_root, tasks, executors=2, trainers=1) as plane:
+        with plane.reader(0) as reader:
+            for batch in reader:
+                ...
+        print(plane.cpu_seconds())
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
+from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
+from primus_dagster.data.reader.remote_reader import RemoteReader
+from primus_dagster.data.tasks import DataTask
+from primus_dagster.spec import JobSpec, load_job_spec
+
+
+class LocalDataPlane:
+    """Driver (Flight, loopback) + executor processes; see the module docstring."""
+
+    def __init__(
+        self,
+        job_path: str | Path,
+        data_root: str | Path,
+        tasks: Iterable[DataTask] = (),
+        *,
+        executors: int = 2,
+        trainers: int = 1,
+        token: str | None = None,
+        kafka_bootstrap: str | None = None,
+        driver: DataDriver | None = None,
+        slow_ms_per_batch: dict[int, float] | None = None,
+        heartbeat_s: float | None = None,
+        shm: bool = True,
+    ):
+        self.job_path = str(job_path)
+        self.job: JobSpec = load_job_spec(job_path)
+        self.data_root = str(data_root)
+        self.token = token
+        self.kafka_bootstrap = kafka_bootstrap
+        self.trainers = trainers
+        self.slow = dict(slow_ms_per_batch or {})
+        self.heartbeat_s = heartbeat_s
+        self.shm = shm  # executors offer shared memory to the readers (both on this machine)
+        data = self.job.data
+        self.driver = driver or DataDriver(
+            max_attempts=data.max_attempts,
+            failed_task_threshold=data.failed_task_threshold,
+            lease_s=data.lease.total_seconds(),
+            trainers=trainers,
+        )
+        self.driver.add_tasks(tasks)
+        self.server = DriverServer(self.driver, token=token)
+        self.processes: dict[int, subprocess.Popen[str]] = {}
+        self._cpu: dict[int, float] = {}  # pid -> CPU seconds at exit
+        self._startup_cpu: dict[int, float] = {}  # pid -> CPU seconds when it announced it was ready
+        self._executors = executors
+
+    @property
+    def location(self) -> str:
+        return self.server.location
+
+    def _spawn(self, index: int) -> subprocess.Popen[str]:
+        config = ExecutorConfig(
+            driver=self.location,
+            executor_id=f"data-{index}",
+            job_spec=self.job_path,
+            data_root=self.data_root,
+            executor_index=index,
+            trainers=self.trainers,
+            kafka_bootstrap=self.kafka_bootstrap,
+            slow_ms_per_batch=self.slow.get(index, 0.0),
+            heartbeat_s=self.heartbeat_s,
+            linger_s=0.5,
+            shm=self.shm,
+        )
+        proc = start_executor_process(config, token=self.token)
+        self.processes[index] = proc
+        return proc
+
+    def _await_ready(self, proc: subprocess.Popen[str]) -> str:
+        address = wait_ready(proc, timeout=60)
+        self._startup_cpu[proc.pid] = _cpu_of(proc)
+        return address
+
+    def start_executor(self, index: int) -> str:
+        """Start executor ``index`` (again, after a kill); returns its dataset-server address."""
+        return self._await_ready(self._spawn(index))
+
+    def __enter__(self) -> LocalDataPlane:
+        self.server.serve_in_thread()
+        try:  # all at once: their start-ups (interpreter, imports) overlap
+            for proc in [self._spawn(index) for index in range(self._executors)]:
+                self._await_ready(proc)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
+        """A trainer-side reader. ``in_process``: it calls this process's driver directly (claims
+        and barriers without an RPC, as a trainer co-located with its driver does); otherwise
+        through its own Flight client (closed with the reader), as a trainer elsewhere would."""
+        if in_process:
+            return RemoteReader(self.driver, trainer_id, token=self.token, **kwargs)
+        client = DriverClient(self.location, token=self.token)
+        reader = RemoteReader(client, trainer_id, token=self.token, **kwargs)
+        original_close = reader.close
+
+        def close() -> None:
+            original_close()
+            client.close()
+
+        reader.close = close  # type: ignore[method-assign]
+        return reader
+
+    def kill(self, index: int) -> None:
+        """SIGKILL executor ``index`` (fault injection) and reap it."""
+        proc = self.processes[index]
+        os.kill(proc.pid, signal.SIGKILL)
+        self._reap(proc, 10)
+
+    def _reap(self, proc: subprocess.Popen[str], timeout: float) -> int | None:
+        """Wait for ``proc`` with ``wait4`` so its CPU time is known after it is gone."""
+        if proc.returncode is not None:
+            return proc.returncode
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                self._cpu[proc.pid] = usage.ru_utime + usage.ru_stime
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return proc.returncode
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def wait_executors(self, timeout: float = 60.0) -> list[int | None]:
+        """Exit codes of the executors once they stopped by themselves (the driver is done)."""
+        return [self._reap(proc, timeout) for proc in self.processes.values()]
+
+    def cpu_seconds(self, include_startup: bool = True) -> float:
+        """CPU seconds used by the executor processes so far (live and exited ones); without
+        ``include_startup``, only what they used after announcing they were ready."""
+        total = 0.0
+        for proc in self.processes.values():
+            total += self._cpu[proc.pid] if proc.pid in self._cpu else _cpu_of(proc)
+            if not include_startup:
+                total -= self._startup_cpu.get(proc.pid, 0.0)
+        return total
+
+    def close(self) -> None:
+        for proc in self.processes.values():
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in self.processes.values():
+            if self._reap(proc, 15) is None:
+                proc.kill()
+                self._reap(proc, 5)
+            if proc.stdout:
+                proc.stdout.close()
+        self.server.shutdown()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cpu_of(proc: subprocess.Popen[str]) -> float:
+    """user + system CPU seconds of a live process."""
+    try:
+        times = psutil.Process(proc.pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return 0.0
+    return times.user + times.system

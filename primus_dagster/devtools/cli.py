@@ -1,0 +1,112 @@
+"""``primus-dagster-dev``: every ``primus-dagster`` command plus the development tools.
+
+primus-dagster-dev broker --detach | --status | --stop     # the embedded Kafka-compatible broker
+primus-dagster-dev demo                                    # `make demo`
+primus-dagster-dev train SPEC ... --record-samples F --slow-executors-ms MS
+                                                           # train with test hooks (audit log, slow executors)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from primus_dagster import cli, paths
+from primus_dagster.data import LocalDataPlane
+from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog
+from primus_dagster.training.job import JobHooks
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from primus_dagster.devtools.kafka_broker import EmbeddedBroker
+
+    state_file = str(args.state_file)
+    if args.stop:
+        EmbeddedBroker.stop_detached(state_file)
+        print("embedded broker stopped")
+        return 0
+    if args.status:
+        state = EmbeddedBroker.read_state(state_file)
+        print(json.dumps(state) if state else "no embedded broker running")
+        return 0 if state else 1
+    if args.detach:
+        state = EmbeddedBroker.start_detached(state_file)
+        print(
+            f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}); "
+            f"stop it with `primus-dagster-dev broker --stop`"
+        )
+        return 0
+    with EmbeddedBroker() as broker:
+        print(f"embedded broker on {broker.bootstrap_servers}; Ctrl-C stops it", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            broker.wait()
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from primus_dagster.devtools.demo import run_demo
+
+    return run_demo(args)
+
+
+def slow_data_plane(ms_per_batch: float) -> Any:
+    """A :class:`LocalDataPlane` factory whose every executor sleeps ``ms_per_batch`` per served batch."""
+
+    def start(*args: Any, executors: int = 2, **kwargs: Any) -> LocalDataPlane:
+        slow = dict.fromkeys(range(executors), ms_per_batch)
+        return LocalDataPlane(*args, executors=executors, slow_ms_per_batch=slow, **kwargs)
+
+    return start
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    hooks = JobHooks()
+    if args.slow_executors_ms:
+        hooks.data_plane = slow_data_plane(args.slow_executors_ms)
+    if not args.record_samples:
+        return cli.train_command(args, hooks)
+    with TrainedSampleIdsLog(args.record_samples) as samples:
+        hooks.on_batch = lambda step, batch: samples.append(step, batch.sample_id)
+        return cli.train_command(args, hooks)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="primus-dagster-dev", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = cli.add_commands(sub)
+
+    train = commands["train"]
+    train.add_argument("--record-samples", default=None, help="append the sample ids of every step to this file")
+    train.add_argument(
+        "--slow-executors-ms", type=float, default=0.0, help="fault injection: executors sleep per batch"
+    )
+    train.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("broker", help="embedded Kafka-compatible broker (tests and the demo only)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--detach", action="store_true", help="start in the background, record it in the state file")
+    group.add_argument("--stop", action="store_true", help="stop the background broker")
+    group.add_argument("--status", action="store_true")
+    p.add_argument("--state-file", default=paths.broker_state_file())
+    p.set_defaults(func=_cmd_broker)
+
+    p = sub.add_parser("demo", help="the reference job on embedded defaults, end to end (see README)")
+    p.add_argument("--spec", default="examples/job.yaml")
+    p.add_argument("--rows-per-hour", type=int, default=2000)
+    p.add_argument("--hours", type=int, default=24, help="hours of the first day whose source assets to materialise")
+    p.add_argument("--no-train", action="store_true", help="skip the training asset")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(argv, build_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

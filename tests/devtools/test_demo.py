@@ -1,0 +1,50 @@
+"""`primus-dagster-dev demo` (what `make demo` runs), end to end on embedded defaults, small: source
+assets with every blocking check passed, then the MTRM training asset (batch_then_stream) logged to
+MLflow; no process left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.pop("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", None)
+    env.pop("DAGSTER_HOME", None)
+    env.pop("PRIMUS_DATA_ROOT", None)
+    env.update({"PRIMUS_HOME": str(tmp_path / "home"), "COLUMNS": "200"})
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("primus-dagster-dev")), "demo", "--hours", "2", "--rows-per-hour", "200"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "materialised partition 2026-11-01-01:00 (2/2)" in out
+    for name in ("impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka"):
+        assert re.search(rf"{name}\s.*\s8/8\s", out), f"{name}: not every check of its 2 partitions passed"
+    assert "training asset ctr_demo_model [2026-11-02]" in out and "next-hour AUC" in out
+    assert re.search(r"MLflow run [0-9a-f]{32}", out)
+    assert (tmp_path / "home" / "mlflow" / "mlflow.db").exists()
+    port = re.search(r"Kafka 127\.0\.0\.1:(\d+)", out).group(1)
+    leftovers = [
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if any(f"127.0.0.1:{port}" in part for part in (p.info["cmdline"] or []))
+    ]
+    assert leftovers == []
+    assert not (tmp_path / "home" / "broker.json").exists()
+    assert (tmp_path / "home" / "dagster_home" / "dagster.yaml").exists()
