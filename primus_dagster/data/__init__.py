@@ -25,9 +25,17 @@ from primus_dagster.data.canonical import (
     native_columns,
     schema_hash,
 )
-from primus_dagster.data.driver import DataDriver, DriverAPI, DriverClient, DriverServer, JobFailedError
+from primus_dagster.data.driver import (
+    DataDriver,
+    DriverAPI,
+    DriverClient,
+    DriverServer,
+    JobAbortedError,
+    JobFailedError,
+)
+from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
-from primus_dagster.data.local_plane import LocalDataPlane
+from primus_dagster.data.local_plane import LocalDataPlane, reader_for
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
 from primus_dagster.data.sources import (
     Partition,
@@ -57,6 +65,8 @@ __all__ = [
     "DriverAPI",
     "DriverClient",
     "DriverServer",
+    "ExecutorConfig",
+    "JobAbortedError",
     "JobFailedError",
     "ListingCache",
     "LocalDataPlane",
@@ -83,11 +93,14 @@ __all__ = [
     "native_columns",
     "plan_report",
     "read_batches",
+    "reader_for",
     "render_plan",
     "scan_partition",
     "scan_problems",
     "schema_hash",
     "source_versions",
     "sparse_feature_names",
+    "start_executor_process",
     "task_batches",
+    "wait_ready",
 ]

@@ -114,21 +114,8 @@ class LocalDataPlane:
         return self
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
-        """A trainer-side reader. ``in_process``: it calls this process's driver directly (claims
-        and barriers without an RPC, as a trainer co-located with its driver does); otherwise
-        through its own Flight client (closed with the reader), as a trainer elsewhere would."""
-        if in_process:
-            return RemoteReader(self.driver, trainer_id, token=self.token, **kwargs)
-        client = DriverClient(self.location, token=self.token)
-        reader = RemoteReader(client, trainer_id, token=self.token, **kwargs)
-        original_close = reader.close
-
-        def close() -> None:
-            original_close()
-            client.close()
-
-        reader.close = close  # type: ignore[method-assign]
-        return reader
+        """A trainer-side reader of this plane (see :func:`reader_for`)."""
+        return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
 
     def kill(self, index: int) -> None:
         """SIGKILL executor ``index`` (fault injection) and reap it."""
@@ -188,3 +175,24 @@ def _cpu_of(proc: subprocess.Popen[str]) -> float:
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return 0.0
     return times.user + times.system
+
+
+def reader_for(
+    driver: DataDriver, location: str, trainer_id: int, *, token: str | None, in_process: bool = True, **kwargs: Any
+) -> RemoteReader:
+    """A trainer-side reader of the driver ``driver`` served at ``location``. ``in_process``: it calls
+    the driver object directly (claims and barriers without an RPC, as a trainer co-located with its
+    driver does); otherwise through its own Flight client (closed with the reader), as a trainer
+    elsewhere would."""
+    if in_process:
+        return RemoteReader(driver, trainer_id, token=token, **kwargs)
+    client = DriverClient(location, token=token)
+    reader = RemoteReader(client, trainer_id, token=token, **kwargs)
+    original_close = reader.close
+
+    def close() -> None:
+        original_close()
+        client.close()
+
+    reader.close = close  # type: ignore[method-assign]
+    return reader

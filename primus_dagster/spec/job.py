@@ -27,8 +27,22 @@ class PoolSpec(StrictModel):
     cpu: float = Field(default=1.0, gt=0, description="CPU cores per executor.")
     memory: str = Field(default="2Gi", pattern=r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti)?$", description="Memory per executor.")
     task_runners: int = Field(default=2, ge=1, description="Concurrent task runners per executor (data pool).")
-    restart: Literal["always", "on_failure", "never"] = Field(default="on_failure")
-    max_restarts: int = Field(default=3, ge=0)
+    restart: Literal["always", "on_failure", "never"] = Field(
+        default="on_failure",
+        description="When a finished executor is started again: always, after a failure or OOM kill, or never.",
+    )
+    max_restarts: int = Field(default=3, ge=0, description="Restarts per executor; one more failure fails the job.")
+    blacklist_after: int = Field(
+        default=2, ge=1, description="Failures on one node after which no executor is placed there again."
+    )
+    oom_memory_factor: float = Field(
+        default=1.5, ge=1, description="An OOM-killed executor restarts with its memory times this factor."
+    )
+    max_memory: str | None = Field(
+        default=None,
+        pattern=r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti)?$",
+        description="Cap for memory raised after OOM kills and by vertical scaling (default: 4 x memory).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import (
     Batch,
     ChooseQueue,
@@ -90,8 +91,9 @@ class JobHooks:
     """Extension points of :func:`run_training_job` that are not part of *what* to run.
 
     ``on_batch(step, batch)`` is called after each trained reader batch (audits: which samples a
-    step consumed); ``data_plane`` starts the data plane of a phase with :class:`LocalDataPlane`'s
-    signature (the executor pools plug in here; tests pass one with injected faults).
+    step consumed); ``data_plane`` starts the data plane of a phase (default: a
+    :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane` on the job's data pool; anything
+    with :class:`LocalDataPlane`'s signature works -- tests pass one with injected faults).
 
     Example::
 
@@ -100,7 +102,7 @@ class JobHooks:
     """
 
     on_batch: Callable[[int, Batch], None] | None = None
-    data_plane: Callable[..., LocalDataPlane] = LocalDataPlane
+    data_plane: Callable[..., LocalDataPlane | PooledDataPlane] = PooledDataPlane
 
 
 @dataclass

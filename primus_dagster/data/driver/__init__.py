@@ -13,7 +13,7 @@ from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
 from primus_dagster.data.driver.server import DriverServer
 from primus_dagster.data.driver.state import DataDriver
-from primus_dagster.data.driver.task_record import JobFailedError
+from primus_dagster.data.driver.task_record import JobAbortedError, JobFailedError
 
 __all__ = [
     "DataDriver",
@@ -22,6 +22,7 @@ __all__ = [
     "DriverServer",
     "DriverUnavailableError",
     "ExecutorReport",
+    "JobAbortedError",
     "JobFailedError",
     "Lease",
 ]

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from primus_dagster.data.driver.api import ExecutorReport, Lease
-from primus_dagster.data.driver.task_record import JobFailedError
+from primus_dagster.data.driver.task_record import JobAbortedError, JobFailedError
 from primus_dagster.data.tasks import BatchId, DataTask
 
 CHUNK_BYTES = 1 << 20
@@ -40,7 +40,7 @@ ACTIONS: dict[str, str] = {
     "snapshot": "{} -> snapshot",
     "source_versions": '{"set": {..} | null} -> {"source_versions": {..}}',
     "expire": '{} -> {"expired": [task_id]}',
-    "raise_if_failed": "{} -> {} (or a JobFailedError)",
+    "raise_if_failed": "{} -> {} (or a JobFailedError / JobAbortedError)",
     "failure_report": '{} -> {"failed_tasks": [{"task_id", "uri", "attempts", "failures", "error"}]}',
     "task_info": '{"task_id"} -> task info',
 }
@@ -107,7 +107,12 @@ def error_from_info(extra_info: bytes, fallback: Exception) -> Exception:
         return fallback
     if kind == "JobFailedError":
         return JobFailedError(info["report"], int(info["total"]), float(info["threshold"]))
-    known: dict[str, type[Exception]] = {"KeyError": KeyError, "ValueError": ValueError, "TypeError": TypeError}
+    known: dict[str, type[Exception]] = {
+        "KeyError": KeyError,
+        "ValueError": ValueError,
+        "TypeError": TypeError,
+        "JobAbortedError": JobAbortedError,
+    }
     if kind in known:
         return known[kind](message)
     return RuntimeError(f"data driver error ({kind}): {message}")

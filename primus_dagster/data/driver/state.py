@@ -39,6 +39,7 @@ from primus_dagster.data.driver.task_record import (
     SNAPSHOT_FORMAT,
     STATES,
     SUCCEEDED,
+    JobAbortedError,
     JobFailedError,
     TaskRecord,
 )
@@ -113,6 +114,7 @@ class DataDriver:
         self._executors: dict[str, tuple[ExecutorReport, float]] = {}
         self._barriers = BarrierTracker()
         self._delivery = DeliveryWatch()
+        self._aborted: str | None = None
         self._stats = {"rows": 0, "batches": 0, "claimed_batches": 0, "consumed_batches": 0, "consumed_done": 0}
 
     # -- task table -------------------------------------------------------------------------
@@ -385,7 +387,15 @@ class DataDriver:
     # -- status -----------------------------------------------------------------------------
     def _job_failed(self) -> bool:
         total = len(self._tasks)
-        return total > 0 and len(self._failed_ids) / total > self.failed_task_threshold
+        return self._aborted is not None or (total > 0 and len(self._failed_ids) / total > self.failed_task_threshold)
+
+    def abort(self, reason: str) -> None:
+        """Fail the job from outside (an executor out of restarts, a cancelled run): from now on the
+        status says failed, executors stop leasing and readers end; :meth:`raise_if_failed` raises
+        :class:`JobAbortedError` with ``reason``."""
+        with self._lock:
+            if self._aborted is None:
+                self._aborted = reason
 
     def _done(self) -> bool:
         busy = self._counts[NEW] + self._counts[PENDING] + self._counts[RUNNING]
@@ -409,6 +419,7 @@ class DataDriver:
             "total": len(self._tasks),
             "done": self._done(),
             "failed": self._job_failed(),
+            "aborted": self._aborted,
             "failed_tasks": self.failure_report(100),
             **self._stats,
             "barrier_id": self._barriers.last,
@@ -425,6 +436,8 @@ class DataDriver:
     def raise_if_failed(self) -> None:
         """Raise :class:`JobFailedError` (with the failed-task report) when the job failed."""
         with self._lock:
+            if self._aborted is not None:
+                raise JobAbortedError(self._aborted)
             if self._job_failed():
                 raise JobFailedError(self.failure_report(), len(self._tasks), self.failed_task_threshold)
 

@@ -15,6 +15,10 @@ STATES: tuple[str, ...] = (NEW, PENDING, RUNNING, SUCCEEDED, FAILED)
 SNAPSHOT_FORMAT = "primus-data-driver/1"
 
 
+class JobAbortedError(RuntimeError):
+    """The job was failed from outside the task table (:meth:`DataDriver.abort`): the reason says why."""
+
+
 class JobFailedError(RuntimeError):
     """More than ``failed_task_threshold`` of the tasks failed; ``report`` lists each failed task.
 

@@ -272,3 +272,18 @@ def test_backlog_by_kind_counts_unread_tasks_and_follows_a_restore(clock, task_f
     assert driver.backlog_by_kind() == {"batch": 0, "stream": 2}
     # Nothing was consumed at a barrier: a restore re-runs every task, so all are backlog again.
     assert DataDriver.restore(driver.snapshot()).backlog_by_kind() == {"batch": 2, "stream": 3}
+
+
+def test_abort_fails_the_job_from_outside(clock, task_factory):
+    from primus_dagster.data.driver import JobAbortedError
+
+    driver = DataDriver(clock=clock)
+    driver.add_tasks([task_factory(0), task_factory(1)])
+    driver.lease("exec-0")
+    driver.abort("data-1 ended 4 times (max_restarts 3): disk on fire")
+    driver.abort("a second reason is ignored")
+    status = driver.status()
+    assert status["failed"] and not status["done"] and status["aborted"].startswith("data-1 ended 4 times")
+    assert driver.heartbeat(ExecutorReport("exec-0", "grpc://x:1"))["failed"]
+    with pytest.raises(JobAbortedError, match="disk on fire"):
+        driver.raise_if_failed()

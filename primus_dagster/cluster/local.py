@@ -1,0 +1,385 @@
+"""The local executor pool: executors as OS processes on this machine (the embedded default).
+
+A :class:`LocalPool` starts each executor through a launcher (the role decides the command: a
+data executor, a trainer), then owns the process: a watcher thread notices exits, reaps them
+(CPU seconds kept), and enforces the allocation.
+
+* **CPU**: ``ceil(cpu)`` cores by CPU affinity (``sched_setaffinity``), chosen round robin over
+  the cores this process may use; the child also gets ``OMP_NUM_THREADS`` etc. set to that count.
+  Fractional CPU is not enforced (affinity is whole cores).
+* **Memory**: the watcher samples every executor's RSS and SIGKILLs one above its allocation; its
+  state becomes ``oom_killed``, as a container runtime's OOM killer would report it. Checked every
+  ``watch_interval_s``: an allocation spike shorter than that can pass.
+* **Resize** is in place: new affinity and a new memory limit for the running process.
+* **Nodes**: every core is a placement "node" (``cpu0``, ``cpu1``, ...) so that the supervisor's
+  blacklist has something to avoid on one machine; an executor's node is its first core.
+
+Example::
+
+    def launch(request: LaunchRequest) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "my.worker", request.executor_id],
+                                env={**os.environ, **request.env}, stderr=request.stderr, text=True)
+
+    with LocalPool("data", job.pools.data, launch) as pool:
+        ids = pool.launch(2)
+        pool.status()                       # [ExecutorStatus(executor_id="data-0", state="running", ...), ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from primus_dagster.cluster.pool import ExecutorState, ExecutorStatus, PoolError, Resources, Role, memory_bytes
+from primus_dagster.spec import PoolSpec
+
+log = logging.getLogger(__name__)
+
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What a launcher starts: executor ``executor_id`` (``index`` in launch order, ``attempt``-th
+    start), with ``resources``; ``env`` must be added to the child's environment, ``stderr`` is where
+    its standard error goes (the pool reads its tail as the executor's last error)."""
+
+    executor_id: str
+    index: int
+    attempt: int
+    resources: Resources
+    env: dict[str, str]
+    stderr: IO[Any]
+
+
+Launcher = Callable[[LaunchRequest], "subprocess.Popen[str]"]
+
+
+@dataclass
+class _Executor:
+    executor_id: str
+    index: int
+    resources: Resources
+    cores: list[int]
+    proc: subprocess.Popen[str]
+    log_path: Path
+    attempt: int = 0
+    state: ExecutorState = "starting"
+    address: str = ""
+    exit_code: int | None = None
+    last_error: str | None = None
+    stop_requested: bool = False
+    oom: bool = False
+    cpu_s_done: float = 0.0  # CPU seconds of finished attempts
+    cpu_s_now: float = 0.0  # of the running attempt, sampled by the watcher
+    started: float = field(default_factory=time.monotonic)
+
+
+class LocalPool:
+    """Executors of one role as local processes (see the module docstring); thread-safe.
+
+    ``ready(proc) -> address`` (optional) blocks until a started process announces its address;
+    without it an executor is ``running`` as soon as it started.
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        spec: PoolSpec,
+        launcher: Launcher,
+        *,
+        ready: Callable[[subprocess.Popen[str]], str] | None = None,
+        id_prefix: str | None = None,
+        cpus: Sequence[int] | None = None,
+        watch_interval_s: float = 0.1,
+        log_dir: str | Path | None = None,
+    ):
+        self.role = role
+        self.spec = spec
+        self.launcher = launcher
+        self.ready = ready
+        self.id_prefix = id_prefix or role
+        self.cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+        if not self.cpus:
+            raise PoolError("no CPU to place executors on")
+        self.default_resources = Resources(spec.cpu, memory_bytes(spec.memory))
+        self.watch_interval_s = watch_interval_s
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"primus-{role}-"))
+        self._lock = threading.RLock()
+        self._executors: dict[str, _Executor] = {}
+        self._next_index = 0
+        self._next_core = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name=f"{role}-pool-watcher", daemon=True)
+        self._watcher.start()
+
+    # ----------------------------------------------------------------- the pool contract
+    def launch(self, count: int, resources: Resources | None = None, *, avoid_nodes: Sequence[str] = ()) -> list[str]:
+        """Start ``count`` executors (not on ``avoid_nodes``); waits for each to be ready."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        resources = resources or self.default_resources
+        started: list[_Executor] = []
+        with self._lock:
+            if self._closed:
+                raise PoolError(f"{self.role} pool is closed")
+            for _ in range(count):
+                index = self._next_index
+                self._next_index += 1
+                executor_id = f"{self.id_prefix}-{index}"
+                cores = self._place(resources, avoid_nodes)
+                started.append(self._start(executor_id, index, 0, resources, cores))
+        for executor in started:
+            self._await_ready(executor)
+        return [e.executor_id for e in started]
+
+    def stop(self, executor_id: str, grace_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``; waits for the exit."""
+        executor = self._get(executor_id)
+        with self._lock:
+            executor.stop_requested = True
+        self._terminate(executor, grace_s)
+
+    def restart(self, executor_id: str, resources: Resources | None = None, *, avoid_nodes: Sequence[str] = ()) -> None:
+        """Start a finished executor again under its id (attempt + 1)."""
+        executor = self._get(executor_id)
+        with self._lock:
+            if executor.state not in ("succeeded", "failed", "oom_killed", "stopped"):
+                raise PoolError(f"{executor_id} is {executor.state}: only a finished executor restarts")
+            resources = resources or executor.resources
+            cores = self._place(resources, avoid_nodes)
+            fresh = self._start(executor_id, executor.index, executor.attempt + 1, resources, cores)
+            fresh.cpu_s_done = executor.cpu_s_done + executor.cpu_s_now
+        self._await_ready(fresh)
+
+    def resize(self, executor_id: str, resources: Resources) -> None:
+        """In place: the new core count by affinity, the new memory limit for the watcher."""
+        executor = self._get(executor_id)
+        with self._lock:
+            cores = self._place(resources, ())
+            try:
+                os.sched_setaffinity(executor.proc.pid, cores)
+            except ProcessLookupError:
+                raise PoolError(f"{executor_id} is not running: cannot resize it") from None
+            executor.resources, executor.cores = resources, cores
+        log.info("%s: resized to %s cores, %d MiB", executor_id, resources.cpu, resources.memory_bytes >> 20)
+
+    def status(self) -> list[ExecutorStatus]:
+        with self._lock:
+            return [self._status(e) for e in sorted(self._executors.values(), key=lambda e: e.index)]
+
+    def executor(self, executor_id: str) -> ExecutorStatus:
+        with self._lock:
+            return self._status(self._get(executor_id))
+
+    def pid(self, executor_id: str) -> int:
+        """The OS process id of the executor's current attempt (fault injection, accounting)."""
+        return self._get(executor_id).proc.pid
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used by every attempt of every executor so far."""
+        with self._lock:
+            return sum(e.cpu_s_done + e.cpu_s_now for e in self._executors.values())
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """Stop every executor (SIGTERM, SIGKILL after ``grace_s``), stop the watcher; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = [e for e in self._executors.values() if e.exit_code is None]
+            for executor in live:
+                executor.stop_requested = True
+        for executor in live:
+            _signal(executor.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for executor in live:
+            if not self._wait_exit(executor, max(0.0, deadline - time.monotonic())):
+                _signal(executor.proc, signal.SIGKILL)
+                self._wait_exit(executor, 5.0)
+        self._stop.set()
+        self._watcher.join(timeout=5)
+        for executor in self._executors.values():
+            if executor.proc.stdout:
+                executor.proc.stdout.close()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- starting
+    def _place(self, resources: Resources, avoid_nodes: Sequence[str]) -> list[int]:
+        usable = [c for c in self.cpus if f"cpu{c}" not in avoid_nodes]
+        if not usable:
+            raise PoolError(f"{self.role} pool: every node is blacklisted ({sorted(avoid_nodes)})")
+        want = min(len(usable), max(1, math.ceil(resources.cpu)))
+        first = self._next_core % len(usable)
+        self._next_core += 1
+        return sorted(usable[(first + i) % len(usable)] for i in range(want))
+
+    def _start(self, executor_id: str, index: int, attempt: int, resources: Resources, cores: list[int]) -> _Executor:
+        log_path = self.log_dir / f"{executor_id}.{attempt}.log"
+        threads = str(len(cores))
+        env = {name: threads for name in _THREAD_ENV}
+        with open(log_path, "w") as stderr:  # the child keeps its own descriptor
+            request = LaunchRequest(executor_id, index, attempt, resources, env, stderr)
+            proc = self.launcher(request)
+        with contextlib.suppress(ProcessLookupError):  # exited at once: the watcher reports it
+            os.sched_setaffinity(proc.pid, cores)
+        executor = _Executor(executor_id, index, resources, cores, proc, log_path, attempt=attempt)
+        self._executors[executor_id] = executor
+        log.info("%s: started pid %d on cores %s (attempt %d)", executor_id, proc.pid, cores, attempt)
+        return executor
+
+    def _await_ready(self, executor: _Executor) -> None:
+        if self.ready is None:
+            with self._lock:
+                if executor.state == "starting":
+                    executor.state = "running"
+            return
+        try:
+            address = self.ready(executor.proc)
+        except Exception as exc:
+            error = f"{executor.executor_id} did not start: {exc}; {self._tail(executor)}"
+            with self._lock:
+                executor.last_error = error
+            raise PoolError(error) from None
+        with self._lock:
+            executor.address = address
+            if executor.state == "starting":
+                executor.state = "running"
+
+    # ----------------------------------------------------------------- watching
+    def _watch(self) -> None:
+        while not self._stop.wait(self.watch_interval_s):
+            with self._lock:
+                live = [e for e in self._executors.values() if e.exit_code is None]
+            for executor in live:
+                self._check(executor)
+
+    def _check(self, executor: _Executor) -> None:
+        if self._reap(executor):
+            return
+        try:
+            proc = psutil.Process(executor.proc.pid)
+            rss = proc.memory_info().rss
+            times = proc.cpu_times()
+        except (psutil.Error, OSError):
+            return
+        with self._lock:
+            executor.cpu_s_now = times.user + times.system
+            over = rss > executor.resources.memory_bytes and not executor.stop_requested
+            if over:
+                executor.oom = True
+                executor.last_error = (
+                    f"{executor.executor_id}: RSS {rss >> 20} MiB above its memory allocation "
+                    f"{executor.resources.memory_bytes >> 20} MiB: killed"
+                )
+        if over:
+            log.warning("%s", executor.last_error)
+            _signal(executor.proc, signal.SIGKILL)
+
+    def _reap(self, executor: _Executor) -> bool:
+        """Collect an exited process (its CPU time too); True when it has exited."""
+        try:
+            pid, status, usage = os.wait4(executor.proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (Popen.poll in a readiness wait)
+            code = executor.proc.returncode
+            if code is None:
+                return False
+            self._finish(executor, code, None)
+            return True
+        if not pid:
+            return False
+        code = os.waitstatus_to_exitcode(status)
+        executor.proc.returncode = code
+        self._finish(executor, code, usage.ru_utime + usage.ru_stime)
+        return True
+
+    def _finish(self, executor: _Executor, code: int, cpu_s: float | None) -> None:
+        with self._lock:
+            executor.exit_code = code
+            if cpu_s is not None:
+                executor.cpu_s_now = cpu_s
+            if executor.oom:
+                executor.state = "oom_killed"
+            elif executor.stop_requested:
+                executor.state = "stopped"
+            elif code == 0:
+                executor.state = "succeeded"
+            else:
+                executor.state = "failed"
+                executor.last_error = f"{executor.executor_id} exited with code {code}: {self._tail(executor)}"
+        if executor.state in ("failed", "oom_killed"):
+            log.warning("%s", executor.last_error)
+
+    def _wait_exit(self, executor: _Executor, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._reap(executor):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _terminate(self, executor: _Executor, grace_s: float) -> None:
+        if executor.exit_code is not None:
+            return
+        _signal(executor.proc, signal.SIGTERM)
+        if not self._wait_exit(executor, grace_s):
+            _signal(executor.proc, signal.SIGKILL)
+            self._wait_exit(executor, 5.0)
+
+    # ----------------------------------------------------------------- helpers
+    def _get(self, executor_id: str) -> _Executor:
+        with self._lock:
+            try:
+                return self._executors[executor_id]
+            except KeyError:
+                raise PoolError(f"no executor {executor_id!r} in the {self.role} pool") from None
+
+    def _status(self, executor: _Executor) -> ExecutorStatus:
+        return ExecutorStatus(
+            executor_id=executor.executor_id,
+            role=self.role,
+            state=executor.state,
+            resources=executor.resources,
+            attempt=executor.attempt,
+            node=f"cpu{executor.cores[0]}",
+            address=executor.address,
+            exit_code=executor.exit_code,
+            last_error=executor.last_error,
+            labels={"pid": str(executor.proc.pid)},
+        )
+
+    @staticmethod
+    def _tail(executor: _Executor, lines: int = 5) -> str:
+        try:
+            text = executor.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(text[-lines:]) if text else "(empty log)"
+
+
+def _signal(proc: subprocess.Popen[str], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, sig)

@@ -1,0 +1,196 @@
+"""The data plane of a training run on an executor pool: driver + supervised data executors.
+
+A :class:`PooledDataPlane` serves the data driver over Flight and runs the data executors in an
+:class:`~primus_dagster.cluster.pool.ExecutorPool` (local processes by default) sized and limited
+by the job's ``pools.data`` spec. A control thread keeps it healthy while the run goes on: the
+:class:`~primus_dagster.cluster.supervisor.Supervisor` restarts failed executors as the restart
+policy says (an executor out of restarts aborts the data job with its last error: readers end,
+the run fails with that message), and an optional scaling controller's decisions are applied
+(scale out / in, resize). A stopped or killed executor's leased tasks go back to the driver and
+are read again; the claim ledger keeps delivery exactly once.
+
+It has :class:`~primus_dagster.data.LocalDataPlane`'s interface (``reader``, ``driver``,
+``location``, ``close``), so the training job runs on either.
+
+Example::
+
+    with PooledDataPlane("job.yaml", "/data", plan.tasks, token=secrets.token_hex(16)) as plane:
+        with plane.reader(0) as reader:
+            for batch in reader:
+                ...
+        plane.raise_if_failed()
+        plane.summary()        # {"data_executors_launched": 2, "restarts": 0, ...}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from primus_dagster.cluster.local import LaunchRequest, LocalPool
+from primus_dagster.cluster.pool import ExecutorPool, PoolError
+from primus_dagster.cluster.supervisor import ExecutorFailedError, Supervisor
+from primus_dagster.data import (
+    DataDriver,
+    DataTask,
+    DriverServer,
+    ExecutorConfig,
+    RemoteReader,
+    reader_for,
+    start_executor_process,
+    wait_ready,
+)
+from primus_dagster.spec import JobSpec, load_job_spec
+
+log = logging.getLogger(__name__)
+
+PoolFactory = Callable[[JobSpec, Callable[[LaunchRequest], Any]], ExecutorPool]
+
+
+class PoolController(Protocol):
+    """What the control thread asks of a scaling controller each tick: decisions to apply."""
+
+    def control(self, plane: PooledDataPlane, now: float) -> None: ...
+
+
+def local_data_pool(job: JobSpec, launcher: Callable[[LaunchRequest], Any]) -> ExecutorPool:
+    """The local-process pool for ``job``'s data executors."""
+    return LocalPool("data", job.pools.data, launcher, ready=wait_ready)
+
+
+class PooledDataPlane:
+    """Driver + a supervised pool of data executors (see the module docstring)."""
+
+    def __init__(
+        self,
+        job_path: str | Path,
+        data_root: str | Path,
+        tasks: Iterable[DataTask] = (),
+        *,
+        executors: int | None = None,
+        trainers: int = 1,
+        token: str | None = None,
+        kafka_bootstrap: str | None = None,
+        driver: DataDriver | None = None,
+        pool_factory: PoolFactory = local_data_pool,
+        controller: PoolController | None = None,
+        heartbeat_s: float | None = None,
+        check_s: float = 0.25,
+        shm: bool = True,
+    ):
+        self.job_path = str(job_path)
+        self.job: JobSpec = load_job_spec(job_path)
+        self.data_root = str(data_root)
+        self.token = token
+        self.kafka_bootstrap = kafka_bootstrap
+        self.trainers = trainers
+        self.heartbeat_s = heartbeat_s
+        self.shm = shm
+        self.executors = executors if executors is not None else self.job.pools.data.replicas
+        if self.executors < 1:
+            raise ValueError(f"a data plane needs at least one data executor, got {self.executors}")
+        data = self.job.data
+        self.driver = driver or DataDriver(
+            max_attempts=data.max_attempts,
+            failed_task_threshold=data.failed_task_threshold,
+            lease_s=data.lease.total_seconds(),
+            trainers=trainers,
+        )
+        self.driver.add_tasks(tasks)
+        self.server = DriverServer(self.driver, token=token)
+        self.pool = pool_factory(self.job, self._launch)
+        self.supervisor = Supervisor(self.pool, self.job.pools.data)
+        self.controller = controller
+        self.check_s = check_s
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._control = threading.Thread(target=self._control_loop, name="data-plane-control", daemon=True)
+
+    @property
+    def location(self) -> str:
+        return self.server.location
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> PooledDataPlane:
+        self.server.serve_in_thread()
+        try:
+            self.pool.launch(self.executors, avoid_nodes=self.supervisor.blacklist)
+        except BaseException:
+            self.close()
+            raise
+        self._control.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the control thread, every executor and the driver server (idempotent)."""
+        self._stop.set()
+        if self._control.is_alive():
+            self._control.join(timeout=10)
+        self.pool.close()
+        self.server.shutdown()
+
+    def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
+        """A trainer-side reader (see :meth:`primus_dagster.data.LocalDataPlane.reader`)."""
+        return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
+
+    def raise_if_failed(self) -> None:
+        """The data job's failure (failed tasks past the threshold, or an aborting executor)."""
+        self.driver.raise_if_failed()
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of every data executor process so far (local pools)."""
+        cpu_seconds = getattr(self.pool, "cpu_seconds", None)
+        return float(cpu_seconds()) if cpu_seconds is not None else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """What the pool did: executors launched, restarts, blacklist, the error that aborted the job."""
+        statuses = self.pool.status()
+        return {
+            "data_executors_launched": len(statuses),
+            "data_executors_running": sum(not s.finished for s in statuses),
+            "restarts": sum(self.supervisor.restarts.values()),
+            "oom_restarts": sum(1 for d in self.supervisor.decisions if "memory" in d.reason),
+            "blacklisted_nodes": self.supervisor.blacklist,
+            "error": self.error,
+        }
+
+    # ----------------------------------------------------------------- control
+    def _launch(self, request: LaunchRequest) -> Any:
+        config = ExecutorConfig(
+            driver=self.location,
+            executor_id=request.executor_id,
+            job_spec=self.job_path,
+            data_root=self.data_root,
+            executor_index=request.index,
+            trainers=self.trainers,
+            kafka_bootstrap=self.kafka_bootstrap,
+            heartbeat_s=self.heartbeat_s,
+            linger_s=0.5,
+            shm=self.shm,
+        )
+        return start_executor_process(
+            config, token=self.token, env={**os.environ, **request.env}, stderr=request.stderr
+        )
+
+    def _control_loop(self) -> None:
+        while not self._stop.wait(self.check_s):
+            status = self.driver.status()
+            if status["failed"]:
+                return
+            try:
+                self.supervisor.check(run_active=not status["done"])
+                if self.controller is not None and not status["done"]:
+                    self.controller.control(self, time.monotonic())
+            except (ExecutorFailedError, PoolError) as exc:
+                self.error = str(exc)
+                log.error("data plane: %s", exc)
+                self.driver.abort(str(exc))
+                return

@@ -1,0 +1,153 @@
+"""LocalPool and Supervisor on real processes: placement, limits, exits, restart policies, blacklist."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+
+from primus_dagster.cluster import Resources
+from primus_dagster.cluster.local import LaunchRequest, LocalPool
+from primus_dagster.cluster.supervisor import ExecutorFailedError, Supervisor, restart_decision
+from primus_dagster.spec import PoolSpec
+
+pytestmark = pytest.mark.integration
+
+# Behaviour per attempt: "sleep" (runs until stopped), "exit0", "fail" (exit 3 after a message),
+# "grow" (allocates 400 MiB, then sleeps). Modes are "a,b,c": attempt i uses the i-th (the last repeats).
+WORKER = """
+import os, sys, time
+modes = sys.argv[1].split(",")
+mode = modes[min(int(sys.argv[2]), len(modes) - 1)]
+print("threads", os.environ.get("OMP_NUM_THREADS"), flush=True)
+if mode == "exit0":
+    sys.exit(0)
+if mode == "fail":
+    print("disk on fire", file=sys.stderr, flush=True)
+    sys.exit(3)
+if mode == "grow":
+    hog = bytearray(400 << 20)
+time.sleep(120)
+"""
+
+
+def launcher(modes: str) -> Callable[[LaunchRequest], subprocess.Popen[str]]:
+    def launch(request: LaunchRequest) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", WORKER, modes, str(request.attempt)],
+            env={**os.environ, **request.env},
+            stdout=subprocess.PIPE,
+            stderr=request.stderr,
+            text=True,
+        )
+
+    return launch
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def spec(**kwargs: object) -> PoolSpec:
+    return PoolSpec(**{"replicas": 1, "min_replicas": 0, "max_replicas": 4, "memory": "256Mi", **kwargs})
+
+
+def test_processes_get_cores_threads_and_leave_nothing_behind() -> None:
+    pool = LocalPool("data", spec(cpu=1.0), launcher("sleep"), cpus=[0])
+    ids = pool.launch(2)
+    assert ids == ["data-0", "data-1"]
+    pids = [pool.pid(i) for i in ids]
+    assert all(psutil.Process(pid).cpu_affinity() == [0] for pid in pids)
+    assert [s.state for s in pool.status()] == ["running", "running"]
+    assert pool.executor("data-0").node == "cpu0"
+    pool.resize("data-0", Resources(cpu=1.0, memory_bytes=512 << 20))
+    assert pool.executor("data-0").resources.memory_bytes == 512 << 20
+    pool.stop("data-1", grace_s=2)
+    assert pool.executor("data-1").state == "stopped"
+    pool.close(grace_s=2)
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+    assert pool.cpu_seconds() >= 0.0
+
+
+def test_an_executor_above_its_memory_is_oom_killed_and_a_failure_keeps_its_error() -> None:
+    with LocalPool("data", spec(memory="128Mi"), launcher("grow")) as pool:
+        (grower,) = pool.launch(1)
+        wait_for(lambda: pool.executor(grower).state == "oom_killed")
+        assert "above its memory allocation 128 MiB" in (pool.executor(grower).last_error or "")
+    with LocalPool("data", spec(), launcher("fail")) as pool:
+        (failing,) = pool.launch(1)
+        wait_for(lambda: pool.executor(failing).state == "failed")
+        status = pool.executor(failing)
+        assert status.exit_code == 3 and "disk on fire" in (status.last_error or "")
+
+
+def test_on_failure_restarts_until_max_restarts_then_fails_the_job_with_the_last_error() -> None:
+    with LocalPool("data", spec(restart="on_failure", max_restarts=2), launcher("fail")) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        with pytest.raises(ExecutorFailedError, match=r"ended 3 times \(max_restarts 2\).*disk on fire"):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                supervisor.check()
+                time.sleep(0.05)
+        assert supervisor.restarts["data-0"] == 2 and pool.executor("data-0").attempt == 2
+
+
+def test_never_fails_at_once_and_always_restarts_after_success() -> None:
+    with LocalPool("data", spec(restart="never"), launcher("fail")) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        wait_for(lambda: pool.executor("data-0").finished)
+        with pytest.raises(ExecutorFailedError, match="restart policy never"):
+            supervisor.check()
+    with LocalPool("data", spec(restart="always"), launcher("exit0,sleep")) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        wait_for(lambda: pool.executor("data-0").finished)
+        assert [d.action for d in supervisor.check()] == ["restart"]
+        assert pool.executor("data-0").state == "running" and pool.executor("data-0").attempt == 1
+        assert supervisor.check(run_active=False) == []
+    with LocalPool("data", spec(restart="on_failure"), launcher("exit0")) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        wait_for(lambda: pool.executor("data-0").finished)
+        assert supervisor.check() == []  # a success is not restarted on_failure
+
+
+def test_an_oom_killed_executor_comes_back_with_more_memory_up_to_the_cap() -> None:
+    with LocalPool(
+        "data", spec(memory="128Mi", oom_memory_factor=2.0, max_memory="1Gi"), launcher("grow,sleep")
+    ) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        wait_for(lambda: pool.executor("data-0").state == "oom_killed")
+        (decision,) = supervisor.check()
+        assert decision.action == "restart" and decision.resources == Resources(1.0, 256 << 20)
+        assert pool.executor("data-0").resources.memory_bytes == 256 << 20
+    capped = pool.executor("data-0")
+    capped.resources = Resources(1.0, 768 << 20)
+    capped.state = "oom_killed"
+    assert restart_decision(capped, pool.spec, 0, run_active=True).resources == Resources(1.0, 1 << 30)
+
+
+def test_a_node_with_repeated_failures_is_blacklisted() -> None:
+    with LocalPool(
+        "data", spec(restart="on_failure", max_restarts=3, blacklist_after=1), launcher("fail,sleep"), cpus=[0, 1]
+    ) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        first_node = pool.executor("data-0").node
+        wait_for(lambda: pool.executor("data-0").finished)
+        supervisor.check()
+        assert supervisor.blacklist == [first_node]
+        restarted = pool.executor("data-0")
+        assert restarted.state == "running" and restarted.node != first_node
+        assert pool.launch(1, avoid_nodes=supervisor.blacklist) and pool.executor("data-1").node != first_node
