@@ -7,7 +7,7 @@ export DAGSTER_HOME ?= $(PRIMUS_HOME)/dagster_home
 # MLflow decides at import whether to send usage telemetry: off unless you say otherwise.
 export MLFLOW_DISABLE_TELEMETRY ?= true
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo dev test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ lint: setup
 # pytest exit code 5 = no tests collected: not a failure of the suite.
 test: setup lint
 	$(VENV)/bin/pytest -q || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
+
+# The reference deployment in `dagster dev` (UI + daemon: its sensors run) on the project's DAGSTER_HOME.
+dev: setup
+	$(PY) -c "from primus_dagster.paths import dagster_home; print('DAGSTER_HOME', dagster_home())"
+	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 $(DEV_ARGS)
 
 bench: setup
 	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,4 +1,4 @@
-"""Rows/s per core of each source adapter, next to plain ``pyarrow.dataset`` on the same files.
+"""Rows/s per core of each source adapter, next to plain ``pyarrow.dataset`` on the same files and a bare Kafka loop.
 
 All four adapters read the same synthetic world (``--hours`` hours of ``--rows-per-hour``
 rows; Kafka gets ``--kafka-hours`` of them because producing through kafka-python is slow).
@@ -8,20 +8,32 @@ job a trainer needs: list partitions, split, read, normalise to the canonical sc
 (stack 13 dense columns into one fixed-size list, cast ids, build timestamps). The baseline
 decodes the same Parquet files and columns with ``pyarrow.dataset`` and does nothing else.
 
+Kafka is measured side by side with the bare kafka-python consume loop a competent user would
+write on the same topic and offset ranges (assign + seek + poll to the range's end, values
+collected, nothing decoded): interleaved repeats, medians. ``kafka_ratio_vs_raw`` = adapter rows
+per CPU-second / raw records per CPU-second (goal >= 0.8). ``kafka_parallel_speedup`` = wall-clock
+rows/s of two reader processes, each reading half of the topic's partitions, over one reading all.
+
 Last line: {"bench": "source_scan", "parquet_rows_per_s": ..., "pyarrow_rows_per_s": ...,
-"ratio": ..., "delta_rows_per_s": ..., "iceberg_rows_per_s": ..., "kafka_rows_per_s": ...}
+"ratio": ..., "delta_rows_per_s": ..., "iceberg_rows_per_s": ..., "kafka_rows_per_s": ...,
+"kafka_raw_consume_per_s": ..., "kafka_ratio_vs_raw": ..., "kafka_parallel_speedup": ...}
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import shutil
+import statistics
 import time
 from datetime import timedelta
+from multiprocessing.queues import Queue
+from typing import Any
 
 import pyarrow.dataset as ds
 
-from primus_dagster.data import SourceContext, TimeWindow, make_adapter, native_columns
+from primus_dagster.data import ReadTask, SourceContext, TimeWindow, make_adapter, native_columns
+from primus_dagster.spec import SourceSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 from _common import bench_dir, emit, one_source_job
@@ -42,6 +54,79 @@ def scan_adapter(adapter, window: TimeWindow) -> int:
     return rows
 
 
+def raw_consume(bootstrap: str, ranges: list[tuple[str, int, int]]) -> int:
+    """The bare kafka-python loop a competent user writes: assign + seek + poll to the range's end, values kept."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    values: list[bytes] = []
+    for uri, start, stop in ranges:
+        topic, _, p = uri.rpartition(":")
+        tp = TopicPartition(topic, int(p))
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        position = start
+        while position < stop:
+            for record in consumer.poll(timeout_ms=1000).get(tp, []):
+                if record.offset >= stop:
+                    position = stop
+                    break
+                values.append(record.value)
+                position = record.offset + 1
+    consumer.close()
+    return len(values)
+
+
+def _executor(spec: SourceSpec, context: SourceContext, inbox: Queue, outbox: Queue) -> None:
+    """One reader process (a data executor's read loop): read the tasks it is sent, report rows and times."""
+    adapter = make_adapter(spec, context)
+    while (tasks := inbox.get()) is not None:
+        cpu0, t0 = time.process_time(), time.monotonic()
+        rows = sum(batch.num_rows for task in tasks for batch in adapter.read(ReadTask.from_dict(task)))
+        outbox.put((rows, t0, time.monotonic(), time.process_time() - cpu0))
+    adapter.close()
+
+
+def parallel_read(spec: SourceSpec, context: SourceContext, window: TimeWindow, repeat: int) -> dict[str, Any]:
+    """Wall-clock rows/s of one reader process over all topic-partitions vs two, each reading half of them.
+
+    The processes start once and wait for work, so start-up is not timed; one and two readers
+    alternate, medians over ``repeat`` rounds. Tasks go round-robin, so each of two readers
+    gets two of the topic's four partitions.
+    """
+    with make_adapter(spec, context) as planner:
+        tasks = [t.to_dict() for p in planner.ready_partitions(window) for t in planner.split(p)]
+    ctx = mp.get_context("spawn")
+    inboxes, outbox = [ctx.Queue() for _ in range(2)], ctx.Queue()
+    procs = [ctx.Process(target=_executor, args=(spec, context, q, outbox), daemon=True) for q in inboxes]
+    for proc in procs:
+        proc.start()
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    rows = 0
+    try:
+        for _ in range(repeat):
+            for n in (1, 2):
+                for i in range(n):
+                    inboxes[i].put(tasks[i::n])
+                done = [outbox.get(timeout=600) for _ in range(n)]
+                rows = sum(d[0] for d in done)
+                walls[n].append(max(d[2] for d in done) - min(d[1] for d in done))
+    finally:
+        for q in inboxes:
+            q.put(None)
+        for proc in procs:
+            proc.join(timeout=30)
+    one, two = rows / statistics.median(walls[1]), rows / statistics.median(walls[2])
+    return {
+        "partitions": len({t["uri"] for t in tasks}),
+        "rows": rows,
+        "one_executor_rows_per_s": round(one),
+        "two_executors_rows_per_s": round(two),
+        "speedup": round(two / one, 3),
+        "wall_s": {str(n): [round(w, 3) for w in ws] for n, ws in walls.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=int, default=8)
@@ -60,7 +145,7 @@ def main() -> None:
     world = SyntheticWorld(WorldConfig(seed=11, rows_per_hour=args.rows_per_hour), start)
     window = TimeWindow(start, start + timedelta(hours=args.hours))
     results: dict[str, float] = {}
-    detail: dict[str, dict] = {}
+    detail: dict[str, Any] = {}
 
     for kind in ("parquet", "delta", "iceberg"):
         write_world(jobs[kind], context, world, range(args.hours), progress=False)
@@ -102,17 +187,34 @@ def main() -> None:
         # One extra hour so the measured hours are complete (the stream moved past them).
         write_world(jobs["kafka"], kctx, kworld, range(args.kafka_hours + 1), progress=False)
         kwindow = TimeWindow(start, start + timedelta(hours=args.kafka_hours))
-        adapter = make_adapter(jobs["kafka"].dataset.source("src_kafka"), kctx)
-        rows, cpu, wall = _timed(lambda: scan_adapter(adapter, kwindow))
-        adapter.close()
-        results["kafka"] = rows / cpu
-        detail["kafka"] = {
-            "rows": rows,
-            "cpu_s": round(cpu, 3),
-            "wall_s": round(wall, 3),
-            "wall_rows_per_s": round(rows / wall),
-        }
-        print(f"kafka    rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> {rows / cpu:,.0f} rows/s per core")
+        kspec = jobs["kafka"].dataset.source("src_kafka")
+        with make_adapter(kspec, kctx) as planner:
+            ranges = [(t.uri, t.start, t.stop) for p in planner.ready_partitions(kwindow) for t in planner.split(p)]
+
+        def kafka_adapter() -> int:
+            with make_adapter(kspec, kctx) as adapter:  # the whole job: list, split, read, normalise
+                return scan_adapter(adapter, kwindow)
+
+        # Interleaved repeats on the same topic and ranges; medians of rows per CPU-second.
+        runs: dict[str, list[tuple[int, float, float]]] = {"kafka": [], "kafka_raw": []}
+        for _ in range(args.repeat):
+            runs["kafka"].append(_timed(kafka_adapter))
+            runs["kafka_raw"].append(_timed(lambda: raw_consume(broker.bootstrap_servers, ranges)))
+        for name, measured in runs.items():
+            rows = measured[0][0]
+            per_s = [r / cpu for r, cpu, _ in measured]
+            results[name] = statistics.median(per_s)
+            detail[name] = {
+                "rows": rows,
+                "cpu_s": [round(cpu, 3) for _, cpu, _ in measured],
+                "wall_s": [round(wall, 3) for _, _, wall in measured],
+                "rows_per_cpu_s": [round(x) for x in per_s],
+            }
+            print(f"{name:9s} rows={rows:,} -> {results[name]:,.0f} rows/s per core (median of {len(per_s)})")
+        ratios = [a[0] / a[1] / (b[0] / b[1]) for a, b in zip(runs["kafka"], runs["kafka_raw"], strict=True)]
+        detail["kafka_ratio_vs_raw_per_repeat"] = [round(r, 3) for r in ratios]
+        detail["kafka_parallel"] = parallel_read(kspec, kctx, kwindow, args.repeat)
+        print(f"kafka parallel: {detail['kafka_parallel']}")
 
     emit(
         {
@@ -123,6 +225,9 @@ def main() -> None:
             "delta_rows_per_s": round(results["delta"]),
             "iceberg_rows_per_s": round(results["iceberg"]),
             "kafka_rows_per_s": round(results["kafka"]),
+            "kafka_raw_consume_per_s": round(results["kafka_raw"]),
+            "kafka_ratio_vs_raw": round(results["kafka"] / results["kafka_raw"], 3),
+            "kafka_parallel_speedup": detail["kafka_parallel"]["speedup"],
             "unit": "rows per CPU-second of the reading process",
             "detail": detail,
         }

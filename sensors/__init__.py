@@ -1,14 +1,21 @@
-"""Reference code location: sensors and schedules.
+"""Reference code location: the sensors it runs and the schedule it offers.
 
-None yet: the sensors that turn new partitions / Kafka offsets into runs, and the
-hourly/daily schedules, arrive with the sensors-and-schedules work on the roadmap.
+``SENSORS``: the job's batch sensor (new and changed Parquet / Delta / Iceberg partitions) and a stream
+sensor per Kafka source (offsets, lag, thresholds), both RUNNING as soon as the daemon is (``dagster
+dev``, ``make dev``): sources and training partitions materialise by themselves as data lands.
+``SCHEDULES``: the training schedule, STOPPED -- the clock-driven alternative to the sensors, for data
+that lands on time; turn it on in the UI or with ``dagster schedule start`` (docs/automation.md).
 
 Example::
 
-    SENSORS = [my_partition_sensor]     # handed to build_definitions in definitions.py
+    SENSORS = build_sensors(JOB, default_status=DefaultSensorStatus.STOPPED)   # start them by hand instead
 """
 
-from dagster import ScheduleDefinition, SensorDefinition
+from dagster import DefaultSensorStatus, ScheduleDefinition, SensorDefinition
 
-SENSORS: list[SensorDefinition] = []
-SCHEDULES: list[ScheduleDefinition] = []
+from primus_dagster.dagster_defs import build_schedules, build_sensors
+
+from assets import JOB
+
+SENSORS: list[SensorDefinition] = build_sensors(JOB, default_status=DefaultSensorStatus.RUNNING)
+SCHEDULES: list[ScheduleDefinition] = build_schedules(JOB)

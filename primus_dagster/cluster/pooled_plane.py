@@ -49,7 +49,8 @@ from primus_dagster.spec import JobSpec, load_job_spec
 
 log = logging.getLogger(__name__)
 
-PoolFactory = Callable[[JobSpec, Callable[[LaunchRequest], Any]], ExecutorPool]
+PoolFactory = Callable[["PooledDataPlane"], ExecutorPool]
+"""Makes the data pool of a plane (called once its driver serves: ``plane.location`` is known)."""
 
 
 class PoolController(Protocol):
@@ -57,10 +58,12 @@ class PoolController(Protocol):
 
     def control(self, plane: PooledDataPlane, now: float) -> None: ...
 
+    def summary(self) -> dict[str, Any]: ...
 
-def local_data_pool(job: JobSpec, launcher: Callable[[LaunchRequest], Any]) -> ExecutorPool:
-    """The local-process pool for ``job``'s data executors."""
-    return LocalPool("data", job.pools.data, launcher, ready=wait_ready)
+
+def local_data_pool(plane: PooledDataPlane) -> ExecutorPool:
+    """The local-process pool of a plane's data executors (``pools.data``)."""
+    return LocalPool("data", plane.job.pools.data, plane.launch_local, ready=wait_ready)
 
 
 class PooledDataPlane:
@@ -80,6 +83,7 @@ class PooledDataPlane:
         pool_factory: PoolFactory = local_data_pool,
         controller: PoolController | None = None,
         heartbeat_s: float | None = None,
+        driver_host: str = "127.0.0.1",
         check_s: float = 0.25,
         shm: bool = True,
     ):
@@ -94,17 +98,12 @@ class PooledDataPlane:
         self.executors = executors if executors is not None else self.job.pools.data.replicas
         if self.executors < 1:
             raise ValueError(f"a data plane needs at least one data executor, got {self.executors}")
-        data = self.job.data
-        self.driver = driver or DataDriver(
-            max_attempts=data.max_attempts,
-            failed_task_threshold=data.failed_task_threshold,
-            lease_s=data.lease.total_seconds(),
-            trainers=trainers,
-        )
+        self.driver = driver or DataDriver.for_job(self.job.data, trainers=trainers)
         self.driver.add_tasks(tasks)
-        self.server = DriverServer(self.driver, token=token)
-        self.pool = pool_factory(self.job, self._launch)
-        self.supervisor = Supervisor(self.pool, self.job.pools.data)
+        self.server = DriverServer(self.driver, host=driver_host, token=token)
+        self.pool_factory = pool_factory
+        self.pool: ExecutorPool | None = None
+        self.supervisor: Supervisor | None = None
         self.controller = controller
         self.check_s = check_s
         self.error: str | None = None
@@ -119,7 +118,9 @@ class PooledDataPlane:
     def __enter__(self) -> PooledDataPlane:
         self.server.serve_in_thread()
         try:
-            self.pool.launch(self.executors, avoid_nodes=self.supervisor.blacklist)
+            self.pool = self.pool_factory(self)
+            self.supervisor = Supervisor(self.pool, self.job.pools.data)
+            self.pool.launch(self.executors)
         except BaseException:
             self.close()
             raise
@@ -134,7 +135,8 @@ class PooledDataPlane:
         self._stop.set()
         if self._control.is_alive():
             self._control.join(timeout=10)
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
         self.server.shutdown()
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
@@ -147,23 +149,27 @@ class PooledDataPlane:
 
     def cpu_seconds(self) -> float:
         """CPU seconds of every data executor process so far (local pools)."""
-        cpu_seconds = getattr(self.pool, "cpu_seconds", None)
+        cpu_seconds = getattr(self.pool, "cpu_seconds", None) if self.pool is not None else None
         return float(cpu_seconds()) if cpu_seconds is not None else 0.0
 
     def summary(self) -> dict[str, Any]:
         """What the pool did: executors launched, restarts, blacklist, the error that aborted the job."""
-        statuses = self.pool.status()
+        statuses = self.pool.status() if self.pool is not None else []
+        supervisor = self.supervisor
+        scaling = self.controller.summary() if self.controller is not None else None
         return {
+            "scaling": scaling,
             "data_executors_launched": len(statuses),
             "data_executors_running": sum(not s.finished for s in statuses),
-            "restarts": sum(self.supervisor.restarts.values()),
-            "oom_restarts": sum(1 for d in self.supervisor.decisions if "memory" in d.reason),
-            "blacklisted_nodes": self.supervisor.blacklist,
+            "restarts": sum(supervisor.restarts.values()) if supervisor else 0,
+            "oom_restarts": sum(d.state == "oom_killed" for d in supervisor.decisions) if supervisor else 0,
+            "blacklisted_nodes": supervisor.blacklist if supervisor else [],
             "error": self.error,
         }
 
     # ----------------------------------------------------------------- control
-    def _launch(self, request: LaunchRequest) -> Any:
+    def launch_local(self, request: LaunchRequest) -> Any:
+        """Start one data executor process of this plane (the :class:`LocalPool` launcher)."""
         config = ExecutorConfig(
             driver=self.location,
             executor_id=request.executor_id,
@@ -185,6 +191,7 @@ class PooledDataPlane:
             status = self.driver.status()
             if status["failed"]:
                 return
+            assert self.supervisor is not None  # set in __enter__, before this thread starts
             try:
                 self.supervisor.check(run_active=not status["done"])
                 if self.controller is not None and not status["done"]:

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-from primus_dagster.cluster.pool import ExecutorPool, ExecutorStatus, Resources, memory_bytes
+from primus_dagster.cluster.pool import ExecutorPool, ExecutorState, ExecutorStatus, Resources, memory_bytes
 from primus_dagster.spec import PoolSpec
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class RestartDecision:
 
     executor_id: str
     attempt: int
+    state: ExecutorState  # how the attempt ended
     action: Literal["restart", "fail_job", "leave"]
     reason: str
     resources: Resources | None = None
@@ -64,7 +65,7 @@ def memory_cap(spec: PoolSpec) -> int:
 def restart_decision(status: ExecutorStatus, spec: PoolSpec, restarts: int, *, run_active: bool) -> RestartDecision:
     """The rule of the module docstring for one finished attempt; ``restarts``: how often this
     executor was restarted before."""
-    leave = RestartDecision(status.executor_id, status.attempt, "leave", f"{status.state}: nothing to do")
+    leave = RestartDecision(status.executor_id, status.attempt, status.state, "leave", f"{status.state}: nothing to do")
     if not status.finished or status.state == "stopped" or not run_active:
         return leave
     failed = status.state in _FAILED
@@ -72,11 +73,14 @@ def restart_decision(status: ExecutorStatus, spec: PoolSpec, restarts: int, *, r
         return leave
     error = status.last_error or f"{status.executor_id} {status.state} (exit code {status.exit_code})"
     if failed and spec.restart == "never":
-        return RestartDecision(status.executor_id, status.attempt, "fail_job", f"restart policy never: {error}")
+        return RestartDecision(
+            status.executor_id, status.attempt, status.state, "fail_job", f"restart policy never: {error}"
+        )
     if restarts >= spec.max_restarts:
         return RestartDecision(
             status.executor_id,
             status.attempt,
+            status.state,
             "fail_job",
             f"{status.executor_id} ended {restarts + 1} times (max_restarts {spec.max_restarts}): {error}",
         )
@@ -86,7 +90,7 @@ def restart_decision(status: ExecutorStatus, spec: PoolSpec, restarts: int, *, r
         grown = min(memory_cap(spec), int(resources.memory_bytes * spec.oom_memory_factor))
         reason += f"; memory {resources.memory_bytes >> 20} -> {grown >> 20} MiB"
         resources = Resources(resources.cpu, grown)
-    return RestartDecision(status.executor_id, status.attempt, "restart", reason, resources)
+    return RestartDecision(status.executor_id, status.attempt, status.state, "restart", reason, resources)
 
 
 class Supervisor:

@@ -1,10 +1,12 @@
-"""Thin Dagster glue over the engine: source assets with blocking checks, the training asset, resources.
+"""Thin Dagster glue over the engine: source assets with blocking checks, the training asset, resources,
+sensors and schedules.
 
 Example::
 
     from primus_dagster.dagster_defs import build_definitions
 
     defs = build_definitions("examples/job.yaml")      # one asset per source + the training asset
+    defs = build_definitions("examples/job.yaml", sensors=build_sensors(job), schedules=build_schedules(job))
 """
 
 from primus_dagster.dagster_defs.definitions import build_definitions
@@ -16,6 +18,8 @@ from primus_dagster.dagster_defs.resources import (
     PrimusStorageResource,
     default_resources,
 )
+from primus_dagster.dagster_defs.schedules import build_schedules, training_asset_job
+from primus_dagster.dagster_defs.sensors import build_batch_sensor, build_sensors, build_stream_sensor
 from primus_dagster.dagster_defs.source_assets import build_source_asset, build_source_assets
 from primus_dagster.dagster_defs.source_checks import (
     EVENT_TIMES_IN_PARTITION,
@@ -37,12 +41,17 @@ __all__ = [
     "KafkaResource",
     "MlflowResource",
     "PrimusStorageResource",
+    "build_batch_sensor",
     "build_definitions",
+    "build_schedules",
+    "build_sensors",
     "build_source_asset",
     "build_source_assets",
+    "build_stream_sensor",
     "build_training_asset",
     "default_resources",
     "partitions_covering",
     "time_partitions",
+    "training_asset_job",
     "training_asset_name",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetsDefinition, Definitions, ScheduleDefinition, SensorDefinition
+from dagster import AssetsDefinition, Definitions, ExecutorDefinition, ScheduleDefinition, SensorDefinition
 
 from primus_dagster.dagster_defs.resources import default_resources
 from primus_dagster.dagster_defs.source_assets import build_source_assets
@@ -27,11 +27,13 @@ def build_definitions(
     schedules: Sequence[ScheduleDefinition] = (),
     job_path: str | Path | None = None,
     extra_assets: Sequence[AssetsDefinition] = (),
+    executor: ExecutorDefinition | None = None,
 ) -> Definitions:
     """Source assets of ``job`` and its training asset, plus ``extra_assets`` (a user's own, e.g.
     downstream of the model), with ``resources`` (default: :func:`default_resources`). The training
     asset needs the spec's file (executor processes load it): ``job`` given as a path, or ``job_path``
-    when ``job`` is a loaded spec (without it: source assets only)."""
+    when ``job`` is a loaded spec (without it: source assets only). ``executor``: how runs execute their
+    steps (default: Dagster's multiprocess executor; e.g. dagster-k8s's ``k8s_job_executor``)."""
     if not isinstance(job, JobSpec):
         job_path = job_path or job
         job = load_job_spec(job)
@@ -43,4 +45,5 @@ def build_definitions(
         resources=dict(resources) if resources is not None else default_resources(),
         sensors=list(sensors),
         schedules=list(schedules),
+        executor=executor,
     )

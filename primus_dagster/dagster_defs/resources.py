@@ -15,14 +15,16 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-from dagster import ConfigurableResource, EnvVar
-from pydantic import Field
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from pydantic import Field, PrivateAttr
 
 from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV, read_broker_state
+from primus_dagster.cluster.backends import data_plane_setup
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import SourceContext
 from primus_dagster.spec import JobSpec, SourceSpec
 
@@ -90,13 +92,45 @@ class MlflowResource(ConfigurableResource):
 
 
 class ExecutorPoolResource(ConfigurableResource):
-    """The executor pool a training asset runs its job on. Today: local processes (data executors
-    started next to the trainer); ``data_executors`` overrides the spec's ``pools.data.replicas``."""
+    """The executor pools a training asset runs its job on, with their supervision (restart policy,
+    blacklist) as the spec's ``pools`` say; ``data_executors`` overrides ``pools.data.replicas``.
 
-    data_executors: int | None = Field(default=None, ge=1, description="Data executor processes.")
+    Every data plane it starts for a run is closed when the step ends -- success, failure or
+    cancellation -- so no executor process (or pod) outlives the run.
+
+    Example::
+
+        pool = ExecutorPoolResource(data_executors=4)
+        result = run_training_job(cfg, JobHooks(data_plane=pool.data_plane_factory(job)))
+    """
+
+    data_executors: int | None = Field(default=None, ge=1, description="Data executors (default: the spec's).")
+    _planes: list[PooledDataPlane] = PrivateAttr(default_factory=list)
+    _run_id: str = PrivateAttr(default="local")
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._run_id = context.run.run_id if context.run is not None else "local"
 
     def executors(self, job: JobSpec) -> int:
         return self.data_executors or job.pools.data.replicas or 1
+
+    def data_plane_factory(self, job: JobSpec) -> Callable[..., PooledDataPlane]:
+        """What :class:`~primus_dagster.training.job.JobHooks` ``data_plane`` takes: a pooled data
+        plane on ``job``'s data pool, remembered so that teardown closes it."""
+
+        setup = data_plane_setup(job, run_id=self._run_id)
+
+        def start(*args: Any, **kwargs: Any) -> PooledDataPlane:
+            plane = PooledDataPlane(*args, **{**setup, **kwargs})
+            self._planes.append(plane)
+            return plane
+
+        return start
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for plane in self._planes:
+            plane.close()
+        self._planes.clear()
 
 
 def _env_var_if_set(name: str) -> EnvVar | None:

@@ -4,8 +4,10 @@ It depends on the source assets through time-window partition mappings: the stre
 the same window, the batch sources on the window shifted back by ``training.batch_lag`` (MTRM:
 today's stream with yesterday's complete batch data). A materialisation runs
 :func:`~primus_dagster.training.job.run_training_job` on the executor pool resource, resumes its
-MLflow run if an earlier attempt died, continues from the previous partition's model when that
-one finished (continuous training), and returns AUC, samples, samples/s, the MLflow run,
+MLflow run if an earlier attempt died, continues from the previous partition's model (continuous
+training: the asset depends on its own previous partition, so backfills run partitions in order, and
+a partition whose predecessor has no model fails unless ``automation.cold_start: allow``), and
+returns AUC, samples, samples/s, the MLflow run,
 the data window and the source versions as metadata. The ``auc_not_regressed`` check fails when
 the next-hour AUC drops more than ``training.auc_tolerance`` below the previous partition's.
 In a run that also materialises the sources, a failed blocking source check (see
@@ -72,6 +74,12 @@ def source_deps(job: JobSpec, key_prefix: list[str] | None = None) -> list[Asset
     return deps
 
 
+def previous_partition_dep(key: AssetKey) -> AssetDep:
+    """The training asset's dependency on its own previous partition: partition N continues N-1's model,
+    so a backfill (and declarative automation) materialises partitions in order."""
+    return AssetDep(key, partition_mapping=TimeWindowPartitionMapping(start_offset=-1, end_offset=-1))
+
+
 def previous_partition(
     partitions: PartitionsDefinition, partition_key: str, instance: DagsterInstance | None = None
 ) -> str | None:
@@ -135,7 +143,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         name=name,
         key_prefix=key_prefix,
         partitions_def=partitions,
-        deps=source_deps(job, key_prefix),
+        deps=[*source_deps(job, key_prefix), previous_partition_dep(key)],
         group_name="training",
         kinds={"pytorch", "mlflow"},
         check_specs=[
@@ -157,7 +165,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import TrainingJob, run_training_job
+        from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
 
         source_context = storage.source_context(source for _, source in job.dataset.all_sources())
         partition_window = context.partition_time_window
@@ -170,8 +178,11 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 f"{progress['samples_per_s']:.0f} samples/s"
             )
 
-        # Continuous training: the model of the previous partition (if it finished) goes on learning.
+        # Continuous training: the model of the previous partition goes on learning (automation.cold_start
+        # decides when it is missing); the first partition has none and starts fresh.
         previous_key = previous_partition(partitions, context.partition_key, context.instance)
+        if previous_key is None:
+            context.log.info(f"{context.partition_key} is the first training partition: the model starts fresh")
         result = run_training_job(
             TrainingJob(
                 job,
@@ -184,7 +195,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 tracker=mlflow.tracker(job),
                 progress=log_progress,
                 warm_start=f"{job.name}/{previous_key}" if previous_key else None,
-            )
+            ),
+            JobHooks(data_plane=executor_pool.data_plane_factory(job)),
         )
         result_metadata = result.metadata()
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
@@ -193,6 +205,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
             for name, value in result_metadata.items()
             if value is not None
         }
+        if previous_key is None:
+            metadata["cold_start"] = "first training partition"
         metadata["mlflow_run_url"] = (
             MetadataValue.url(result.run_url)
             if result.run_url.startswith("http")

@@ -50,6 +50,7 @@ from primus_dagster.data.sources import (
     scan_partition,
     scan_problems,
 )
+from primus_dagster.data.sources.kafka import KafkaSource, TailOffsetError, TailPlan
 from primus_dagster.data.task_batches import read_batches, task_batches
 from primus_dagster.data.tasks import BatchId, DataTask
 from primus_dagster.data.versions import source_versions
@@ -68,6 +69,7 @@ __all__ = [
     "ExecutorConfig",
     "JobAbortedError",
     "JobFailedError",
+    "KafkaSource",
     "ListingCache",
     "LocalDataPlane",
     "Normalizer",
@@ -85,6 +87,8 @@ __all__ = [
     "SourceAdapter",
     "SourceContext",
     "SourceReadError",
+    "TailOffsetError",
+    "TailPlan",
     "TimeWindow",
     "arrow_to_tensors",
     "batch_first",

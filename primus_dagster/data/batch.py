@@ -253,11 +253,17 @@ class Batch:
         """int64 [B] (null -> -1); None when the source has no ids."""
         return self.tensors.sample_id
 
-    def __getstate__(self) -> tuple[pa.RecordBatch, BatchMeta]:
-        return self.columns, self.meta
+    def __getstate__(self) -> tuple[bytes, BatchMeta]:
+        # An Arrow IPC stream holds only this batch's rows; pickling the RecordBatch itself would
+        # carry the whole parent buffers of a slice along.
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self.columns.schema) as writer:
+            writer.write_batch(self.columns)
+        return sink.getvalue().to_pybytes(), self.meta
 
-    def __setstate__(self, state: tuple[pa.RecordBatch, BatchMeta]) -> None:
-        self.columns, self.meta = state
+    def __setstate__(self, state: tuple[bytes, BatchMeta]) -> None:
+        data, self.meta = state
+        self.columns = pa.ipc.open_stream(data).read_next_batch()
         self._tensors = None
 
     def __repr__(self) -> str:

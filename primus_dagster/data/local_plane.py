@@ -58,13 +58,7 @@ class LocalDataPlane:
         self.slow = dict(slow_ms_per_batch or {})
         self.heartbeat_s = heartbeat_s
         self.shm = shm  # executors offer shared memory to the readers (both on this machine)
-        data = self.job.data
-        self.driver = driver or DataDriver(
-            max_attempts=data.max_attempts,
-            failed_task_threshold=data.failed_task_threshold,
-            lease_s=data.lease.total_seconds(),
-            trainers=trainers,
-        )
+        self.driver = driver or DataDriver.for_job(self.job.data, trainers=trainers)
         self.driver.add_tasks(tasks)
         self.server = DriverServer(self.driver, token=token)
         self.processes: dict[int, subprocess.Popen[str]] = {}

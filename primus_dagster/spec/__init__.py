@@ -1,9 +1,11 @@
 """The job contract: JobSpec -> DatasetSpec -> StreamSpec -> SourceSpec, loaded strictly from YAML."""
 
+from primus_dagster.spec.automation import AutomationSpec
 from primus_dagster.spec.dataset import DatasetSpec, JoinSpec, StreamSpec, granularity_step
 from primus_dagster.spec.durations import format_duration, parse_duration
 from primus_dagster.spec.job import (
     DataPlaneSpec,
+    HorizontalScalingSpec,
     JobSpec,
     MetricSpec,
     ModelSpec,
@@ -12,6 +14,7 @@ from primus_dagster.spec.job import (
     ScalingSpec,
     TrackingSpec,
     TrainingSpec,
+    VerticalScalingSpec,
 )
 from primus_dagster.spec.loader import SpecError, job_spec_json_schema, load_job_spec, parse_job_spec
 from primus_dagster.spec.sources import (
@@ -27,10 +30,12 @@ from primus_dagster.spec.sources import (
 
 __all__ = [
     "SOURCE_TYPES",
+    "AutomationSpec",
     "ColumnMapping",
     "DataPlaneSpec",
     "DatasetSpec",
     "DeltaSourceSpec",
+    "HorizontalScalingSpec",
     "IcebergCatalogSpec",
     "IcebergSourceSpec",
     "JobSpec",
@@ -47,6 +52,7 @@ __all__ = [
     "StreamSpec",
     "TrackingSpec",
     "TrainingSpec",
+    "VerticalScalingSpec",
     "format_duration",
     "granularity_step",
     "job_spec_json_schema",

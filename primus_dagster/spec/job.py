@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from primus_dagster.spec.automation import AutomationSpec
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.dataset import DatasetSpec
 from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default
@@ -54,13 +55,36 @@ class PoolSpec(StrictModel):
 
 
 class PoolsSpec(StrictModel):
-    """Executor pools and the backend that runs them."""
+    """Executor pools and the backend that runs them. ``namespace`` and ``image`` belong to the kubernetes
+    backend (``image`` is required there); with ``backend: local`` either one is an error, since it could
+    do nothing (docs/kubernetes.md)."""
 
     backend: Literal["local", "kubernetes"] = "local"
-    namespace: str = Field(default="default", description="Kubernetes namespace (kubernetes backend).")
-    image: str | None = Field(default=None, description="Container image (kubernetes backend).")
+    namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Kubernetes namespace of the executor pods (kubernetes backend; default: the run's own).",
+    )
+    image: str | None = Field(
+        default=None,
+        pattern=r"^\S+$",
+        description="Container image of the executor pods (kubernetes backend, required).",
+    )
     data: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2, max_replicas=8))
     training: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=1, max_replicas=1))
+
+    @field_validator("namespace", "image")
+    @classmethod
+    def _kubernetes_keys(cls, value: str | None, info: ValidationInfo) -> str | None:
+        backend = info.data.get("backend")  # absent when the backend itself was invalid
+        if backend == "local" and value is not None:
+            raise ValueError(
+                f"only the kubernetes backend uses pools.{info.field_name}: remove it or set pools.backend: kubernetes"
+            )
+        if backend == "kubernetes" and info.field_name == "image" and value is None:
+            raise ValueError("required when pools.backend is kubernetes: the container image of the executor pods")
+        return value
 
 
 class MetricSpec(StrictModel):
@@ -76,11 +100,9 @@ class HorizontalScalingSpec(StrictModel):
 
     enabled: bool = True
     metrics: list[MetricSpec] = Field(
-        default_factory=lambda: [
-            MetricSpec(name="buffer_fill", weight=0.5),
-            MetricSpec(name="cpu", weight=0.3),
-            MetricSpec(name="memory", weight=0.2),
-        ]
+        # Not buffer_fill: a data executor's buffer fills when the trainers fall behind, i.e. when the
+        # data pool is ahead -- as load it would add executors exactly then (docs/scaling.md).
+        default_factory=lambda: [MetricSpec(name="cpu", weight=0.7), MetricSpec(name="memory", weight=0.3)]
     )
     scale_up_threshold: float = Field(default=0.8, gt=0, le=1)
     scale_down_threshold: float = Field(default=0.3, ge=0, lt=1)
@@ -123,6 +145,12 @@ class DataPlaneSpec(StrictModel):
         default=duration_default("60s"), description="A running task's executor must report within it."
     )
     buffer_batches: int = Field(default=8, ge=1, description="Per-executor buffer before backpressure.")
+    backup_after: float = Field(
+        default=3.0,
+        ge=0,
+        description="An idle executor gets a backup copy of a task running longer than this many times the "
+        "median task time; the first copy to finish is delivered (0: no backup copies).",
+    )
 
 
 class ModelSpec(StrictModel):
@@ -187,7 +215,7 @@ class TrackingSpec(StrictModel):
 
 
 class JobSpec(StrictModel):
-    """The whole training job: resources, data, training and tracking."""
+    """The whole training job: resources, data, training, tracking and automation."""
 
     name: str = Field(
         pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
@@ -200,3 +228,4 @@ class JobSpec(StrictModel):
     dataset: DatasetSpec
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    automation: AutomationSpec = Field(default_factory=AutomationSpec)

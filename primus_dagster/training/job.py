@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
@@ -29,12 +30,13 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from primus_dagster.cluster.backends import data_plane_setup
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import (
     Batch,
@@ -42,13 +44,14 @@ from primus_dagster.data import (
     DataDriver,
     DataTask,
     LocalDataPlane,
+    NotReady,
     Planner,
     SourceContext,
     TimeWindow,
     source_versions,
 )
 from primus_dagster.paths import primus_home
-from primus_dagster.spec import JobSpec
+from primus_dagster.spec import JobSpec, granularity_step
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.models import build_model, model_summary
@@ -62,6 +65,11 @@ log = logging.getLogger(__name__)
 
 class NoTrainingDataError(RuntimeError):
     """The window has no ready data for the job (which partitions were not ready, and why)."""
+
+
+class MissingPredecessorError(RuntimeError):
+    """The run should continue the model of the window before it (``warm_start``), which has no finished
+    model, and ``automation.cold_start`` does not allow a fresh start."""
 
 
 @dataclass
@@ -92,8 +100,9 @@ class JobHooks:
 
     ``on_batch(step, batch)`` is called after each trained reader batch (audits: which samples a
     step consumed); ``data_plane`` starts the data plane of a phase (default: a
-    :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane` on the job's data pool; anything
-    with :class:`LocalDataPlane`'s signature works -- tests pass one with injected faults).
+    :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane` on the pool of the job's
+    ``pools.backend``; anything with :class:`LocalDataPlane`'s signature works -- tests pass one with
+    injected faults).
 
     Example::
 
@@ -102,7 +111,7 @@ class JobHooks:
     """
 
     on_batch: Callable[[int, Batch], None] | None = None
-    data_plane: Callable[..., LocalDataPlane | PooledDataPlane] = PooledDataPlane
+    data_plane: Callable[..., LocalDataPlane | PooledDataPlane] | None = None
 
 
 @dataclass
@@ -119,7 +128,9 @@ class TrainingResult:
     checkpoints: list[int] = field(default_factory=list)
     resumed_from_step: int | None = None
     warm_started_from: str | None = None  # MLflow run id
+    cold_start: str | None = None  # why a run asked to warm-start began from a fresh model
     wall_s: float = 0.0
+    data_pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # phase -> executors, restarts, scaling
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -135,7 +146,9 @@ class TrainingResult:
             "checkpoints": len(self.checkpoints),
             "resumed_from_step": self.resumed_from_step,
             "warm_started_from": self.warm_started_from,
+            "cold_start": self.cold_start,
             "source_versions": self.source_versions,
+            "data_pools": self.data_pools,
         }
         if self.evaluation is not None:
             out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
@@ -144,10 +157,32 @@ class TrainingResult:
         return out
 
 
+def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) -> list[NotReady]:
+    """The batch partitions among ``tasks`` whose labels are not complete by the end of ``window``:
+    a partition ``[start, end)`` of a source counts as complete at ``end + label_delay``, and the
+    memory tower learns complete labels only. One entry per (source, partition)."""
+    out: dict[tuple[str, datetime], NotReady] = {}
+    for task in tasks:
+        source = job.dataset.source(task.read.source)
+        complete_at = task.partition + granularity_step(source.granularity) + source.label_delay
+        if task.kind == "batch" and complete_at > window.end and (source.name, task.partition) not in out:
+            out[(source.name, task.partition)] = NotReady(
+                task.stream,
+                source.name,
+                task.partition,
+                f"labels complete at {complete_at.isoformat()} (label_delay {source.label_delay}), "
+                f"after the window end {window.end.isoformat()}",
+                "waiting",
+            )
+    return list(out.values())
+
+
 def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow) -> list[DataTask]:
     """The tasks a training window reads, in hand-out order: the stream tasks of ``window`` and the
     batch tasks of ``window`` shifted back by ``training.batch_lag`` (handed out beside the stream
-    hours they are lagged to). Raises :class:`NoTrainingDataError` naming what was not ready."""
+    hours they are lagged to), less the batch partitions whose labels are not complete by the window's
+    end (:func:`label_incomplete`; counted in the log). Raises :class:`NoTrainingDataError` naming what
+    was not ready."""
     lag = job.training.batch_lag
     kinds = {k for p in phases(job.training.mode) for k in p.kinds}
     with Planner.for_job(job, context) as planner:
@@ -163,6 +198,14 @@ def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow
                 for t in batch_plan.tasks
                 if t.kind == "batch"
             ]
+    incomplete = label_incomplete(job, tasks, window)
+    if incomplete:
+        left_out = {(n.source, n.partition) for n in incomplete}
+        tasks = [t for t in tasks if (t.read.source, t.partition) not in left_out]
+        not_ready += incomplete
+        for name in sorted({n.source for n in incomplete}):
+            count = sum(1 for n in incomplete if n.source == name)
+            log.info("%s: %d batch partition(s) left out: labels not complete by %s", name, count, window.end)
     tasks.sort(key=lambda t: t.order_key)
     if not tasks:
         missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
@@ -205,6 +248,7 @@ class TrainingRun:
         self.pending: Checkpoint | None = None  # loaded, applied when the model exists
         self.warm: Checkpoint | None = None  # a previous run's final model: its weights and Adam state only
         self.checkpoints: list[int] = []
+        self.data_pools: dict[str, dict[str, Any]] = {}  # phase -> what its data pool did (executors, scaling)
         self.next_checkpoint = self.spec.checkpoint_every_steps
         # One scratch folder per run key, emptied at start: what a killed attempt left is reclaimed.
         self.workdir = primus_home() / "train" / hashlib.sha1(cfg.key().encode()).hexdigest()[:16]
@@ -298,12 +342,7 @@ def _driver_for(cfg: TrainingJob, run: TrainingRun, phase: Phase, resume: Checkp
         driver = DataDriver.restore(resume.data_snapshot)
         log.info("phase %s: data progress restored from the checkpoint at step %d", phase.name, resume.step)
     else:
-        driver = DataDriver(
-            max_attempts=data.max_attempts,
-            failed_task_threshold=data.failed_task_threshold,
-            lease_s=data.lease.total_seconds(),
-            trainers=1,
-        )
+        driver = DataDriver.for_job(data, trainers=1)
         driver.add_tasks(phase_tasks(run.tasks, phase))
     driver.source_versions = dict(run.versions)
     return driver
@@ -321,7 +360,8 @@ def _run_phase(
         else None
     )
     token = secrets.token_hex(16)
-    with hooks.data_plane(
+    start_plane = hooks.data_plane or functools.partial(PooledDataPlane, **data_plane_setup(cfg.job, run_id=cfg.key()))
+    with start_plane(
         cfg.job_path,
         cfg.data_root,
         driver=driver,
@@ -344,6 +384,9 @@ def _run_phase(
                         run.next_checkpoint = trainer.step + spec.checkpoint_every_steps
                     else:
                         run.checkpoint(phase, snapshot, phase_done=False)
+        summary = getattr(plane, "summary", None)
+        if summary is not None:
+            run.data_pools[phase.name] = summary()
         plane.driver.raise_if_failed()
     run.report(phase, force=True)
     run.checkpoint(phase, None, phase_done=True)
@@ -354,6 +397,11 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
     hooks = hooks or JobHooks()
     started = time.perf_counter()
     job, spec = cfg.job, cfg.job.training
+    if job.pools.training.replicas > 1:
+        raise ValueError(
+            f"pools.training.replicas: {job.pools.training.replicas}: the training job runs one trainer; DDP "
+            "groups run through primus_dagster.training.distributed.run_ddp (see the README's known limits)"
+        )
     torch.set_num_threads(spec.threads)
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
     tasks = plan_training_tasks(job, context, cfg.window)
@@ -364,7 +412,7 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
     status = "FAILED"
     try:
         resume = _load_resume(tracker, run)
-        warm_from = _load_warm_start(tracker, run) if resume is None and cfg.warm_start else None
+        warm_from, cold_start = _load_warm_start(tracker, run) if resume is None and cfg.warm_start else (None, None)
         all_phases = phases(spec.mode)
         first = 0
         if resume is not None:
@@ -404,26 +452,36 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
             checkpoints=run.checkpoints,
             resumed_from_step=None if resume is None else resume.step,
             warm_started_from=warm_from,
+            cold_start=cold_start,
             wall_s=time.perf_counter() - started,
+            data_pools=run.data_pools,
         )
     finally:
         tracker.finish(status)
         shutil.rmtree(run.workdir, ignore_errors=True)
 
 
-def _load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> str | None:
+def _load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> tuple[str | None, str | None]:
     """Load the final checkpoint of the finished run ``run.cfg.warm_start`` (continuous training
-    across windows); its run id, or None when there is none yet (then the model starts fresh)."""
+    across windows): ``(its run id, None)``. Without one, ``automation.cold_start`` decides: ``allow``
+    starts fresh with a warning, ``(None, why)``; otherwise :class:`MissingPredecessorError`."""
     key = run.cfg.warm_start or ""
     source = tracker.finished_run(key)
     directory = tracker.latest_checkpoint(run.workdir / "warm", run_id=source) if source else None
     if directory is None:
-        log.info("no finished run %r with a checkpoint to warm-start from: the model starts fresh", key)
-        return None
+        why = f"no finished run {key!r} with a checkpoint to warm-start from"
+        if run.cfg.job.automation.cold_start != "allow":
+            raise MissingPredecessorError(
+                f"job {run.cfg.job.name}: {why}: windows train in order, each continuing the model of the one "
+                "before it; train that window first, or set automation.cold_start: allow to start afresh"
+            )
+        log.warning("%s: the model starts fresh (automation.cold_start: allow)", why)
+        tracker.set_tags({"primus.cold_start": why})
+        return None, why
     run.warm = load_checkpoint(directory)
     tracker.set_tags({"primus.warm_start": source})
     log.info("warm start from run %s (%s, step %d)", source, key, run.warm.step)
-    return source
+    return source, None
 
 
 def _load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:

@@ -89,3 +89,56 @@ def test_an_executor_out_of_restarts_aborts_the_job_with_its_error(tmp_path: Pat
             plane.raise_if_failed()
         assert "restart policy never" in (plane.summary()["error"] or "")
     assert not alive(pid)
+
+
+def test_the_data_pool_scales_out_under_load_and_in_when_idle_and_delivers_once(tmp_path: Path) -> None:
+    """Live: while the trainer consumes fast the executors' CPU load crosses the (low) scale-up
+    threshold and the pool grows to max_replicas; while the trainer pauses the executors sit on full
+    buffers, the load falls below the scale-down threshold and the pool shrinks to min_replicas."""
+    from primus_dagster.cluster.autoscaler import DataPoolAutoscaler
+
+    ids = write_tree(tmp_path, hours=2, files=8, rows=3000)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("""
+name: scaled
+pools:
+  data: {replicas: 1, min_replicas: 1, max_replicas: 3, task_runners: 1, memory: 1Gi}
+data: {buffer_batches: 2, lease: 3s}
+scaling:
+  interval: 0.3s
+  cooldown: 0.6s
+  horizontal: {metrics: [{name: cpu, weight: 1}], scale_up_threshold: 0.15, scale_down_threshold: 0.05, step: 1}
+  vertical: {enabled: false}
+dataset:
+  start: 2026-11-01
+  streams:
+    - name: history
+      window: 2h
+      shuffle: rebalance
+      sources:
+        - name: src
+          type: parquet
+          path: pq
+          batch_rows: 100
+          columns: {ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}
+""")
+    job = parse_job_spec(spec.read_text())
+    tasks = plan(job, tmp_path, hours=2)
+    scaler = DataPoolAutoscaler(job)
+    got: Counter[int] = Counter()
+    replicas_seen: list[int] = []
+    with PooledDataPlane(spec, tmp_path, tasks, token="t", heartbeat_s=0.1, controller=scaler, check_s=0.1) as plane:
+        with plane.reader(0, prefetch=2, refresh_s=0.1) as reader:
+            for i, batch in enumerate(reader):
+                assert batch.sample_id is not None
+                got.update(batch.sample_id.tolist())
+                running = sum(not s.finished for s in plane.pool.status())
+                replicas_seen.append(running)
+                if i == 150:  # the trainer stalls: executors idle on full buffers
+                    deadline = time.monotonic() + 20
+                    while scaler.controller.actions["scale_in"] == 0 and time.monotonic() < deadline:
+                        time.sleep(0.1)
+        plane.raise_if_failed()
+    assert got == Counter(ids)  # scale-out and scale-in lost and repeated nothing
+    assert scaler.controller.actions["scale_out"] >= 1 and scaler.controller.actions["scale_in"] >= 1
+    assert max(replicas_seen) <= 3 and min(replicas_seen) >= 1

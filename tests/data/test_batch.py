@@ -79,3 +79,11 @@ def test_concat_pickle_and_kind() -> None:
     assert stream.kind == "stream"
     with pytest.raises(ValueError, match="kind not given"):
         Batch.from_arrow(canonical(5).select([0, 1, 2, 3]).slice(0, 0))
+
+
+def test_a_pickled_slice_carries_only_its_rows() -> None:
+    big = Batch.from_arrow(pa.Table.from_batches([canonical(1000)] * 100).combine_chunks().to_batches()[0])
+    part = big.slice(500, 600)
+    back = pickle.loads(pickle.dumps(part))
+    assert len(pickle.dumps(part)) < len(pickle.dumps(big)) / 50
+    assert back.meta == part.meta and back.columns.equals(part.columns)

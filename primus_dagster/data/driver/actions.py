@@ -30,6 +30,7 @@ ACTIONS: dict[str, str] = {
     "heartbeat": '{"report": report} -> {"cancel": [task_id], "done", "failed", "deadline"}',
     "complete": '{"executor_id", "task_id", "rows", "batches"} -> {}',
     "fail": '{"executor_id", "task_id", "error"} -> {}',
+    "release": '{"executor_id", "task_ids": [task_id]} -> {"released": [task_id]}',
     "claim": '{"trainer_id", "batch": batch, "request_id"} -> {"first": bool}',
     "claim_many": '{"trainer_id", "batches": [batch], "request_id"} -> {"first": [bool]}',
     "barrier": '{"trainer_id", "consumed": [batch], "barrier_id"} -> {"snapshot": snapshot | null}',

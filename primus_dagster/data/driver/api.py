@@ -48,6 +48,9 @@ class DriverAPI(Protocol):
     def fail(self, executor_id: str, task_id: str, error: str) -> None:
         """The task failed on this executor (retried until max attempts)."""
 
+    def release(self, executor_id: str, task_ids: list[str]) -> list[str]:
+        """The executor stops without finishing these tasks: hand them out again now (no failure)."""
+
     def claim(self, trainer_id: str, batch: BatchId) -> bool:
         """True when this is the first claim of ``batch`` (the reader yields it), else False (drop it)."""
 

@@ -110,6 +110,9 @@ class DriverClient:
     def fail(self, executor_id: str, task_id: str, error: str) -> None:
         self.call("fail", {"executor_id": executor_id, "task_id": task_id, "error": error})
 
+    def release(self, executor_id: str, task_ids: list[str]) -> list[str]:
+        return list(self.call("release", {"executor_id": executor_id, "task_ids": list(task_ids)})["released"])
+
     def claim(self, trainer_id: str, batch: BatchId) -> bool:
         return bool(self.call("claim", {"trainer_id": trainer_id, "batch": batch_to_dict(batch)})["first"])
 

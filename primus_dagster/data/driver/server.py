@@ -64,6 +64,7 @@ HANDLERS: dict[str, Handler] = {
     "heartbeat": lambda d, b: d.heartbeat(report_from_dict(b["report"])),
     "complete": lambda d, b: d.complete(b["executor_id"], b["task_id"], int(b["rows"]), int(b["batches"])) or {},
     "fail": lambda d, b: d.fail(b["executor_id"], b["task_id"], str(b["error"])) or {},
+    "release": lambda d, b: {"released": d.release(b["executor_id"], [str(t) for t in b["task_ids"]])},
     "claim": lambda d, b: {"first": d.claim(b["trainer_id"], batch_from_dict(b["batch"]))},
     "claim_many": lambda d, b: {"first": d.claim_many(b["trainer_id"], [batch_from_dict(x) for x in b["batches"]])},
     "barrier": lambda d, b: {

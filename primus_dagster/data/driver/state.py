@@ -21,8 +21,10 @@ import functools
 import heapq
 import json
 import os
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -44,8 +46,11 @@ from primus_dagster.data.driver.task_record import (
     TaskRecord,
 )
 from primus_dagster.data.tasks import BatchId, DataTask
+from primus_dagster.spec import DataPlaneSpec
 
 P = ParamSpec("P")
+_DURATION_WINDOW = 256  # completed tasks the straggler median looks at
+_MIN_DURATIONS = 5  # completions before any task counts as a straggler
 R = TypeVar("R")
 _BUSY = frozenset((NEW, PENDING, RUNNING))
 
@@ -89,6 +94,7 @@ class DataDriver:
         trainers: int = 1,
         clock: Callable[[], float] = time.monotonic,
         *,
+        backup_after: float = 0.0,
         pending_window: int = 1024,
     ):
         if max_attempts < 1 or not 0 <= failed_task_threshold <= 1 or lease_s <= 0 or trainers < 1:
@@ -100,6 +106,12 @@ class DataDriver:
         self.failed_task_threshold = failed_task_threshold
         self.lease_s = float(lease_s)
         self.trainers = trainers
+        if backup_after < 0:
+            raise ValueError(
+                f"bad driver config: backup_after={backup_after} (a multiple of the median task time, >= 0)"
+            )
+        self.backup_after = float(backup_after)
+        self._durations: deque[float] = deque(maxlen=_DURATION_WINDOW)  # seconds of recent first-copy completions
         self.pending_window = max(1, pending_window)
         self.source_versions: dict[str, Any] = {}
         self._clock = clock
@@ -115,7 +127,26 @@ class DataDriver:
         self._barriers = BarrierTracker()
         self._delivery = DeliveryWatch()
         self._aborted: str | None = None
-        self._stats = {"rows": 0, "batches": 0, "claimed_batches": 0, "consumed_batches": 0, "consumed_done": 0}
+        self._stats = {
+            "rows": 0,
+            "batches": 0,
+            "claimed_batches": 0,
+            "consumed_batches": 0,
+            "consumed_done": 0,
+            "backups_started": 0,
+            "backups_won": 0,
+        }
+
+    @classmethod
+    def for_job(cls, data: DataPlaneSpec, trainers: int = 1) -> DataDriver:
+        """A driver configured by a job's ``data`` section."""
+        return cls(
+            max_attempts=data.max_attempts,
+            failed_task_threshold=data.failed_task_threshold,
+            lease_s=data.lease.total_seconds(),
+            trainers=trainers,
+            backup_after=data.backup_after,
+        )
 
     # -- task table -------------------------------------------------------------------------
     def _set_state(self, rec: TaskRecord, state: str) -> None:
@@ -203,12 +234,34 @@ class DataDriver:
                 break
             self._set_state(rec, RUNNING)
             rec.attempts += 1
-            rec.owner = executor_id
-            rec.deadline = deadline
+            rec.owner, rec.backup = executor_id, None
+            rec.deadline, rec.started = deadline, self._clock()
             heapq.heappush(self._deadlines, (deadline, rec.attempts, rec.task.task_id))
-            claimed = () if rec.claimed is None else rec.claimed.to_tuple()
-            out.append(Lease(task=rec.task, attempt=rec.attempts, deadline=deadline, claimed_rows=claimed))
+            out.append(self._lease_of(rec, deadline))
+        if not out and (straggler := self._straggler(executor_id)) is not None:
+            straggler.backup = executor_id
+            self._stats["backups_started"] += 1
+            out.append(self._lease_of(straggler, deadline))
         return out
+
+    @staticmethod
+    def _lease_of(rec: TaskRecord, deadline: float) -> Lease:
+        claimed = () if rec.claimed is None else rec.claimed.to_tuple()
+        return Lease(task=rec.task, attempt=rec.attempts, deadline=deadline, claimed_rows=claimed)
+
+    def _straggler(self, executor_id: str) -> TaskRecord | None:
+        """The longest-running task without a backup, held by another executor, running longer than
+        ``backup_after`` times the median task time (None when there is none, or backups are off)."""
+        if not self.backup_after or len(self._durations) < _MIN_DURATIONS:
+            return None
+        limit = self.backup_after * statistics.median(self._durations)
+        now = self._clock()
+        running = (
+            rec
+            for rec in self._tasks.values()
+            if rec.state == RUNNING and rec.backup is None and rec.owner != executor_id and now - rec.started > limit
+        )
+        return min(running, key=lambda rec: rec.started, default=None)
 
     @_api
     def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:
@@ -220,9 +273,9 @@ class DataDriver:
         cancel: list[str] = []
         for task_id in report.running:
             rec = self._tasks.get(task_id)
-            if rec is None or rec.state != RUNNING or rec.owner != report.executor_id:
+            if rec is None or rec.state != RUNNING or report.executor_id not in (rec.owner, rec.backup):
                 cancel.append(task_id)
-            else:
+            elif rec.owner == report.executor_id:
                 rec.deadline = deadline  # the heap entry is moved lazily by _expire_locked
         return {"cancel": cancel, "done": self._done(), "failed": self._job_failed(), "deadline": deadline}
 
@@ -234,8 +287,13 @@ class DataDriver:
         rec = self._get(task_id)
         if rec.state in (SUCCEEDED, FAILED):
             return
+        if rec.state == RUNNING:
+            if executor_id == rec.owner and rec.backup is None:
+                self._durations.append(self._clock() - rec.started)
+            elif executor_id == rec.backup:
+                self._stats["backups_won"] += 1
         self._set_state(rec, SUCCEEDED)
-        rec.owner, rec.rows, rec.batches = executor_id, int(rows), int(batches)
+        rec.owner, rec.backup, rec.rows, rec.batches = executor_id, None, int(rows), int(batches)
         stats = self._stats
         stats["rows"], stats["batches"] = stats["rows"] + rec.rows, stats["batches"] + rec.batches
         stats["consumed_done"] += rec.consumed_done
@@ -259,8 +317,45 @@ class DataDriver:
         """Attempt failed: back to pending, or failed after ``max_attempts`` failures. Ignored when
         ``executor_id`` no longer holds the task (its lost lease was already counted)."""
         rec = self._get(task_id)
-        if rec.state == RUNNING and rec.owner == executor_id:
-            self._retry_or_fail(rec, f"{error} (executor {executor_id}, attempt {rec.attempts})")
+        if rec.state != RUNNING:
+            return
+        if executor_id == rec.backup:
+            rec.backup = None  # the original copy goes on
+        elif executor_id == rec.owner:
+            if rec.backup is not None:
+                self._promote_backup(rec)
+            else:
+                self._retry_or_fail(rec, f"{error} (executor {executor_id}, attempt {rec.attempts})")
+
+    @_api
+    def release(self, executor_id: str, task_ids: Iterable[str]) -> list[str]:
+        """``executor_id`` stops without finishing these tasks (scale-in, shutdown): each goes back
+        to pending at once -- no failure counted, no lease to wait out -- or, with a backup copy
+        running, to that copy. Batches already claimed are skipped when it is read again. Returns
+        the ids released."""
+        released = []
+        for task_id in task_ids:
+            rec = self._tasks.get(task_id)
+            if rec is None or rec.state != RUNNING:
+                continue
+            if executor_id == rec.backup:
+                rec.backup = None
+            elif executor_id == rec.owner:
+                if rec.backup is not None:
+                    self._promote_backup(rec)
+                else:
+                    self._set_state(rec, PENDING)
+                    heapq.heappush(self._pending, rec.task.order_key)
+            else:
+                continue
+            released.append(task_id)
+        return released
+
+    def _promote_backup(self, rec: TaskRecord) -> None:
+        """The original copy is gone (failed, lease expired): the backup copy owns the task now."""
+        rec.owner, rec.backup = rec.backup, None
+        rec.deadline = self._clock() + self.lease_s
+        heapq.heappush(self._deadlines, (rec.deadline, rec.attempts, rec.task.task_id))
 
     @_api
     def executors(self) -> dict[str, ExecutorReport]:
@@ -284,6 +379,9 @@ class DataDriver:
                 continue  # finished, or an older attempt's entry
             if rec.deadline > now:  # extended by a heartbeat: re-file under the new deadline
                 heapq.heappush(heap, (rec.deadline, attempt, task_id))
+                continue
+            if rec.backup is not None:
+                self._promote_backup(rec)
                 continue
             self._retry_or_fail(
                 rec, f"lease expired: executor {rec.owner} sent no heartbeat for {self.lease_s:g}s (attempt {attempt})"
@@ -350,6 +448,7 @@ class DataDriver:
                 "failed_task_threshold": self.failed_task_threshold,
                 "lease_s": self.lease_s,
                 "trainers": self.trainers,
+                "backup_after": self.backup_after,
             },
             "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
         }

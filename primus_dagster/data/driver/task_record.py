@@ -53,6 +53,7 @@ class TaskRecord:
 
     __slots__ = (
         "attempts",
+        "backup",
         "batches",
         "claimed",
         "consumed",
@@ -62,6 +63,7 @@ class TaskRecord:
         "failures",
         "owner",
         "rows",
+        "started",
         "state",
         "task",
     )
@@ -72,6 +74,8 @@ class TaskRecord:
         self.attempts = 0  # times handed out
         self.failures = 0  # failed attempts (fail() or lease expiry); max_attempts of them fail the task
         self.owner: str | None = None  # executor of the current (or last) attempt
+        self.backup: str | None = None  # executor running a backup copy of a straggling attempt
+        self.started = 0.0  # clock when the current attempt was leased
         self.deadline = 0.0
         self.error: str | None = None
         self.rows = 0  # the task's whole output, reported by complete()
@@ -120,6 +124,7 @@ class TaskRecord:
             "attempts": self.attempts,
             "failures": self.failures,
             "owner": self.owner,
+            "backup": self.backup,
             "deadline": self.deadline,
             "error": self.error,
             "rows": self.rows,

@@ -119,6 +119,7 @@ class DataExecutor:
         self.location = self.server.location if self.server else f"inproc://{executor_id}"
         self._lock = threading.Condition()
         self._tasks: dict[str, _TaskRun] = {}
+        self._abandoned: set[str] = set()  # tasks stopped mid-read, to release at close
         self._schema: pa.Schema | None = None
         self._stop = threading.Event()  # lease no more tasks
         self._no_more_work = threading.Event()  # all runners exited: streams end when drained
@@ -160,8 +161,8 @@ class DataExecutor:
             self._lock.notify_all()
 
     def stop(self) -> None:
-        """Lease nothing more and abandon the tasks being read (their leases will expire);
-        already-buffered batches are still served until :meth:`close`."""
+        """Lease nothing more and abandon the tasks being read (released to the driver at
+        :meth:`close`); already-buffered batches are still served until :meth:`close`."""
         self._stop.set()
         self.buffers.wake()
 
@@ -192,8 +193,24 @@ class DataExecutor:
         self._hb_stop.set()
         for t in self._threads:
             t.join(timeout=5)
+        self._release_unfinished()
         if self.server is not None:
             self.server.shutdown()
+
+    def _release_unfinished(self) -> None:
+        """Hand the tasks this executor leased and will not finish back to the driver (a scale-in or
+        shutdown then costs no lease timeout); best effort -- without it the leases expire."""
+        with self._lock:
+            unfinished = sorted({*self._abandoned, *(t for t, run in self._tasks.items() if not run.finished)})
+            self._abandoned.clear()
+        if not unfinished or self.driver_done:
+            return
+        try:
+            released = self.driver.release(self.executor_id, unfinished)
+        except Exception as exc:
+            log.warning("%s: could not release %d unfinished tasks: %s", self.executor_id, len(unfinished), exc)
+            return
+        log.info("%s: released %d unfinished tasks", self.executor_id, len(released))
 
     def __enter__(self) -> DataExecutor:
         return self.start()
@@ -337,10 +354,12 @@ class DataExecutor:
         return None
 
     def _abandon(self, run: _TaskRun) -> None:
-        """Stopped or cancelled mid-read: neither complete nor fail (the lease expires)."""
+        """Stopped or cancelled mid-read: neither complete nor fail (released at :meth:`close`)."""
         with self._lock:
             run.finished = True
             self._tasks.pop(run.lease.task.task_id, None)
+            if not run.cancelled:
+                self._abandoned.add(run.lease.task.task_id)
         task_id = run.lease.task.task_id
         self.buffers.purge(lambda b: b.meta.task_id == task_id)
 

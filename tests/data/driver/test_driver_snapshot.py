@@ -25,7 +25,13 @@ def test_snapshot_json_round_trip_through_file(tmp_path, clock, task_factory):
     snap = json.loads(path.read_text())
     assert snap == json.loads(json.dumps(driver.snapshot()))
     assert snap["barrier_id"] == 3 and snap["source_versions"]["clicks"]["kafka"]["0"] == 42
-    assert snap["config"] == {"max_attempts": 2, "failed_task_threshold": 0.05, "lease_s": 7.0, "trainers": 1}
+    assert snap["config"] == {
+        "max_attempts": 2,
+        "failed_task_threshold": 0.05,
+        "lease_s": 7.0,
+        "trainers": 1,
+        "backup_after": 0.0,
+    }
     restored = DataDriver.load(path, clock=clock)
     assert restored.source_versions == driver.source_versions and restored.max_attempts == 2
     for task in tasks:

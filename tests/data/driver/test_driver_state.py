@@ -287,3 +287,72 @@ def test_abort_fails_the_job_from_outside(clock, task_factory):
     assert driver.heartbeat(ExecutorReport("exec-0", "grpc://x:1"))["failed"]
     with pytest.raises(JobAbortedError, match="disk on fire"):
         driver.raise_if_failed()
+
+
+def _finish_quickly(driver, clock, tasks, executor="fast", seconds=1.0):
+    for task in tasks:
+        [lease] = driver.lease(executor)
+        assert lease.task == task
+        clock.advance(seconds)
+        driver.complete(executor, task.task_id, rows=10, batches=1)
+
+
+def test_a_straggler_gets_a_backup_copy_and_the_first_to_finish_wins(clock, task_factory):
+    driver = DataDriver(clock=clock, lease_s=60, backup_after=6.0)
+    slow_task, *quick = [task_factory(i) for i in range(6)]
+    driver.add_tasks([slow_task, *quick])
+    [slow] = driver.lease("slow")
+    _finish_quickly(driver, clock, quick)  # 5 tasks of 1 s: median 1 s
+    assert driver.lease("fast") == []  # the slow one has run 5 s: not yet 6 x the median
+    clock.advance(5)  # now 10 s > 6 x median
+    [backup] = driver.lease("fast")
+    assert backup.task == slow.task and driver.task_info(slow.task.task_id)["backup"] == "fast"
+    assert driver.lease("third") == []  # one backup per task
+    assert driver.heartbeat(ExecutorReport("fast", "grpc://f:1", running=[slow.task.task_id]))["cancel"] == []
+    driver.complete("fast", slow.task.task_id, rows=10, batches=1)
+    assert driver.status()["backups_started"] == 1 and driver.status()["backups_won"] == 1
+    cancel = driver.heartbeat(ExecutorReport("slow", "grpc://s:1", running=[slow.task.task_id]))["cancel"]
+    assert cancel == [slow.task.task_id]  # the original copy stops: its output is delivered already
+    driver.complete("slow", slow.task.task_id, rows=10, batches=1)  # late: ignored
+    assert driver.task_info(slow.task.task_id)["owner"] == "fast"
+
+
+def test_a_backup_takes_over_when_the_original_copy_dies_and_backups_can_be_off(clock, task_factory):
+    driver = DataDriver(clock=clock, lease_s=60, backup_after=2.0)
+    slow_task, *quick = [task_factory(i) for i in range(6)]
+    driver.add_tasks([slow_task, *quick])
+    [slow] = driver.lease("slow")
+    _finish_quickly(driver, clock, quick)
+    clock.advance(10)
+    [_backup] = driver.lease("fast")
+    driver.fail("fast", slow.task.task_id, "backup copy failed")  # the original goes on, no failure counted
+    assert (
+        driver.task_info(slow.task.task_id)["failures"] == 0 and driver.task_info(slow.task.task_id)["backup"] is None
+    )
+    [again] = driver.lease("fast")
+    assert again.task == slow.task
+    clock.advance(61)  # the original's lease expires: the backup owns the task now, nothing re-queued
+    driver.expire()
+    info = driver.task_info(slow.task.task_id)
+    assert info["owner"] == "fast" and info["state"] == "running" and info["failures"] == 0
+
+    off = DataDriver(clock=clock, lease_s=600, backup_after=0.0)
+    slow_task, *quick = [task_factory(i) for i in range(10, 16)]
+    off.add_tasks([slow_task, *quick])
+    off.lease("slow")
+    _finish_quickly(off, clock, quick)
+    clock.advance(100)
+    assert off.lease("fast") == []
+
+
+def test_release_hands_unfinished_tasks_out_again_without_a_failure(clock, task_factory):
+    driver = DataDriver(clock=clock, lease_s=60)
+    a, b = task_factory(0), task_factory(1)
+    driver.add_tasks([a, b])
+    driver.lease("leaving", max_tasks=2)
+    assert driver.release("someone-else", [a.task_id]) == []
+    assert driver.release("leaving", [a.task_id, b.task_id, "unknown"]) == [a.task_id, b.task_id]
+    info = driver.task_info(a.task_id)
+    assert info["state"] == "pending" and info["failures"] == 0
+    [again, _] = driver.lease("staying", max_tasks=2)  # at once, not after the 60 s lease
+    assert again.task == a and again.attempt == 2

@@ -1,19 +1,24 @@
-"""Kafka source: a topic of JSON samples, partitioned hourly/daily by record timestamp.
+"""Kafka source: a topic of JSON samples, partitioned hourly/daily by record timestamp, or read as a live tail.
 
-Modules: :mod:`.adapter` (``KafkaSource``: partitions, split, read, close; connection and
-config errors), :mod:`.offsets` (time boundaries to offset ranges by binary search over record
-timestamps) and :mod:`.decoding` (record values to Arrow tables, isolating undecodable records).
+Modules: :mod:`.adapter` (``KafkaSource``: partitions, split, read, tail, high watermarks, close;
+connection and config errors), :mod:`.offsets` (time boundaries to offset ranges by binary search
+over record timestamps), :mod:`.tail` (committed offsets to fixed ``[start, stop)`` tasks and lag),
+:mod:`.wire`, :mod:`.protocol` and :mod:`.records` (the native fetch path: Kafka wire protocol on
+sockets, record batches to columns) and :mod:`.decoding` (record values to Arrow tables,
+isolating undecodable records).
 
 Example::
 
     from primus_dagster.data.sources.kafka import KafkaSource
     with KafkaSource(spec, SourceContext(kafka_bootstrap_servers="127.0.0.1:9092")) as src:
         batches = [b for t in src.split(src.partition(hour)) for b in src.read(t)]
+        plan = src.tail(committed)            # TailPlan: tasks up to the high watermarks, lag, next_offsets
 """
 
 from primus_dagster.data.sources.kafka.adapter import MAX_BAD_EXAMPLES, KafkaConfigError, KafkaSource
 from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder, json_schema
 from primus_dagster.data.sources.kafka.offsets import OffsetSearch
+from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, plan_tail
 
 __all__ = [
     "MAX_BAD_EXAMPLES",
@@ -21,5 +26,8 @@ __all__ = [
     "KafkaConfigError",
     "KafkaSource",
     "OffsetSearch",
+    "TailOffsetError",
+    "TailPlan",
     "json_schema",
+    "plan_tail",
 ]

@@ -1,17 +1,22 @@
-"""The Kafka source adapter: time partitions as per-topic-partition offset ranges of JSON records.
+"""The Kafka source adapter: time partitions and live tails as per-topic-partition offset ranges of JSON records.
 
 Each record value is one JSON object (one sample) whose fields are named by the spec's column
 mapping; the record timestamp is the event time (epoch ms) and fills ``ts`` when the JSON has
 no such field. Time partitions map to offsets by a binary search over record timestamps
 (:mod:`.offsets`), which assumes timestamps are **non-decreasing within a topic-partition**.
-Reads use ``assign`` + ``seek`` (no consumer group, no commits) and decode in bulk
-(:mod:`.decoding`); undecodable records are counted, never fatal.
+:meth:`KafkaSource.tail` plans open-ended ranges instead: from committed offsets to the current
+high watermarks (:mod:`.tail`). Reads fetch record batches straight from the partition leaders
+(:mod:`.wire`, no consumer group, no commits), or through kafka-python when the broker speaks
+none of the native client's protocol versions, and decode values in bulk (:mod:`.decoding`);
+undecodable records are counted, never fatal.
 
 Example::
 
     with KafkaSource(spec, SourceContext(kafka_bootstrap_servers="127.0.0.1:9092")) as src:
         part = src.partition(datetime(2026, 11, 29, 10, tzinfo=timezone.utc))
         batches = [b for t in src.split(part) for b in src.read(t)]
+        plan = src.tail({0: 1200, 1: 1187})          # committed offsets -> tasks up to the high watermarks
+        plan.lag, [b for t in plan.tasks for b in src.read(t)]
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 
@@ -38,12 +43,17 @@ from primus_dagster.data.sources.base import (
 )
 from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder
 from primus_dagster.data.sources.kafka.offsets import PROBE_CONSUMER_CONFIG, OffsetSearch
+from primus_dagster.data.sources.kafka.protocol import OFFSET_OUT_OF_RANGE
+from primus_dagster.data.sources.kafka.records import CorruptBatchError, LegacyFormatError, RecordColumns
+from primus_dagster.data.sources.kafka.tail import TailPlan, plan_tail
+from primus_dagster.data.sources.kafka.wire import Fetched, PartitionReader, WireClient, WireError, WireUnsupportedError
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import KafkaSourceSpec
 
 log = logging.getLogger(__name__)
 
 MAX_BAD_EXAMPLES = 10
+Fetcher = Literal["native", "kafka-python"]
 
 
 class KafkaConfigError(ValueError):
@@ -63,11 +73,60 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
 
 
-class KafkaSource(SourceAdapter):
-    """Reads a Kafka topic of JSON samples, partitioned hourly/daily by record timestamp.
+@dataclass
+class _Progress:
+    """Where a task's read has got to: the next offset to fetch and the records fetched but not yet decoded."""
 
-    Not safe for concurrent use from several threads except :meth:`partitions` (locked);
-    overlapping :meth:`read` generators get a consumer each.
+    position: int
+    stop: int
+    chunk: RecordColumns = field(default_factory=RecordColumns)
+
+
+class _RangeReader(Protocol):
+    def fetch(self, offset: int) -> Fetched: ...
+
+    def close(self) -> None: ...
+
+
+class _PollReader:
+    """The kafka-python read path: ``assign`` + ``seek`` + ``poll``, capped so nothing past ``stop`` is unpacked."""
+
+    def __init__(self, consumer: Any, tp: Any, start: int, stop: int, poll_timeout_s: float, max_records: int):
+        self.consumer, self.tp, self.stop = consumer, tp, stop
+        self.poll_ms, self.max_records = int(poll_timeout_s * 1000), max_records
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        self.position = start
+
+    def fetch(self, offset: int) -> Fetched:
+        if offset != self.position:
+            self.consumer.seek(self.tp, offset)
+        # max_records: kafka-python unpacks records lazily, so none past the stop is turned into an object.
+        limit = max(1, min(self.stop - offset, self.max_records))
+        records = self.consumer.poll(timeout_ms=self.poll_ms, max_records=limit).get(self.tp, [])
+        if records and records[-1].offset >= self.stop:  # offsets can skip (compaction, transaction markers)
+            records = [r for r in records if r.offset < self.stop]
+            next_offset = self.stop
+        elif records:
+            next_offset = records[-1].offset + 1
+        else:
+            next_offset = max(offset, min(self.consumer.position(self.tp), self.stop))
+        self.position = next_offset
+        columns = RecordColumns([r.value for r in records], [r.offset for r in records], [r.timestamp for r in records])
+        return Fetched(columns, next_offset, self.consumer.highwater(self.tp))
+
+    def close(self) -> None:
+        return None
+
+
+class KafkaSource(SourceAdapter):
+    """Reads a Kafka topic of JSON samples, partitioned hourly/daily by record timestamp, or its live tail.
+
+    Not safe for concurrent use from several threads except :meth:`partitions`, :meth:`tail` and
+    :meth:`watermarks` (locked); overlapping :meth:`read` generators get a connection each.
+    ``fetcher`` (default: the spec's ``fetcher``, itself ``native``): ``"native"`` reads with
+    :class:`.wire.WireClient` and falls back to kafka-python when the broker speaks none of its
+    versions; ``"kafka-python"`` forces the fallback.
 
     Example::
 
@@ -76,6 +135,8 @@ class KafkaSource(SourceAdapter):
             part.detail["offsets"]                 # {"0": [120, 480], "1": [97, 455]}
             batches = [b for t in src.split(part) for b in src.read(t)]  # canonical Arrow batches
             src.last_read_stats["bad_records"]     # undecodable records skipped in the last task
+            src.high_watermarks()                  # {0: 1250, 1: 1190}
+            plan = src.tail({0: 1200, 1: 1187})    # TailPlan: tasks [1200, 1250) and [1187, 1190), lag
     """
 
     spec: KafkaSourceSpec
@@ -87,16 +148,21 @@ class KafkaSource(SourceAdapter):
         poll_timeout_s: float = 5.0,
         stall_timeout_s: float = 30.0,
         connect_timeout_s: float = 20.0,
+        fetcher: Fetcher | None = None,
     ):
         super().__init__(spec, context)
+        fetcher = fetcher or spec.fetcher
+        if fetcher not in ("native", "kafka-python"):
+            raise ValueError(f"fetcher must be 'native' or 'kafka-python', not {fetcher!r}")
         self.poll_timeout_s, self.stall_timeout_s = poll_timeout_s, stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.fetcher: Fetcher = fetcher
         self._decoder = JsonRecordDecoder(spec)
         self.schema = self._decoder.schema
         self._lock = threading.Lock()
         self._probe: Any = None  # KafkaConsumer for offset search (small fetches)
-        self._reader: Any = None  # KafkaConsumer for reads (poll_max_bytes fetches)
-        self._reader_busy = False
+        self._readers: list[Any] = []  # idle kafka-python consumers for reads (poll_max_bytes fetches)
+        self._wires: list[WireClient] = []  # idle native clients
         self._offset_search = OffsetSearch(poll_timeout_s)
         self.stats: dict[str, int] = {"tasks": 0, "records": 0, "rows": 0, "bad_records": 0}
 
@@ -142,6 +208,14 @@ class KafkaSource(SourceAdapter):
                 f"source {self.spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({exc})"
             ) from exc
 
+    def _probe_consumer(self) -> Any:
+        """The offset-search consumer (call with the lock held)."""
+        if self._probe is None:
+            self._probe = self._consumer(**PROBE_CONSUMER_CONFIG)
+            if self.fetcher == "native" and self._offset_search.wire is None:
+                self._offset_search.wire = WireClient(self.bootstrap_servers.split(","), f"primus-{self.spec.name}")
+        return self._probe
+
     def partitions(self, window: TimeWindow) -> list[Partition]:
         """Offset ranges of each hour/day partition overlapping ``window`` (O(log N) fetches each)."""
         from kafka import TopicPartition
@@ -151,8 +225,7 @@ class KafkaSource(SourceAdapter):
         bounds = [int(t.timestamp() * 1000) for t in [*starts, starts[-1] + step]]
         topic = self.spec.topic
         with self._lock:
-            if self._probe is None:
-                self._probe = self._consumer(**PROBE_CONSUMER_CONFIG)
+            self._probe_consumer()
             ids = self._probe.partitions_for_topic(topic)
             if not ids:
                 return [
@@ -212,23 +285,105 @@ class KafkaSource(SourceAdapter):
                 tasks.append(ReadTask(self.spec.name, partition.start, f"{self.spec.topic}:{p}", s, e, rows=e - s))
         return tasks
 
-    @contextmanager
-    def _reading_consumer(self) -> Iterator[Any]:
-        """The cached reader, or a private one when another read generator holds it."""
+    # -- live tails ------------------------------------------------------------------------------------
+
+    def watermarks(self) -> dict[int, tuple[int, int]]:
+        """``{kafka partition: (first retained offset, high watermark)}`` now; the watermark comes from a fetch.
+
+        ``end_offsets`` is not used for the watermark: some brokers (tansu) under-report it by up to a batch.
+        """
+        from kafka import TopicPartition
+
+        topic = self.spec.topic
         with self._lock:
-            shared, self._reader_busy = not self._reader_busy, True
-        consumer = self._reader if shared else None
-        try:
-            if consumer is None:
-                consumer = self._consumer(max_poll_records=min(self.spec.batch_rows, 65536))
-                if shared:
-                    self._reader = consumer
-            yield consumer
-        finally:
-            if shared:
-                self._reader_busy = False
-            elif consumer is not None:
-                consumer.close()
+            probe = self._probe_consumer()
+            ids = probe.partitions_for_topic(topic)
+            if not ids:
+                raise SourceReadError(topic, f"topic {topic!r} does not exist")
+            out = {}
+            for p in sorted(ids):
+                begin, high, _ = self._offset_search.tail(probe, TopicPartition(topic, p))
+                out[p] = (begin, high)
+        return out
+
+    def high_watermarks(self) -> dict[int, int]:
+        """``{kafka partition: high watermark}`` now: the offset the next produced record will get."""
+        return {p: high for p, (_, high) in self.watermarks().items()}
+
+    def tail(
+        self,
+        from_offsets: dict[int, int] | None = None,
+        max_records_per_partition: int | None = None,
+        skip_deleted: bool = False,
+    ) -> TailPlan:
+        """Plan reading from ``from_offsets`` (committed offsets; default: the first retained) to the high watermarks.
+
+        The stops are fixed now: re-reading a planned task reads exactly the same records, and
+        records produced after planning are left to the next tail. See :func:`.tail.plan_tail`
+        for the offset checks (:class:`.tail.TailOffsetError`) and ``skip_deleted``.
+        """
+        marks = self.watermarks()
+        begins, highs = {p: b for p, (b, _) in marks.items()}, {p: h for p, (_, h) in marks.items()}
+        return plan_tail(
+            self.spec.name,
+            self.spec.topic,
+            begins,
+            highs,
+            from_offsets,
+            self.spec.max_records_per_task,
+            datetime.now(timezone.utc),
+            self.spec.granularity,
+            max_records_per_partition=max_records_per_partition,
+            skip_deleted=skip_deleted,
+        )
+
+    def tail_tasks(self, from_offsets: dict[int, int] | None = None) -> list[ReadTask]:
+        """The read tasks of :meth:`tail` (offsets ``[committed, high watermark)``, split to ``max_records_per_task``)."""
+        return self.tail(from_offsets).tasks
+
+    def lag(self, from_offsets: dict[int, int] | None = None) -> dict[int, int]:
+        """``{kafka partition: records between the committed offset and the high watermark}``."""
+        return self.tail(from_offsets).lag
+
+    # -- reads -----------------------------------------------------------------------------------------
+
+    def _wire(self) -> WireClient:
+        with self._lock:
+            if self._wires:
+                return self._wires.pop()
+        return WireClient(self.bootstrap_servers.split(","), f"primus-{self.spec.name}", timeout_s=30.0)
+
+    def _kafka_python(self) -> Any:
+        with self._lock:
+            if self._readers:
+                return self._readers.pop()
+        return self._consumer(max_poll_records=min(self.spec.batch_rows, 65536))
+
+    def _range_reader(self, task: ReadTask, tp: Any, start: int, stop: int, native: bool) -> tuple[_RangeReader, Any]:
+        """A reader of ``[start, stop)`` and the pooled connection it holds (returned by :meth:`_release`)."""
+        if native:
+            wire = self._wire()
+            reader = PartitionReader(
+                wire, tp.topic, tp.partition, stop, self.spec.poll_max_bytes, retry_s=self.stall_timeout_s
+            )
+            return reader, wire
+        consumer = self._kafka_python()
+        consumer.assign([tp])
+        begin = consumer.beginning_offsets([tp])[tp]
+        if start < begin:
+            self._release(consumer, ok=True)
+            raise SourceReadError(
+                task.uri, f"offsets {start}..{begin} were deleted (retention); the range cannot be read exactly once"
+            )
+        return _PollReader(consumer, tp, start, stop, self.poll_timeout_s, self.spec.batch_rows), consumer
+
+    def _release(self, held: Any, ok: bool) -> None:
+        """Back to the pool when healthy, else closed."""
+        if ok:
+            with self._lock:
+                (self._wires if isinstance(held, WireClient) else self._readers).append(held)
+        else:
+            held.close()
 
     def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
         """Canonical batches of the records in ``[task.start, task.stop)`` of one topic-partition.
@@ -244,8 +399,10 @@ class KafkaSource(SourceAdapter):
         self.stats["tasks"] += 1
         try:
             yield from self._read(task, stats)
-        except KafkaError as exc:
+        except (KafkaError, WireError) as exc:
             raise SourceReadError(task.uri, f"Kafka error after {stats['records']} records: {exc}") from exc
+        except CorruptBatchError as exc:
+            raise SourceReadError(task.uri, f"corrupt record batch after {stats['records']} records: {exc}") from exc
         except SchemaMismatchError as exc:
             raise SourceReadError(task.uri, str(exc)) from exc
         if stats["bad_records"]:
@@ -264,52 +421,68 @@ class KafkaSource(SourceAdapter):
         tp, stop = TopicPartition(topic, int(p)), task.stop
         if stop is None:
             raise SourceReadError(task.uri, "a Kafka read task needs a stop offset")
-        with self._reading_consumer() as consumer:
-            consumer.assign([tp])
-            begin = consumer.beginning_offsets([tp])[tp]
-            if task.start < begin:
-                raise SourceReadError(
-                    task.uri,
-                    f"offsets {task.start}..{begin} were deleted (retention); the range cannot be read exactly once",
-                )
-            consumer.seek(tp, task.start)
-            chunk: list[Any] = []
-            position, last_progress = task.start, time.monotonic()
-            while position < stop:
-                records = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000)).get(tp, [])
-                if not records:
-                    if time.monotonic() - last_progress > self.stall_timeout_s:
-                        raise SourceReadError(
-                            task.uri,
-                            f"no records after offset {position} in "
-                            f"{self.stall_timeout_s:.0f}s (stop {stop}, high watermark "
-                            f"{consumer.highwater(tp)})",
-                        )
-                    continue
-                last_progress = time.monotonic()
-                for r in records:
-                    if r.offset >= stop:
-                        position = stop
-                        break
-                    chunk.append(r)
-                    position = r.offset + 1
-                    if len(chunk) >= self.spec.batch_rows:
-                        yield from self._decode(task, chunk, stats)
-                        chunk = []
-            if chunk:
-                yield from self._decode(task, chunk, stats)
+        native = self.fetcher == "native"
+        progress = _Progress(task.start, stop)
+        while progress.position < stop:
+            reader, held = self._range_reader(task, tp, progress.position, stop, native)
+            ok = False
+            try:
+                yield from self._read_range(task, reader, progress, stats)
+                ok = True
+            except WireUnsupportedError as exc:
+                log.info("%s: %s; reading through kafka-python", task.uri, exc)
+                self.fetcher, native = "kafka-python", False
+            except LegacyFormatError as exc:
+                log.info("%s: %s; reading this task through kafka-python", task.uri, exc)
+                native = False
+            except WireError as exc:
+                if exc.code == OFFSET_OUT_OF_RANGE and 0 <= progress.position < exc.log_start:
+                    raise SourceReadError(
+                        task.uri,
+                        f"offsets {progress.position}..{exc.log_start} were deleted (retention); "
+                        "the range cannot be read exactly once",
+                    ) from exc
+                raise
+            finally:
+                reader.close()
+                self._release(held, ok)
+        while progress.chunk:
+            yield from self._decode(task, progress.chunk.take(self.spec.batch_rows), stats)
 
-    def _decode(self, task: ReadTask, records: list[Any], stats: dict[str, Any]) -> Iterator[pa.RecordBatch]:
-        """Bulk-decode one chunk of consumer records, count the undecodable ones, and yield the rest normalised."""
-        table, bad = self._decoder.decode(records)
+    def _read_range(
+        self, task: ReadTask, reader: _RangeReader, progress: _Progress, stats: dict[str, Any]
+    ) -> Iterator[pa.RecordBatch]:
+        """Fetch from ``progress.position`` to the stop into ``progress.chunk``, decoding every full ``batch_rows``.
+
+        ``progress`` survives an exception, so another reader can continue where this one stopped.
+        """
+        batch_rows, last_progress, stop = self.spec.batch_rows, time.monotonic(), progress.stop
+        while progress.position < stop:
+            fetched = reader.fetch(progress.position)
+            if fetched.next_offset <= progress.position:
+                if time.monotonic() - last_progress > self.stall_timeout_s:
+                    raise SourceReadError(
+                        task.uri,
+                        f"no records after offset {progress.position} in {self.stall_timeout_s:.0f}s "
+                        f"(stop {stop}, high watermark {fetched.high_watermark})",
+                    )
+                continue
+            progress.chunk.extend(fetched.columns)
+            progress.position, last_progress = fetched.next_offset, time.monotonic()
+            while len(progress.chunk) >= batch_rows:
+                yield from self._decode(task, progress.chunk.take(batch_rows), stats)
+
+    def _decode(self, task: ReadTask, records: RecordColumns, stats: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        """Bulk-decode one chunk of records, count the undecodable ones, and yield the rest normalised."""
+        table, bad = self._decoder.decode(records.values, records.timestamps)
         for counter in (stats, self.stats):
             counter["records"] += len(records)
             counter["bad_records"] += len(bad)
         room = max(MAX_BAD_EXAMPLES - len(stats["bad_examples"]), 0)
-        stats["bad_examples"] += [{"offset": records[i].offset, "error": err} for i, err in bad[:room]]
+        stats["bad_examples"] += [{"offset": records.offsets[i], "error": err} for i, err in bad[:room]]
         if table is None:
             return
-        where = f"{task.uri}@{records[0].offset}-{records[-1].offset}"
+        where = f"{task.uri}@{records.offsets[0]}-{records.offsets[-1]}"
         for batch in table.to_batches():
             out = self.normalize(batch, where=where)
             stats["rows"] += out.num_rows
@@ -317,9 +490,10 @@ class KafkaSource(SourceAdapter):
             yield out
 
     def close(self) -> None:
-        """Close the cached consumers."""
+        """Close the cached consumers and connections."""
         with self._lock:
-            consumers, self._probe, self._reader = (self._probe, self._reader), None, None
-        for consumer in consumers:
-            if consumer is not None:
-                consumer.close()
+            held = [self._probe, self._offset_search.wire, *self._readers, *self._wires]
+            self._probe, self._offset_search.wire, self._readers, self._wires = None, None, [], []
+        for item in held:
+            if item is not None:
+                item.close()

@@ -5,7 +5,9 @@ producer-assigned event times of an ordered stream and for LogAppendTime topics)
 ``offsets_for_times`` is not used: the embedded tansu broker ignores timestamps there. High
 watermarks come from a fetch, not from ``end_offsets``, which tansu under-reports. Boundaries
 that have a record at or after them are final and cached, so a second listing only re-reads the
-tails.
+tails. Probe fetches go through the native client (:mod:`.wire`) when one is given: kafka-python
+unpacks a whole producer batch (often a thousand records) into objects to return the few
+records after a probed offset, the native scan only walks it.
 
 Example::
 
@@ -18,7 +20,13 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from primus_dagster.data.sources.kafka.records import LegacyFormatError, RecordColumns, read_batches
+from primus_dagster.data.sources.kafka.wire import WireClient, WireError
+
+log = logging.getLogger(__name__)
 
 # Probes only need offsets and timestamps: small fetches, and no CRC pass over whole batches
 # (pure-Python CRC32C costs ~25 ms per probe without the `crc32c` package).
@@ -44,19 +52,45 @@ class OffsetSearch:
         search.boundary(probe, tp, h10_ms, begin, high) # first offset with ts >= h10_ms (high: none)
     """
 
-    def __init__(self, poll_timeout_s: float) -> None:
+    def __init__(self, poll_timeout_s: float, wire: WireClient | None = None) -> None:
         self.poll_timeout_s = poll_timeout_s
+        self.wire = wire  # native probe fetches when set; kafka-python's consumer otherwise
         self.boundaries: dict[tuple[int, int], int] = {}  # (partition, epoch ms) -> first offset with ts >= it
         self.fetches = 0
+        self._highs: dict[tuple[str, int], int] = {}  # high watermark of the last native fetch
+
+    def _fetch_native(self, wire: WireClient, tp: Any, offset: int) -> list[tuple[int, int]]:
+        cfg = PROBE_CONSUMER_CONFIG
+        pending = wire.send_fetch(
+            tp.topic, tp.partition, offset, cfg["max_partition_fetch_bytes"], cfg["fetch_max_wait_ms"]
+        )
+        part = wire.receive_fetch(pending, tp.topic, tp.partition)
+        self._highs[(tp.topic, tp.partition)] = part.high_watermark
+        cols = RecordColumns()
+        read_batches(part.records, offset, offset + cfg["max_poll_records"], cols, check_crcs=False)
+        return list(zip(cols.offsets, cols.timestamps, strict=True))
 
     def fetch(self, consumer: Any, tp: Any, offset: int) -> list[tuple[int, int]]:
         """``(offset, timestamp)`` of the records at and after ``offset`` returned by one fetch."""
+        self.fetches += 1
+        if self.wire is not None:
+            try:
+                return self._fetch_native(self.wire, tp, offset)
+            except (WireError, LegacyFormatError) as exc:
+                log.info("offset search: native fetch failed (%s); probing through kafka-python", exc)
+                self.wire.close()
+                self.wire = None
         if tp not in consumer.assignment():
             consumer.assign([tp])
         consumer.seek(tp, offset)
-        self.fetches += 1
         records = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000)).get(tp, [])
+        self._highs.pop((tp.topic, tp.partition), None)
         return [(r.offset, r.timestamp) for r in records if r.offset >= offset]
+
+    def highwater(self, consumer: Any, tp: Any) -> int | None:
+        """The high watermark seen by the last :meth:`fetch` of ``tp``."""
+        high = self._highs.get((tp.topic, tp.partition))
+        return high if high is not None else consumer.highwater(tp)
 
     def tail(self, consumer: Any, tp: Any) -> tuple[int, int, int | None]:
         """``(begin offset, true high watermark, timestamp of the last record or None)``.
@@ -72,7 +106,7 @@ class OffsetSearch:
         while True:
             start = max(begin, end - back)
             records = self.fetch(consumer, tp, start)
-            high = consumer.highwater(tp)
+            high = self.highwater(consumer, tp)
             if high is not None and records and records[-1][0] < high - 1:
                 records = self.fetch(consumer, tp, high - 1) or records  # the fetch stopped short of the end
             if records:

@@ -1,0 +1,50 @@
+"""Which pool runs a job's data executors: ``pools.backend`` turned into a ``PooledDataPlane`` setup
+(with the job's ``scaling`` policies as a :class:`~.autoscaler.DataPoolAutoscaler` unless both
+strategies are disabled).
+
+* ``local`` -- :class:`~primus_dagster.cluster.local.LocalPool` processes; the driver listens on
+  loopback;
+* ``kubernetes`` -- :class:`~primus_dagster.cluster.kubernetes.KubernetesPool` pods of
+  ``pools.image`` in ``pools.namespace``, owned by this process's pod when it runs in one
+  (``$HOSTNAME``); the driver listens on this pod's address (``$PRIMUS_DRIVER_HOST``, default the
+  address ``$HOSTNAME`` resolves to) so the executor pods reach it.
+
+Example::
+
+    setup = data_plane_setup(job, run_id=context.run_id)
+    with PooledDataPlane("job.yaml", "/data", tasks, token=token, **setup) as plane:
+        ...
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from primus_dagster.cluster.autoscaler import DataPoolAutoscaler
+from primus_dagster.cluster.pooled_plane import local_data_pool
+from primus_dagster.spec import JobSpec
+
+DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
+
+
+def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
+    """The ``pool_factory`` and ``driver_host`` keyword arguments of a ``PooledDataPlane`` for
+    ``job``'s backend (``run_id`` names and labels the Kubernetes objects of the run)."""
+    scaling = job.scaling
+    controller = DataPoolAutoscaler(job) if scaling.horizontal.enabled or scaling.vertical.enabled else None
+    if job.pools.backend == "local":
+        return {"pool_factory": local_data_pool, "driver_host": "127.0.0.1", "controller": controller}
+    from primus_dagster.cluster.kubernetes import default_namespace, load_core_api, pod_owner
+    from primus_dagster.cluster.kubernetes.plane import kubernetes_pool_factory
+
+    api = load_core_api()
+    pod_name = os.environ.get("HOSTNAME")
+    owner = pod_owner(api, job.pools.namespace or default_namespace(), pod_name) if pod_name else None
+    host = os.environ.get(DRIVER_HOST_ENV) or socket.gethostbyname(socket.gethostname())
+    return {
+        "pool_factory": kubernetes_pool_factory(run_id, owner=owner, api=api),
+        "driver_host": host,
+        "controller": controller,
+    }

@@ -1,0 +1,658 @@
+"""The scaling controller: samples and pool statuses in, one strategy's decisions per tick out.
+
+A :class:`ScalingController` is fed executor :class:`~primus_dagster.cluster.metrics.Sample` s
+(:meth:`~ScalingController.observe`, or :meth:`~ScalingController.observe_batch` for many at once)
+and the pools' current :class:`~primus_dagster.cluster.pool.ExecutorStatus` lists
+(:meth:`~ScalingController.update_status`). :meth:`~ScalingController.tick` returns the
+:class:`~primus_dagster.cluster.policies.ScalingDecision` s of this tick:
+
+* ``oom_restart`` for every executor newly found OOM-killed (failover: every call, no cooldown);
+* at most every ``scaling.interval``, the decisions of **one** strategy (``horizontal`` or
+  ``vertical``; ``enabled: false`` turns one off): the one that wants to act; when both do, they
+  take turns (the one that did not act last goes), and the very first contention goes to vertical
+  if it would raise some executor's memory (an OOM kill is near, and more executors do not help a
+  process that outgrows its memory), else to horizontal;
+* a pool that changed waits ``scaling.cooldown`` before its next change (memory increases
+  excepted: they only ever grow, so they cannot flap).
+
+It never touches a pool: an applier executes the decisions against an
+:class:`~primus_dagster.cluster.pool.ExecutorPool`. Per-executor state lives in numpy arrays so
+that a tick over 1.25 M executors takes well under a second (``bench/scaling_sim.py``).
+``docs/scaling.md`` explains the rules.
+
+Example::
+
+    controller = ScalingController(job.scaling, {"data": job.pools.data, "training": job.pools.training})
+    controller.update_status("data", data_pool.status())
+    controller.observe(sample_from_heartbeat(executor_id, "data", report.metrics, allocated, now=t))
+    for decision in controller.tick():
+        apply(decision)                      # launch / stop / resize / restart on the pool
+    controller.summary()                     # {"actions": 3, "actions_by_kind": {...}, "pools": {...}}
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from primus_dagster.cluster.metrics import DEFAULT_IO_CAPACITY, METRIC_NAMES, MetricsStore, Sample, aggregate
+from primus_dagster.cluster.policies import (
+    RatioRule,
+    ScalingDecision,
+    horizontal_decision,
+    oom_restart_decision,
+    ratio_decision,
+    vertical_allocation,
+    weighted_load,
+)
+from primus_dagster.cluster.pool import FINISHED_STATES, ExecutorPool, ExecutorStatus, Resources, Role, memory_bytes
+from primus_dagster.cluster.supervisor import memory_cap
+from primus_dagster.spec import PoolSpec, ScalingSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    """Knobs of the controller that are not job-spec keys (defaults in ``docs/scaling.md``).
+
+    * ``io_capacity``: bytes/s of one executor that count as ``io`` utilisation 1;
+    * ``ratio``: thresholds of the data/training ratio rule;
+    * ``max_age_s``: samples older than this are stale and ignored (default 3 × ``interval``);
+    * ``min_samples``: samples of an executor before vertical scaling resizes it;
+    * ``max_resizes_per_tick``: resizes in one tick (memory increases first, then the largest);
+    * ``cpu_quantum`` / ``memory_quantum``: allocation granularity (0.1 core; 1 MiB) --
+      the local backend pins whole cores, so use 1.0 there;
+    * ``min_cpu`` / ``min_memory_bytes``: vertical floor; ``cpu_cap_factor``: vertical CPU cap as a
+      multiple of the pool's ``cpu`` (memory is capped by the pool's ``max_memory``);
+    * ``oom_restarts``: emit ``oom_restart`` decisions (turn off where a
+      :class:`~primus_dagster.cluster.supervisor.Supervisor` already restarts OOM-killed executors);
+    * ``log_size`` / ``history_ticks``: bounds of the decision log and the per-tick history;
+    * ``series_samples`` / ``series_age_s``: the per-executor series :meth:`ScalingController.observe` keeps.
+
+    Example::
+
+        ScalingController(job.scaling, pools, options=ControllerOptions(cpu_quantum=1.0, oom_restarts=False))
+    """
+
+    io_capacity: float = DEFAULT_IO_CAPACITY
+    ratio: RatioRule = field(default_factory=RatioRule)
+    max_age_s: float | None = None
+    min_samples: int = 3
+    max_resizes_per_tick: int = 1024
+    cpu_quantum: float = 0.1
+    memory_quantum: int = 1 << 20
+    min_cpu: float = 0.1
+    min_memory_bytes: int = 256 << 20
+    cpu_cap_factor: float = 4.0
+    oom_restarts: bool = True
+    log_size: int = 1000
+    history_ticks: int = 4096
+    series_samples: int = 32
+    series_age_s: float = 600.0
+
+
+_FLOAT_FIELDS = (
+    "alloc_cpu",
+    "alloc_mem",
+    "t_last",
+    "cpu",
+    "rss",
+    "io",
+    "fill",
+    "wait",
+    "rps",
+    "ew_cpu",
+    "ew_mem",
+    "ew_den",
+)
+_NAN_FIELDS = ("io", "fill", "wait")
+
+
+class _PoolState:
+    """Per-executor arrays of one pool; a row per executor id, reused after it leaves."""
+
+    def __init__(self, role: Role, spec: PoolSpec, capacity: int = 64):
+        self.role = role
+        self.spec = spec
+        self.default = Resources(spec.cpu, memory_bytes(spec.memory))
+        self.rows: dict[str, int] = {}
+        self.ids: list[str | None] = []
+        self.free: list[int] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        for name in _FLOAT_FIELDS:
+            self.arrays[name] = np.zeros(capacity)
+        self.n = np.zeros(capacity, dtype=np.int64)
+        self.live = np.zeros(capacity, dtype=bool)
+
+    def col(self, name: str) -> np.ndarray:
+        """The used part of one per-executor array (a view)."""
+        return self.arrays[name][: len(self.ids)]
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def _grow(self) -> None:
+        capacity = 2 * len(self.n)
+        for name, array in self.arrays.items():
+            self.arrays[name] = np.resize(array, capacity)
+        self.n = np.resize(self.n, capacity)
+        self.live = np.resize(self.live, capacity)
+
+    def row(self, executor_id: str) -> int:
+        row = self.rows.get(executor_id)
+        return row if row is not None else int(self.rows_of([executor_id])[0])
+
+    def rows_of(self, executor_ids: Sequence[str]) -> np.ndarray:
+        """The rows of ``executor_ids``, new rows (reset) for ids not seen before."""
+        known = self.rows.get
+        rows = np.fromiter(
+            (r if (r := known(e)) is not None else -1 for e in executor_ids), np.int64, len(executor_ids)
+        )
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            new = []
+            for i in missing.tolist():
+                executor_id = executor_ids[i]
+                row = self.rows.get(executor_id)  # an id twice in one call
+                if row is None:
+                    if self.free:
+                        row = self.free.pop()
+                        self.ids[row] = executor_id
+                    else:
+                        row = len(self.ids)
+                        self.ids.append(executor_id)
+                    self.rows[executor_id] = row
+                    new.append(row)
+                rows[i] = row
+            while len(self.ids) > len(self.n):
+                self._grow()
+            self._reset(np.array(new, dtype=np.int64))
+        return rows
+
+    def _reset(self, rows: np.ndarray) -> None:
+        for name in _FLOAT_FIELDS:
+            self.arrays[name][rows] = np.nan if name in _NAN_FIELDS else 0.0
+        self.arrays["t_last"][rows] = -np.inf
+        self.arrays["alloc_cpu"][rows] = self.default.cpu
+        self.arrays["alloc_mem"][rows] = self.default.memory_bytes
+        self.n[rows] = 0
+        self.live[rows] = False
+
+    def release(self, rows: np.ndarray) -> None:
+        for row in rows.tolist():
+            executor_id = self.ids[row]
+            if executor_id is not None:
+                del self.rows[executor_id]
+                self.ids[row] = None
+                self.free.append(row)
+                self.live[row] = False
+                self.n[row] = 0
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What one tick sees of a pool: live executors, the per-metric aggregates of the fresh
+    samples (by each metric's spec aggregation for ``load``; ``mean`` in ``mean_util``), the load,
+    the mean buffer fill and reader wait."""
+
+    role: Role
+    replicas: int
+    fresh: int
+    load: float | None
+    mean_util: dict[str, float | None]
+    buffer_fill: float | None
+    reader_wait: float | None
+    cores_allocated: float
+    cores_used: float
+
+
+@dataclass
+class _ResizePlan:
+    """The resize candidates of one pool, aligned arrays."""
+
+    role: Role
+    rows: np.ndarray
+    priority: np.ndarray
+    demand_cpu: np.ndarray
+    demand_mem: np.ndarray
+    cur_cpu: np.ndarray
+    cur_mem: np.ndarray
+    new_cpu: np.ndarray
+    new_mem: np.ndarray
+    grow_mem: np.ndarray
+
+
+class ScalingController:
+    """Decides scaling actions from samples and statuses (see the module docstring).
+
+    Example::
+
+        controller = ScalingController(job.scaling, {"data": job.pools.data}, clock=lambda: sim_time)
+        controller.update_status("data", statuses)
+        controller.observe_batch("data", ids, time=t, cpu=cpu_used, rss_bytes=rss, buffer_fill=fill)
+        decisions = controller.tick(t)
+    """
+
+    def __init__(
+        self,
+        scaling: ScalingSpec,
+        pools: Mapping[Role, PoolSpec],
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        options: ControllerOptions | None = None,
+    ):
+        self.scaling = scaling
+        self.pools = dict(pools)
+        self.clock = clock
+        self.options = options or ControllerOptions()
+        self.interval = scaling.interval.total_seconds()
+        self.cooldown = scaling.cooldown.total_seconds()
+        self.max_age = self.options.max_age_s if self.options.max_age_s is not None else 3 * self.interval
+        self._state = {role: _PoolState(role, spec) for role, spec in self.pools.items()}
+        self._memory_cap = {role: memory_cap(spec) for role, spec in self.pools.items()}
+        self._cool_until: dict[Role, float] = dict.fromkeys(self.pools, -math.inf)
+        self._last_tick = -math.inf
+        self._last_strategy: str | None = None
+        self._pending_oom: dict[tuple[str, int], ExecutorStatus] = {}
+        self._handled_oom: set[tuple[str, int]] = set()
+        self.series = MetricsStore(self.options.series_samples, self.options.series_age_s, self.options.io_capacity)
+        self.decision_log: deque[ScalingDecision] = deque(maxlen=self.options.log_size)
+        self.actions: Counter[str] = Counter()
+        self.ticks = 0
+        self.history: dict[Role, deque[tuple[float, int, float | None, dict[str, float | None]]]] = {
+            role: deque(maxlen=self.options.history_ticks) for role in self.pools
+        }
+        self.last_metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------- input
+    def _pool(self, role: Role) -> _PoolState:
+        try:
+            return self._state[role]
+        except KeyError:
+            raise KeyError(f"no pool {role!r} under this controller (pools: {sorted(self._state)})") from None
+
+    def observe(self, sample: Sample) -> None:
+        """One executor sample (kept in :attr:`series` too)."""
+        st = self._pool(sample.role)
+        row = st.row(sample.executor_id)
+        a = st.arrays
+        decay = self.scaling.vertical.history_decay
+        a["alloc_cpu"][row] = sample.allocated.cpu
+        a["alloc_mem"][row] = sample.allocated.memory_bytes
+        a["t_last"][row] = sample.time
+        a["cpu"][row] = sample.cpu
+        a["rss"][row] = sample.rss_bytes
+        a["io"][row] = np.nan if sample.io_bytes_per_s is None else sample.io_bytes_per_s
+        a["fill"][row] = np.nan if sample.buffer_fill is None else sample.buffer_fill
+        a["wait"][row] = np.nan if sample.reader_wait is None else sample.reader_wait
+        a["rps"][row] = sample.rows_per_s
+        a["ew_cpu"][row] = a["ew_cpu"][row] * decay + sample.cpu
+        a["ew_mem"][row] = a["ew_mem"][row] * decay + sample.rss_bytes
+        a["ew_den"][row] = a["ew_den"][row] * decay + 1.0
+        st.n[row] += 1
+        self.series.add(sample)
+
+    def observe_batch(
+        self,
+        role: Role,
+        executor_ids: Sequence[str],
+        *,
+        time: float,
+        cpu: np.ndarray,
+        rss_bytes: np.ndarray,
+        io_bytes_per_s: np.ndarray | None = None,
+        buffer_fill: np.ndarray | None = None,
+        rows_per_s: np.ndarray | None = None,
+        reader_wait: np.ndarray | None = None,
+    ) -> None:
+        """Samples of many executors of ``role`` at ``time`` as arrays aligned with ``executor_ids``
+        (unique; fills and waits clipped to 0..1); allocations come from :meth:`update_status`.
+        Not kept in :attr:`series`."""
+        st = self._pool(role)
+        rows = st.rows_of(executor_ids)
+        a = st.arrays
+        decay = self.scaling.vertical.history_decay
+        cpu = np.asarray(cpu, dtype=float)
+        rss = np.asarray(rss_bytes, dtype=float)
+        a["t_last"][rows] = time
+        a["cpu"][rows] = cpu
+        a["rss"][rows] = rss
+        a["io"][rows] = np.nan if io_bytes_per_s is None else io_bytes_per_s
+        for name, values in (("fill", buffer_fill), ("wait", reader_wait)):
+            a[name][rows] = np.nan if values is None else np.clip(values, 0.0, 1.0)
+        a["rps"][rows] = 0.0 if rows_per_s is None else rows_per_s
+        a["ew_cpu"][rows] = a["ew_cpu"][rows] * decay + cpu
+        a["ew_mem"][rows] = a["ew_mem"][rows] * decay + rss
+        a["ew_den"][rows] = a["ew_den"][rows] * decay + 1.0
+        st.n[rows] += 1
+
+    def update_status(self, role: Role, statuses: Sequence[ExecutorStatus]) -> None:
+        """The pool's current executors (all of them: one missing here has left the pool)."""
+        st = self._pool(role)
+        count = len(statuses)
+        rows = st.rows_of([s.executor_id for s in statuses])
+        seen = np.zeros(st.size, dtype=bool)
+        seen[rows] = True
+        if count < len(st.rows):
+            st.release(np.array([r for r in st.rows.values() if not seen[r]], dtype=np.int64))
+        states = np.array([s.state for s in statuses], dtype=object)
+        st.live[: st.size] = False
+        st.live[rows] = ~np.isin(states, list(FINISHED_STATES))
+        resources = [s.resources for s in statuses]
+        st.arrays["alloc_cpu"][rows] = np.fromiter((r.cpu for r in resources), float, count)
+        st.arrays["alloc_mem"][rows] = np.fromiter((r.memory_bytes for r in resources), float, count)
+        for i in np.flatnonzero(states == "oom_killed").tolist():
+            status = statuses[i]
+            key = (status.executor_id, status.attempt)
+            if key not in self._handled_oom:
+                self._pending_oom[key] = status
+        if len(self.series):
+            for executor_id in self.series.executors(role):
+                if executor_id not in st.rows:
+                    self.series.remove(executor_id)
+
+    # -------------------------------------------------------------------------------------- views
+    def view(self, role: Role, now: float) -> PoolView:
+        """What a tick at ``now`` sees of pool ``role``."""
+        st = self._pool(role)
+        live = st.live[: st.size]
+        fresh = live & (st.n[: st.size] > 0) & (now - st.col("t_last") <= self.max_age)
+        cpu = st.col("cpu")[fresh]
+        values = {
+            "cpu": cpu / st.col("alloc_cpu")[fresh],
+            "memory": st.col("rss")[fresh] / st.col("alloc_mem")[fresh],
+            "io": st.col("io")[fresh] / self.options.io_capacity,
+            "buffer_fill": st.col("fill")[fresh],
+        }
+        spec = self.scaling.horizontal
+        load = weighted_load((m.weight, aggregate(values[m.name], m.aggregation)) for m in spec.metrics)
+        replicas = int(live.sum())
+        wait = aggregate(st.col("wait")[fresh], "mean")
+        if wait is None and replicas == 0:
+            wait = 0.0  # no trainer at all never waits: an idle data pool with full buffers wants trainers
+        return PoolView(
+            role=role,
+            replicas=replicas,
+            fresh=int(fresh.sum()),
+            load=load,
+            mean_util={name: aggregate(values[name], "mean") for name in METRIC_NAMES},
+            buffer_fill=aggregate(values["buffer_fill"], "mean"),
+            reader_wait=wait,
+            cores_allocated=float(st.col("alloc_cpu")[live].sum()),
+            cores_used=float(cpu.sum()),
+        )
+
+    # --------------------------------------------------------------------------------------- tick
+    def due(self, now: float) -> bool:
+        """Whether a tick at ``now`` would decide scaling (``interval`` since the last one)."""
+        return now - self._last_tick >= self.interval
+
+    def tick(
+        self, now: float | None = None, statuses: Mapping[Role, Sequence[ExecutorStatus]] | None = None
+    ) -> list[ScalingDecision]:
+        """This tick's decisions (module docstring); ``statuses``: pools' statuses to take first."""
+        now = self.clock() if now is None else now
+        for role, pool_statuses in (statuses or {}).items():
+            self.update_status(role, pool_statuses)
+        decisions = self._oom_decisions(now)
+        if self.due(now):
+            self._last_tick = now
+            self.ticks += 1
+            views = {role: self.view(role, now) for role in self.pools}
+            chosen = self._decide(views, now)
+            for role in {d.role for d in chosen}:
+                self._cool_until[role] = now + self.cooldown
+            self._record_tick(now, views)
+            decisions += chosen
+        for decision in decisions:
+            log.info("%s", decision.describe())
+            self.decision_log.append(decision)
+            self.actions[decision.kind] += 1
+        return decisions
+
+    def _decide(self, views: Mapping[Role, PoolView], now: float) -> list[ScalingDecision]:
+        cooling = {role for role, until in self._cool_until.items() if now < until}
+        horizontal = self._horizontal(views, cooling, now) if self.scaling.horizontal.enabled else []
+        if self.scaling.vertical.enabled:
+            vertical, urgent = self._vertical(cooling, now)
+        else:
+            vertical, urgent = [], False
+        if horizontal and vertical:
+            # Both want to act: they take turns, so neither starves (in a large pool some executor may
+            # want more memory at nearly every tick); the first contention goes to an OOM-preventing resize.
+            if self._last_strategy == "horizontal" or (self._last_strategy is None and urgent):
+                horizontal = []
+            else:
+                vertical = []
+        chosen = horizontal or vertical
+        if chosen:
+            self._last_strategy = "horizontal" if horizontal else "vertical"
+        return chosen
+
+    def _horizontal(self, views: Mapping[Role, PoolView], cooling: set[Role], now: float) -> list[ScalingDecision]:
+        spec = self.scaling.horizontal
+        if "data" in views and "training" in views:
+            data, training = views["data"], views["training"]
+            ratio = ratio_decision(
+                buffer_fill=data.buffer_fill,
+                trainer_wait=training.reader_wait,
+                data_replicas=data.replicas,
+                training_replicas=training.replicas,
+                data_pool=self.pools["data"],
+                training_pool=self.pools["training"],
+                step=spec.step,
+                scale_up_threshold=spec.scale_up_threshold,
+                data_load=data.load,
+                rule=self.options.ratio,
+                now=now,
+            )
+            if ratio is not None:
+                # The rule couples the two pools: while it holds, the load rule moves neither.
+                return [] if ratio.role in cooling else [self._complete(ratio)]
+        out = []
+        for role, v in views.items():
+            if role in cooling:
+                continue
+            inputs = {f"u_{k}": u for k, u in v.mean_util.items() if u is not None}
+            decision = horizontal_decision(role, v.replicas, v.load, spec, self.pools[role], now=now, inputs=inputs)
+            if decision is not None:
+                out.append(self._complete(decision))
+        return out
+
+    def _complete(self, decision: ScalingDecision) -> ScalingDecision:
+        """Resources of new executors (the pool's median allocation: what vertical scaling learnt,
+        else the spec's); the executors a scale-in stops (the least busy; unsampled ones first)."""
+        st = self._pool(decision.role)
+        live = np.flatnonzero(st.live[: st.size])
+        if decision.kind == "scale_out":
+            if live.size:
+                new = Resources(float(np.median(st.col("alloc_cpu")[live])), int(np.median(st.col("alloc_mem")[live])))
+            else:
+                new = st.default
+            return replace(decision, new=new)
+        k = -decision.delta
+        busy = np.where(st.n[live] > 0, st.col("rps")[live], -1.0)
+        pick = live[np.argsort(busy, kind="stable")[:k]] if k < live.size else live
+        ids = tuple(str(st.ids[r]) for r in pick)
+        return replace(decision, executor_ids=ids, delta=-len(ids))
+
+    def _vertical(self, cooling: set[Role], now: float) -> tuple[list[ScalingDecision], bool]:
+        """Resize decisions (at most ``max_resizes_per_tick``: memory increases first, then by size
+        of change), and whether any is a memory increase."""
+        plans = [plan for role, st in self._state.items() if (plan := self._resizes(st, role in cooling, now))]
+        if not plans:
+            return [], False
+        limit = self.options.max_resizes_per_tick
+        priority = np.concatenate([p.priority for p in plans])
+        cut = -np.partition(-priority, limit - 1)[limit - 1] if priority.size > limit else -np.inf
+        out: list[ScalingDecision] = []
+        urgent = False
+        spec = self.scaling.vertical
+        for plan in plans:
+            st = self._state[plan.role]
+            keep = np.flatnonzero(plan.priority >= cut)
+            for i in keep[np.argsort(-plan.priority[keep], kind="stable")].tolist():
+                if len(out) >= limit:
+                    break
+                row = int(plan.rows[i])
+                grow = bool(plan.grow_mem[i])
+                urgent = urgent or grow
+                reason = (
+                    f"demand {plan.demand_cpu[i]:.2f} cpu, {int(plan.demand_mem[i]) >> 20} MiB "
+                    f"(+{spec.headroom:g} headroom, R_theta {spec.min_change:g})"
+                )
+                out.append(
+                    ScalingDecision(
+                        "resize",
+                        plan.role,
+                        reason + ("; memory near its limit" if grow else ""),
+                        now,
+                        executor_ids=(str(st.ids[row]),),
+                        old=Resources(float(plan.cur_cpu[i]), int(plan.cur_mem[i])),
+                        new=Resources(round(float(plan.new_cpu[i]), 6), int(plan.new_mem[i])),
+                        inputs={
+                            "demand_cpu": float(plan.demand_cpu[i]),
+                            "demand_memory": float(plan.demand_mem[i]),
+                            "cpu_used": float(st.arrays["cpu"][row]),
+                            "rss_bytes": float(st.arrays["rss"][row]),
+                            "samples": float(st.n[row]),
+                        },
+                    )
+                )
+        return out, urgent
+
+    def _resizes(self, st: _PoolState, cooling: bool, now: float) -> _ResizePlan | None:
+        """The executors of one pool that vertical scaling would resize (only memory increases
+        while the pool cools down)."""
+        spec = self.scaling.vertical
+        opts = self.options
+        rows = np.flatnonzero(
+            st.live[: st.size] & (st.n[: st.size] >= opts.min_samples) & (now - st.col("t_last") <= self.max_age)
+        )
+        if rows.size == 0:
+            return None
+        a = st.arrays
+        den = a["ew_den"][rows]
+        demand_cpu = a["ew_cpu"][rows] / den
+        # Memory cannot be throttled, only killed: its demand is never below the latest RSS.
+        demand_mem = np.maximum(a["ew_mem"][rows] / den, a["rss"][rows])
+        cur_cpu, cur_mem = a["alloc_cpu"][rows], a["alloc_mem"][rows]
+        pool = self.pools[st.role]
+        new_cpu, ch_cpu = vertical_allocation(
+            demand_cpu,
+            cur_cpu,
+            headroom=spec.headroom,
+            min_change=spec.min_change,
+            floor=opts.min_cpu,
+            cap=opts.cpu_cap_factor * pool.cpu,
+            quantum=opts.cpu_quantum,
+        )
+        new_mem, ch_mem = vertical_allocation(
+            demand_mem,
+            cur_mem,
+            headroom=spec.headroom,
+            min_change=spec.min_change,
+            floor=opts.min_memory_bytes,
+            cap=self._memory_cap[st.role],
+            quantum=opts.memory_quantum,
+        )
+        grow_mem = ch_mem & (new_mem > cur_mem)
+        sel = np.flatnonzero(grow_mem if cooling else (ch_cpu | ch_mem))
+        if sel.size == 0:
+            return None
+        change = np.maximum(
+            np.abs(new_cpu[sel] - cur_cpu[sel]) / cur_cpu[sel], np.abs(new_mem[sel] - cur_mem[sel]) / cur_mem[sel]
+        )
+        return _ResizePlan(
+            role=st.role,
+            rows=rows[sel],
+            priority=change + np.where(grow_mem[sel], 1e6, 0.0),
+            demand_cpu=demand_cpu[sel],
+            demand_mem=demand_mem[sel],
+            cur_cpu=cur_cpu[sel],
+            cur_mem=cur_mem[sel],
+            new_cpu=new_cpu[sel],
+            new_mem=new_mem[sel],
+            grow_mem=grow_mem[sel],
+        )
+
+    def _oom_decisions(self, now: float) -> list[ScalingDecision]:
+        out = []
+        for key, status in list(self._pending_oom.items()):
+            del self._pending_oom[key]
+            self._handled_oom.add(key)
+            if not self.options.oom_restarts:
+                continue
+            decision = oom_restart_decision(status, self.pools[status.role], self._memory_cap[status.role], now=now)
+            if decision is not None:
+                out.append(decision)
+        return out
+
+    # ------------------------------------------------------------------------------------ records
+    def _record_tick(self, now: float, views: Mapping[Role, PoolView]) -> None:
+        metrics: dict[str, float] = {}
+        for role, v in views.items():
+            self.history[role].append((now, v.replicas, v.load, v.mean_util))
+            metrics[f"scaling/{role}/replicas"] = float(v.replicas)
+            metrics[f"scaling/{role}/cores_allocated"] = v.cores_allocated
+            if v.load is not None:
+                metrics[f"scaling/{role}/load"] = v.load
+            for name, u in v.mean_util.items():
+                if u is not None:
+                    metrics[f"scaling/{role}/util_{name}"] = u
+        for kind in ("scale_out", "scale_in", "resize", "oom_restart"):
+            metrics[f"scaling/actions_{kind}"] = float(self.actions[kind])
+        self.last_metrics = metrics
+
+    def summary(self) -> dict[str, Any]:
+        """Actions by kind, replicas over time and mean utilisation per pool (JSON-able; for run
+        metadata and MLflow)."""
+        pools: dict[str, Any] = {}
+        for role, rows in self.history.items():
+            replicas = [r for _, r, _, _ in rows]
+            loads = [load for _, _, load, _ in rows if load is not None]
+            util: dict[str, float] = {}
+            for name in METRIC_NAMES:
+                values = [v for _, _, _, u in rows if (v := u.get(name)) is not None]
+                if values:
+                    util[name] = round(float(np.mean(values)), 4)
+            pools[role] = {
+                "replicas": replicas[-1] if replicas else None,
+                "replicas_min": min(replicas, default=None),
+                "replicas_max": max(replicas, default=None),
+                "replicas_mean": round(float(np.mean(replicas)), 3) if replicas else None,
+                "load_mean": round(float(np.mean(loads)), 4) if loads else None,
+                "util_mean": util,
+                "replicas_over_time": [[round(t, 3), r] for t, r, _, _ in rows],
+            }
+        return {
+            "ticks": self.ticks,
+            "actions": int(sum(self.actions.values())),
+            "actions_by_kind": dict(self.actions),
+            "pools": pools,
+        }
+
+
+def apply_decision(pools: Mapping[Role, ExecutorPool], decision: ScalingDecision) -> None:
+    """Execute one decision on its pool (any :class:`~primus_dagster.cluster.pool.ExecutorPool`: the
+    live autoscaler and the simulator apply decisions alike)."""
+    pool = pools[decision.role]
+    if decision.kind == "scale_out":
+        pool.launch(decision.delta, decision.new)
+    elif decision.kind == "scale_in":
+        for executor_id in decision.executor_ids:
+            pool.stop(executor_id)
+    elif decision.kind == "resize":
+        assert decision.new is not None
+        pool.resize(decision.executor_ids[0], decision.new)
+    else:
+        pool.restart(decision.executor_ids[0], decision.new)

@@ -1,0 +1,99 @@
+"""The clock-driven alternative to the sensors: a schedule of the training partitions, hourly or daily.
+
+:func:`build_schedules` builds the schedule of the partitioned asset job of the training asset: each
+hour (``training.partition: hour``) or day (``day``) it materialises the training partition that has just
+closed, at an offset of the largest ``label_delay`` of the stream sources (so that the stream copy of the
+window is complete; the offset is capped just below one partition, as a schedule always targets the
+partition that ended last). It is what ``build_schedule_from_partitioned_job`` builds, written out: in
+Dagster 1.13 that helper calls its own deprecated ``run_request_for_partition`` at every tick.
+
+Schedules suit data that lands on time. A schedule does not look at the data: a window whose inputs are
+late fails (no ready data), and one whose predecessor was not trained fails or starts fresh as
+``automation.cold_start`` says. The sensors (:mod:`~primus_dagster.dagster_defs.sensors`) wait for the
+inputs instead and are what the reference deployment turns on; the schedule is defined there stopped, to
+be turned on in the UI (or ``dagster schedule start``) where a fixed clock is wanted. Source assets get
+no schedule: their data lands on the storage system's clock, which the batch sensor follows.
+
+Example::
+
+    schedules = build_schedules(job)                       # [ctr_demo_training_schedule], STOPPED
+    defs = build_definitions(job, job_path="job.yaml", schedules=schedules)
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    DefaultScheduleStatus,
+    RunRequest,
+    ScheduleDefinition,
+    ScheduleEvaluationContext,
+    SkipReason,
+    define_asset_job,
+    schedule,
+)
+
+from primus_dagster.dagster_defs.training_asset import training_asset_name, training_partitions_def
+from primus_dagster.spec import JobSpec, granularity_step
+
+AssetJob = Any
+"""What ``define_asset_job`` returns (an unresolved asset job; Dagster does not export its class)."""
+_TRAINING_JOBS: dict[tuple[str, AssetKey, str], AssetJob] = {}
+
+
+def schedule_offset(job: JobSpec) -> timedelta:
+    """How long after a training window closes its schedule fires: the largest stream-source
+    ``label_delay``, in whole minutes, capped one minute below the partition length."""
+    delays = [s.label_delay for _, s in job.dataset.all_sources() if s.kind == "stream"]
+    minutes = math.ceil(max(delays, default=timedelta(0)) / timedelta(minutes=1))
+    cap = granularity_step(job.training.partition) - timedelta(minutes=1)
+    return min(timedelta(minutes=minutes), cap)
+
+
+def training_asset_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJob:
+    """``<job>_training_job``: the partitioned asset job of the training asset (the schedule's and the
+    sensors' target: one object per job and prefix, as Dagster refuses two definitions of one job)."""
+    key = AssetKey([*(key_prefix or []), training_asset_name(job)])
+    name = f"{job.name.replace('-', '_')}_training_job"
+    cache_key = (name, key, job.training.partition)
+    if cache_key not in _TRAINING_JOBS:
+        _TRAINING_JOBS[cache_key] = define_asset_job(
+            name,
+            selection=AssetSelection.assets(key),
+            description=f"The training partitions of job `{job.name}`, one per {job.training.partition}.",
+        )
+    return _TRAINING_JOBS[cache_key]
+
+
+def build_schedules(
+    job: JobSpec,
+    key_prefix: list[str] | None = None,
+    default_status: DefaultScheduleStatus = DefaultScheduleStatus.STOPPED,
+) -> list[ScheduleDefinition]:
+    """The training schedule of ``job`` (module docstring), in a list as ``build_definitions`` takes it."""
+    offset = schedule_offset(job)
+    hours, minutes = divmod(int(offset / timedelta(minutes=1)), 60)
+    partitions = training_partitions_def(job)
+    cron = f"{minutes} {hours} * * *" if job.training.partition == "day" else f"{minutes} * * * *"
+
+    @schedule(
+        name=f"{job.name.replace('-', '_')}_training_schedule",
+        cron_schedule=cron,
+        execution_timezone="UTC",
+        job=training_asset_job(job, key_prefix),
+        default_status=default_status,
+        description=f"Each {job.training.partition}, {offset} after it closes: train job `{job.name}`'s partition.",
+    )
+    def _training_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        closed = partitions.get_partition_keys(current_time=context.scheduled_execution_time)
+        if not closed:
+            return SkipReason("no training partition has closed yet")
+        key = closed[-1]
+        return RunRequest(run_key=key, partition_key=key, tags={"primus/trigger": "training schedule"})
+
+    return [_training_schedule]

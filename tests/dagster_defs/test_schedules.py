@@ -1,0 +1,85 @@
+"""The training schedule (cron from the partition and the stream's label delay, the partition that just
+closed) and the reference deployment's automation: sensors on, the schedule offered but stopped."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions, build_schedule_context
+
+from primus_dagster.dagster_defs import build_definitions, build_schedules, build_sensors
+from primus_dagster.dagster_defs.schedules import schedule_offset
+from primus_dagster.spec import JobSpec, parse_job_spec
+
+
+def job_for(partition: str, stream_label_delay: str) -> JobSpec:
+    return parse_job_spec(f"""
+name: sched
+dataset:
+  start: 2026-11-01
+  streams:
+    - name: history
+      sources: [{{name: imp, type: parquet, kind: batch, label_delay: 24h, path: imp, columns: {{ts: t, dense: [d]}}}}]
+    - name: live
+      window: 1h
+      sources:
+        - {{name: ev, type: kafka, kind: stream, topic: ev, label_delay: {stream_label_delay}, columns: {{ts: t, dense: [d]}}}}
+training: {{mode: mixed, partition: {partition}, batch_lag: 24h}}
+""")
+
+
+@pytest.mark.parametrize(
+    "partition,delay,cron",
+    [
+        ("day", "15m", "15 0 * * *"),
+        ("day", "90m", "30 1 * * *"),
+        ("hour", "15m", "15 * * * *"),
+        ("hour", "3h", "59 * * * *"),
+    ],
+)
+def test_the_schedule_fires_after_the_stream_label_delay(partition: str, delay: str, cron: str) -> None:
+    job = job_for(partition, delay)
+    (schedule,) = build_schedules(job)
+    assert schedule.cron_schedule == cron and schedule.execution_timezone == "UTC"
+    assert schedule.default_status == DefaultScheduleStatus.STOPPED and schedule.job_name == "sched_training_job"
+    assert schedule_offset(job).total_seconds() == int(cron.split()[0]) * 60 + (
+        int(cron.split()[1]) * 3600 if partition == "day" else 0
+    )
+
+
+def test_a_tick_asks_for_the_partition_that_just_closed() -> None:
+    job = job_for("day", "15m")
+    (schedule,) = build_schedules(job)
+    with build_schedule_context(scheduled_execution_time=datetime(2026, 11, 5, 0, 15, tzinfo=timezone.utc)) as context:
+        request = schedule(context)
+    assert request.partition_key == "2026-11-04" and request.tags["primus/trigger"] == "training schedule"
+    # The first training partition is 2026-11-02 (24h batch lag): nothing closed before it.
+    with build_schedule_context(scheduled_execution_time=datetime(2026, 11, 2, 0, 15, tzinfo=timezone.utc)) as context:
+        assert "no training partition has closed yet" in schedule(context).skip_message
+
+
+def test_schedules_and_sensors_load_with_the_job(tmp_path) -> None:
+    job = job_for("hour", "15m")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(job.model_dump_json())
+    defs = build_definitions(spec, sensors=build_sensors(job), schedules=build_schedules(job))
+    Definitions.validate_loadable(defs)
+    repo = defs.get_repository_def()
+    assert {j.name for j in repo.get_all_jobs()} >= {"sched_training_job", "sched_files_hour_job", "sched_ev_hour_job"}
+
+
+def test_the_reference_deployment_runs_its_sensors_and_offers_the_schedule() -> None:
+    import definitions
+
+    from sensors import SCHEDULES, SENSORS
+
+    Definitions.validate_loadable(definitions.defs)
+    assert {s.name: s.default_status for s in SENSORS} == {
+        "ctr_demo_batch_sensor": DefaultSensorStatus.RUNNING,
+        "ctr_demo_events_kafka_stream_sensor": DefaultSensorStatus.RUNNING,
+    }
+    assert [(s.name, s.default_status) for s in SCHEDULES] == [
+        ("ctr_demo_training_schedule", DefaultScheduleStatus.STOPPED)
+    ]
+    assert all(s.minimum_interval_seconds == 30 for s in SENSORS)  # automation.sensor_interval

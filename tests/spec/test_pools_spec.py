@@ -1,0 +1,80 @@
+"""``pools.backend`` / ``pools.namespace`` / ``pools.image``: the kubernetes keys are live, and rejected where
+they could do nothing (``backend: local``), naming the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from primus_dagster.spec import PoolsSpec, SpecError, load_job_spec, parse_job_spec
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "job.yaml"
+
+
+def with_pools(pools: str) -> str:
+    text = EXAMPLE.read_text()
+    assert "pools:\n  backend: local\n" in text
+    return text.replace("pools:\n  backend: local\n", f"pools:\n{pools}")
+
+
+def problems(text: str) -> dict[str, str]:
+    with pytest.raises(SpecError) as err:
+        parse_job_spec(text)
+    return {path.split(" (line")[0]: message for path, message in err.value.problems}
+
+
+def test_local_is_the_default_without_kubernetes_keys() -> None:
+    pools = load_job_spec(EXAMPLE).pools
+    assert (pools.backend, pools.namespace, pools.image) == ("local", None, None)
+    assert PoolsSpec() == PoolsSpec(backend="local")
+
+
+def test_kubernetes_takes_image_and_namespace() -> None:
+    job = parse_job_spec(with_pools("  backend: kubernetes\n  image: registry.example/primus:1.0\n  namespace: ml\n"))
+    assert (job.pools.backend, job.pools.image, job.pools.namespace) == (
+        "kubernetes",
+        "registry.example/primus:1.0",
+        "ml",
+    )
+    # Without a namespace the pods go where the run runs (resolved by the pool).
+    assert parse_job_spec(with_pools("  backend: kubernetes\n  image: img:1\n")).pools.namespace is None
+
+
+def test_kubernetes_requires_an_image() -> None:
+    found = problems(with_pools("  backend: kubernetes\n"))
+    assert list(found) == ["pools.image"]
+    assert "required when pools.backend is kubernetes" in found["pools.image"]
+
+
+@pytest.mark.parametrize("key,value", [("image", "img:1"), ("namespace", "ml")])
+def test_kubernetes_keys_are_rejected_with_the_local_backend(key: str, value: str) -> None:
+    found = problems(with_pools(f"  backend: local\n  {key}: {value}\n"))
+    assert list(found) == [f"pools.{key}"]
+    assert f"only the kubernetes backend uses pools.{key}" in found[f"pools.{key}"]
+    # The same without naming the backend: local is the default.
+    assert list(problems(with_pools(f"  {key}: {value}\n"))) == [f"pools.{key}"]
+
+
+@pytest.mark.parametrize(
+    "pools,path",
+    [
+        ("  backend: kubernetes\n  image: img:1\n  namespace: Team_ML\n", "pools.namespace"),
+        ("  backend: kubernetes\n  image: img:1\n  namespace: " + "n" * 64 + "\n", "pools.namespace"),
+        ("  backend: kubernetes\n  image: 'has space'\n", "pools.image"),
+        ("  backend: k8s\n  image: img:1\n", "pools.backend"),
+    ],
+)
+def test_malformed_values_name_their_key(pools: str, path: str) -> None:
+    assert path in problems(with_pools(pools))
+
+
+def test_the_rule_holds_for_models_built_in_code() -> None:
+    with pytest.raises(ValidationError, match=r"required when pools\.backend is kubernetes"):
+        PoolsSpec(backend="kubernetes")
+    with pytest.raises(ValidationError, match=r"only the kubernetes backend uses pools\.image"):
+        PoolsSpec(image="img:1")
+    pools = PoolsSpec(backend="kubernetes", image="img:1")
+    with pytest.raises(ValidationError, match="required"):
+        pools.image = None  # assignments are validated too
