@@ -66,6 +66,7 @@ from kubernetes.client import (
 )
 
 from primus_dagster.cluster.pool import Resources, Role, memory_quantity
+from primus_dagster.data import ExecutorConfig
 
 MAX_NAME = 63
 #: The API server appends 5 random characters to a ``generateName`` prefix.
@@ -339,40 +340,25 @@ class DataExecutorArgs:
 
     def argv(self) -> list[str]:
         """The arguments (no token: it comes from ``$PRIMUS_DATA_TOKEN``); shared memory is off,
-        since readers never share a pod's memory."""
-        out = [
-            "--driver",
-            f"$({ENV_DRIVER})",
-            "--executor-id",
-            f"$({ENV_EXECUTOR_ID})",
-            "--executor-index",
-            f"$({ENV_EXECUTOR_INDEX})",
-            "--job-spec",
-            self.job_spec,
-            "--data-root",
-            self.data_root,
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(self.port),
-            "--advertise",
-            f"$({ENV_POD_IP})",
-            "--drain-s",
-            str(self.drain_s),
-            "--linger-s",
-            str(self.linger_s),
-            "--log-level",
-            self.log_level,
-        ]
-        optional = {
-            "--trainers": self.trainers,
-            "--kafka-bootstrap": self.kafka_bootstrap,
-            "--heartbeat-s": self.heartbeat_s,
-        }
-        for flag, value in optional.items():
-            if value is not None:
-                out += [flag, str(value)]
-        return [*out, "--no-shm"]
+        since readers never share a pod's memory. The executor's own :meth:`ExecutorConfig.argv`
+        with the per-pod values as ``$(VAR)`` references the container runtime expands."""
+        config = ExecutorConfig(
+            driver=f"$({ENV_DRIVER})",
+            executor_id=f"$({ENV_EXECUTOR_ID})",
+            job_spec=self.job_spec,
+            data_root=self.data_root,
+            host="0.0.0.0",
+            port=self.port,
+            advertise=f"$({ENV_POD_IP})",
+            trainers=self.trainers,
+            kafka_bootstrap=self.kafka_bootstrap,
+            heartbeat_s=self.heartbeat_s,
+            drain_s=self.drain_s,
+            linger_s=self.linger_s,
+            log_level=self.log_level,
+            shm=False,
+        )
+        return [*config.argv(), "--executor-index", f"$({ENV_EXECUTOR_INDEX})"]
 
 
 def data_executor_container(
