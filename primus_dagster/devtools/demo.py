@@ -81,6 +81,13 @@ def run_demo(args: argparse.Namespace) -> int:
         "-m definitions --select impressions_parquet --partition "
         f"{job.dataset.start:%Y-%m-%d-%H:%M}[/] (needs the broker for Kafka assets)."
     )
+    next_day = job.dataset.start + timedelta(days=2)
+    console.print(
+        "Watch training follow new data: [bold]make dev[/] (UI and daemon; the batch and stream sensors are on), "
+        "then, with the broker running ([bold].venv/bin/primus-dagster-dev broker --detach[/]), write more hours: "
+        f"[bold].venv/bin/primus-dagster synth --spec {args.spec} --start {next_day:%Y-%m-%d} --days 1[/] -- the "
+        "source partitions are scanned and the training partitions materialise by themselves, in order."
+    )
     return 0
 
 
