@@ -146,10 +146,11 @@ class DataPlaneSpec(StrictModel):
     )
     buffer_batches: int = Field(default=8, ge=1, description="Per-executor buffer before backpressure.")
     backup_after: float = Field(
-        default=3.0,
+        default=0.0,
         ge=0,
         description="An idle executor gets a backup copy of a task running longer than this many times the "
-        "median task time; the first copy to finish is delivered (0: no backup copies).",
+        "median task time; the first copy to finish is delivered (0, the default: no backup copies -- a "
+        "task also runs long while its batches wait for a slow trainer, and copying those only re-reads).",
     )
 
 
