@@ -15,32 +15,17 @@ import pytest
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import JobAbortedError
 from primus_dagster.spec import parse_job_spec
-from tests.data.executor.datakit import plan, write_tree
+from tests.data.executor.datakit import job_text, plan, write_tree
 
 pytestmark = pytest.mark.integration
 
 
 def job_file(tmp_path: Path, restart: str, max_restarts: int = 2, replicas: int = 2) -> Path:
     spec = tmp_path / "job.yaml"
-    spec.write_text(f"""
-name: pooled
-pools:
-  data: {{replicas: {replicas}, max_replicas: 4, task_runners: 1, restart: {restart}, max_restarts: {max_restarts},
-          memory: 1Gi}}
-data: {{buffer_batches: 2, lease: 3s}}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: history
-      window: 2h
-      shuffle: rebalance
-      sources:
-        - name: src
-          type: parquet
-          path: pq
-          batch_rows: 50
-          columns: {{ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}}
-""")
+    pool = f"max_replicas: 4, restart: {restart}, max_restarts: {max_restarts}, memory: 1Gi"
+    spec.write_text(
+        job_text(batch_rows=50, buffer_batches=2, task_runners=1, lease="3s", replicas=replicas, data_pool=pool)
+    )
     return spec
 
 
@@ -99,29 +84,15 @@ def test_the_data_pool_scales_out_under_load_and_in_when_idle_and_delivers_once(
 
     ids = write_tree(tmp_path, hours=2, files=8, rows=3000)
     spec = tmp_path / "job.yaml"
-    spec.write_text("""
-name: scaled
-pools:
-  data: {replicas: 1, min_replicas: 1, max_replicas: 3, task_runners: 1, memory: 1Gi}
-data: {buffer_batches: 2, lease: 3s}
-scaling:
+    scaling = """scaling:
   interval: 0.3s
   cooldown: 0.6s
   horizontal: {metrics: [{name: cpu, weight: 1}], scale_up_threshold: 0.15, scale_down_threshold: 0.05, step: 1}
-  vertical: {enabled: false}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: history
-      window: 2h
-      shuffle: rebalance
-      sources:
-        - name: src
-          type: parquet
-          path: pq
-          batch_rows: 100
-          columns: {ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}
-""")
+  vertical: {enabled: false}"""
+    pool = "min_replicas: 1, max_replicas: 3, memory: 1Gi"
+    spec.write_text(
+        job_text(batch_rows=100, buffer_batches=2, task_runners=1, lease="3s", data_pool=pool, top_level=scaling)
+    )
     job = parse_job_spec(spec.read_text())
     tasks = plan(job, tmp_path, hours=2)
     scaler = DataPoolAutoscaler(job)

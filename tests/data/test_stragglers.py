@@ -10,31 +10,23 @@ import pytest
 
 from primus_dagster.data import LocalDataPlane
 from primus_dagster.spec import parse_job_spec
-from tests.data.executor.datakit import plan, write_tree
+from tests.data.executor.datakit import job_text, plan, write_tree
 
 pytestmark = pytest.mark.integration
 
 
 def spec_file(tmp_path: Path, backup_after: float) -> Path:
     spec = tmp_path / "job.yaml"
-    spec.write_text(f"""
-name: stragglers
-pools:
-  data: {{replicas: 2, task_runners: 1}}
-data: {{buffer_batches: 2, lease: 20s, backup_after: {backup_after}}}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: history
-      window: 2h
-      shuffle: rebalance
-      sources:
-        - name: src
-          type: parquet
-          path: pq
-          batch_rows: 50
-          columns: {{ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}}
-""")
+    spec.write_text(
+        job_text(
+            batch_rows=50,
+            buffer_batches=2,
+            task_runners=1,
+            lease="20s",
+            replicas=2,
+            data_plane=f"backup_after: {backup_after}",
+        )
+    )
     return spec
 
 

@@ -76,7 +76,13 @@ def job_text(
     shuffle: str = "rebalance",
     lease: str = "4s",
     stream_source: bool = False,
+    replicas: int = 1,
+    data_pool: str = "",
+    data_plane: str = "",
+    top_level: str = "",
 ) -> str:
+    """A job of one Parquet source ``src`` at ``pq`` (and a stream source ``live`` at ``live``);
+    ``data_pool`` / ``data_plane`` add keys to ``pools.data`` / ``data``, ``top_level`` whole sections."""
     extra = ""
     if stream_source:
         extra = f"""
@@ -94,9 +100,10 @@ def job_text(
     return f"""
 name: exec-test
 pools:
-  data: {{replicas: 1, task_runners: {task_runners}}}
+  data: {{replicas: {replicas}, task_runners: {task_runners}{", " + data_pool if data_pool else ""}}}
   training: {{replicas: {trainers}, max_replicas: {max(trainers, 1)}}}
-data: {{buffer_batches: {buffer_batches}, lease: {lease}}}
+data: {{buffer_batches: {buffer_batches}, lease: {lease}{", " + data_plane if data_plane else ""}}}
+{top_level}
 dataset:
   start: 2026-11-01
   streams:
