@@ -20,12 +20,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from locationkit import DAGSTER, REPO, reference_env
 
 from primus_dagster.ports import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-DAGSTER = str(Path(sys.executable).with_name("dagster"))
-PRIMUS = str(Path(sys.executable).with_name("primus-dagster"))
 
 pytestmark = pytest.mark.integration
 
@@ -33,27 +30,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def world_env(tmp_path_factory: pytest.TempPathFactory, kafka_broker) -> dict[str, str]:
     home = tmp_path_factory.mktemp("primus_home")
-    env = dict(os.environ)
-    env.update(
-        {
-            "PRIMUS_HOME": str(home),
-            "PRIMUS_DATA_ROOT": str(home / "data"),
-            "DAGSTER_HOME": str(home / "dagster_home"),
-            "PRIMUS_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
-        }
-    )
-    (home / "dagster_home").mkdir()
-    (home / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    subprocess.run(
-        [PRIMUS, "synth", "--spec", "examples/job.yaml", "--hours", "2", "--rows-per-hour", "300"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    return env
+    return reference_env(home, kafka_broker.bootstrap_servers, hours=2, rows_per_hour=300, timeout=240)
 
 
 @pytest.mark.parametrize(

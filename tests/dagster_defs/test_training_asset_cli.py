@@ -5,16 +5,12 @@ processes, the embedded Kafka-compatible broker), then the model back from MLflo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-DAGSTER = str(Path(sys.executable).with_name("dagster"))
-PRIMUS = str(Path(sys.executable).with_name("primus-dagster"))
+from locationkit import DAGSTER, REPO, reference_env
 
 pytestmark = pytest.mark.integration
 
@@ -46,28 +42,10 @@ print(json.dumps({"meta": meta, "checkpoints": checkpoints, "scored": int(scores
 
 
 def test_dagster_asset_materialize_trains_and_mlflow_holds_a_loadable_model(tmp_path: Path, kafka_broker) -> None:
-    home = tmp_path / "primus_home"
-    env = dict(os.environ)
-    env.update(
-        {
-            "PRIMUS_HOME": str(home),
-            "PRIMUS_DATA_ROOT": str(home / "data"),
-            "DAGSTER_HOME": str(home / "dagster_home"),
-            "PRIMUS_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
-        }
-    )
-    (home / "dagster_home").mkdir(parents=True)
-    (home / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     # Two days and two hours: day 1 (batch, lagged 24 h), day 2 (stream), an evaluation hour, and
     # one more hour so the stream has moved past the evaluation hour.
-    subprocess.run(
-        [PRIMUS, "synth", "--spec", "examples/job.yaml", "--hours", "50", "--rows-per-hour", "150"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=400,
+    env = reference_env(
+        tmp_path / "primus_home", kafka_broker.bootstrap_servers, hours=50, rows_per_hour=150, timeout=400
     )
     proc = subprocess.run(
         [
@@ -89,7 +67,7 @@ def test_dagster_asset_materialize_trains_and_mlflow_holds_a_loadable_model(tmp_
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = subprocess.run(
-        [sys.executable, "-c", READ_BACK, str(home / "data")],
+        [sys.executable, "-c", READ_BACK, env["PRIMUS_DATA_ROOT"]],
         cwd=REPO,
         env=env,
         capture_output=True,
