@@ -24,24 +24,25 @@ its 1-rank figure is below part 1's.
    the same rows from in-memory tensors (the ceiling), per CPU-second of this process.
    ``pipeline_ratio`` = pipeline / in_memory, **both per CPU-second**; the wall-clock figures
    (``pipeline_wall_samples_per_s``, ``in_memory_wall_samples_per_s``) are reported beside them.
-3. ``ddp_speedup``: aggregate samples per wall-second of 2 DDP ranks x 1 thread over 1 rank x 1
-   thread (gloo group of world_size 2 vs 1, :func:`run_ddp_in_memory`, the real DDP wrapper and round
-   protocol of ``primus_dagster.training.distributed``), each rank training from in-memory tensors:
-   MTRM on the micro-batches of part 1, dealt to the ranks in (batch, stream) pairs so both ranks
-   train the same tower in a round; same total rows. Only the training loop after 5 warm-up rounds is
-   timed (not process start). ``ddp_cpu_per_sample_ratio``: CPU-seconds per sample of the 2 ranks
-   (every thread) over 1 rank's -- what DDP adds; on this 2-core machine the speedup cannot exceed
-   ``2 / ratio``, and less when other processes run. Below 1.6 the bench prints why: the bytes the
-   comm hook allreduces per step (the trained tower's parameters -- its dense 100000 x 16 embedding
-   gradient dominates; the other tower is not sent), the seconds of one such allreduce alone vs
-   the compute of a step (``ddp_allreduce_*``, ``ddp_compute_s_per_step``); and it repeats the
-   measurement with ``--small-buckets`` hash buckets (``ddp_speedup_small_table``). The load
-   average at start and end is in "detail": wall-clock figures are only as good as the machine
-   is quiet.
+3. ``ddp_speedup``: aggregate samples per wall-second of 2 ranks x 1 thread over 1 rank x 1 thread
+   (gloo group of world_size 2 vs 1, :func:`run_ddp_in_memory`: the round protocol of
+   ``primus_dagster.training.distributed`` that multi-trainer jobs run) with the **row-sparse
+   gradient exchange** (sparse embedding gradients, the touched rows all-gathered, SparseAdam; a
+   group of 1 exchanges nothing: it is a single trainer), each rank training from in-memory
+   tensors: MTRM on the micro-batches of part 1, dealt to the ranks in (batch, stream) pairs so both
+   ranks train the same tower in a round; same total rows. Only the training loop after 5 warm-up
+   rounds is timed (not process start). ``ddp_exchange_bytes_per_step``: bytes one rank puts into
+   the exchange's collectives per round. ``ddp_cpu_per_sample_ratio``: CPU-seconds per sample of
+   the 2 ranks (every thread) over 1 rank's -- what the group adds; on this 2-core machine the
+   speedup cannot exceed ``2 / ratio``, and less when other processes run.
+   ``ddp_speedup_dense_allreduce``: the same with DDP's dense all-reduce of the trained tower
+   (its dense 100000 x 16 embedding gradient: 6.4 MB a step; ``ddp_dense_allreduce_bytes_per_step``),
+   the exchange before the row-sparse one. The load average at start and end is in "detail":
+   wall-clock figures are only as good as the machine is quiet.
 
 Last line: {"bench": "train_throughput", "mtrm_samples_per_s", "single_samples_per_s",
 "mtrm_overhead_ratio", "pipeline_samples_per_s", "in_memory_samples_per_s", "pipeline_ratio",
-"ddp_speedup", ...details}
+"ddp_speedup", "ddp_exchange_bytes_per_step", "ddp_speedup_dense_allreduce", ...details}
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from primus_dagster.data import Batch, LocalDataPlane, Normalizer, Planner, Sour
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.distributed import RankResult, run_ddp_in_memory
+from primus_dagster.training.distributed import Exchange, RankResult, run_ddp_in_memory
 from primus_dagster.training.models import build_model
 from primus_dagster.training.trainer import Trainer
 
@@ -158,7 +159,7 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
     }
 
 
-def run_ddp_part(micro: list[Batch], spec: TrainingSpec, directory: Path, world_size: int) -> dict:
+def run_ddp_part(micro: list[Batch], spec: TrainingSpec, directory: Path, world_size: int, exchange: Exchange) -> dict:
     """``world_size`` ranks, the (batch, stream) pairs of ``micro`` dealt round-robin."""
     pairs = [micro[i : i + 2] for i in range(0, len(micro), 2)]
     paths = []
@@ -166,29 +167,34 @@ def run_ddp_part(micro: list[Batch], spec: TrainingSpec, directory: Path, world_
         shard = [batch for pair in pairs[rank::world_size] for batch in pair]
         paths.append(str(directory / f"shard-{world_size}-{rank}.pkl"))
         Path(paths[-1]).write_bytes(pickle.dumps(shard))
-    results: list[RankResult] = run_ddp_in_memory(paths, spec, threads_per_rank=1, warmup_steps=5, timeout_s=600)
+    results: list[RankResult] = run_ddp_in_memory(
+        paths, spec, threads_per_rank=1, warmup_steps=5, exchange=exchange, timeout_s=600
+    )
     samples = sum(r.samples for r in results)
     wall = max(r.wall_s for r in results)
     rounds = results[0].steps + results[0].null_steps
     if len({r.params_checksum for r in results}) != 1:
-        raise AssertionError("DDP replicas diverged")
+        raise AssertionError("replicas diverged")
     return {
         "world_size": world_size,
+        "exchange": exchange,
         "samples": samples,
         "rounds": rounds,
         "wall_s": round(wall, 3),
         "samples_per_s": round(samples / wall),
         "step_s": round(wall / rounds, 5),
         "cpu_s": round(sum(r.cpu_s for r in results), 3),
-        "comm_hook_s_per_step": round(results[0].extra["comm_hook_s"] / rounds, 5),
-        "allreduce_bytes_per_step": int(results[0].extra["allreduce_bytes_per_step"]),
+        "exchange_s_per_step": round(results[0].extra["exchange_s"] / rounds, 5),
+        "exchange_bytes_per_step": int(results[0].extra["exchange_bytes_per_step"]),
         "allreduce_probe_s": round(results[0].extra["allreduce_probe_s"], 5),
     }
 
 
-def ddp_speedup(micro: list[Batch], spec: TrainingSpec, directory: Path) -> tuple[float, dict, dict]:
-    one = run_ddp_part(micro, spec, directory, 1)
-    two = run_ddp_part(micro, spec, directory, 2)
+def ddp_speedup(
+    micro: list[Batch], spec: TrainingSpec, directory: Path, exchange: Exchange
+) -> tuple[float, dict, dict]:
+    one = run_ddp_part(micro, spec, directory, 1, exchange)
+    two = run_ddp_part(micro, spec, directory, 2, exchange)
     return two["samples_per_s"] / one["samples_per_s"], one, two
 
 
@@ -199,12 +205,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batch-rows", type=int, default=65536, help="rows per executor batch (pipeline)")
     parser.add_argument("--executors", type=int, default=2)
-    parser.add_argument(
-        "--small-buckets",
-        type=int,
-        default=10_000,
-        help="hash buckets of the second DDP measurement when the speedup is below 1.6",
-    )
+    parser.add_argument("--skip-dense-ddp", action="store_true", help="skip the dense all-reduce baseline")
     parser.add_argument("--skip-ddp", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -268,43 +269,32 @@ def main() -> None:
         "pipeline_model": "single",
     }
     if not args.skip_ddp:
-        speedup, one, two = ddp_speedup(micro, mtrm, root)
-        for d in (one, two):
-            print(
-                f"ddp ws={d['world_size']}   {d['samples']:,} samples, {d['rounds']} rounds: "
-                f"{d['samples_per_s']:,} samples/s wall, {d['step_s'] * 1000:.1f} ms/step"
-            )
-        result.update(ddp_speedup=round(speedup, 3), ddp_model="mtrm", ddp_hash_buckets=100_000)
-        detail["ddp"] = {"ws1": one, "ws2": two}
-        # CPU per sample of the 2 ranks (all their threads) over 1 rank's: what DDP adds (allreduce, rounds)
+        speedup, one, two = ddp_speedup(micro, mtrm, root, "row_sparse")
+        dense, d_one, d_two = (None, None, None) if args.skip_dense_ddp else ddp_speedup(micro, mtrm, root, "ddp_dense")
+        for d in (one, two, d_one, d_two):
+            if d is not None:
+                print(
+                    f"{d['exchange']:10s} ws={d['world_size']} {d['samples']:,} samples, {d['rounds']} rounds: "
+                    f"{d['samples_per_s']:,} samples/s wall, {d['step_s'] * 1000:.1f} ms/step, "
+                    f"{d['exchange_bytes_per_step'] / 1e6:.3f} MB exchanged per step"
+                )
+        # CPU per sample of the 2 ranks (all their threads) over 1 rank's: what the group adds
         cpu_ratio = (two["cpu_s"] / two["samples"]) / (one["cpu_s"] / one["samples"])
-        result.update(ddp_cpu_per_sample_ratio=round(cpu_ratio, 3))
-        if speedup < 1.6:
-            mb, probe = two["allreduce_bytes_per_step"] / 1e6, two["allreduce_probe_s"]
-            print(
-                f"why        speedup {speedup:.2f} < 1.6: every step allreduces {mb:.1f} MB (the trained tower's "
-                f"parameters: its dense 100000x16 embedding gradient is 6.4 MB, ~95% zero rows at 1024x5 ids); "
-                f"that allreduce alone takes {probe * 1000:.1f} ms vs {one['step_s'] * 1000:.1f} ms of compute per "
-                f"step with 1 rank; DDP costs {cpu_ratio:.2f}x the CPU per sample, so {os.cpu_count()} cores "
-                f"shared by 2 ranks + gloo's threads cap the speedup near {2 / cpu_ratio:.2f} "
-                f"(load average {os.getloadavg()[0]:.1f}: other processes take cores too)"
-            )
-            small = spec_of("mtrm", args.batch_size, buckets=args.small_buckets)
-            s_speedup, s_one, s_two = ddp_speedup(micro, small, root)
-            print(
-                f"small      hash_buckets {args.small_buckets}: {s_one['samples_per_s']:,} -> "
-                f"{s_two['samples_per_s']:,} samples/s wall, speedup {s_speedup:.2f} "
-                f"({s_two['allreduce_bytes_per_step'] / 1e6:.1f} MB per step)"
-            )
+        result.update(
+            ddp_speedup=round(speedup, 3),
+            ddp_exchange="row_sparse",
+            ddp_exchange_bytes_per_step=two["exchange_bytes_per_step"],
+            ddp_cpu_per_sample_ratio=round(cpu_ratio, 3),
+            ddp_model="mtrm",
+            ddp_hash_buckets=100_000,
+        )
+        detail["ddp"] = {"ws1": one, "ws2": two}
+        if dense is not None and d_two is not None:
             result.update(
-                ddp_allreduce_bytes_per_step=two["allreduce_bytes_per_step"],
-                ddp_allreduce_s_per_step=probe,
-                ddp_compute_s_per_step=one["step_s"],
-                ddp_step_s_ws2=two["step_s"],
-                ddp_speedup_small_table=round(s_speedup, 3),
-                ddp_small_hash_buckets=args.small_buckets,
+                ddp_speedup_dense_allreduce=round(dense, 3),
+                ddp_dense_allreduce_bytes_per_step=d_two["exchange_bytes_per_step"],
             )
-            detail["ddp_small"] = {"ws1": s_one, "ws2": s_two}
+            detail["ddp_dense_allreduce"] = {"ws1": d_one, "ws2": d_two}
     detail["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     emit({**result, "detail": detail})
 

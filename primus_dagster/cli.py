@@ -6,6 +6,7 @@ primus-dagster synth --spec examples/job.yaml --days 1
 primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
 primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
 primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json]
+primus-dagster live examples/job.yaml [--follow 10]
 
 Development tools (the embedded broker, the demo) are ``primus-dagster-dev``.
 """
@@ -15,7 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,19 +108,26 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
-    """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
+def _log_to_stderr() -> None:
+    """The suite's INFO log lines (planning, executors, checkpoints) on stderr, once."""
     import logging
 
+    logger = logging.getLogger("primus_dagster")
+    if not any(getattr(h, "primus_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.primus_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
+    """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
     from primus_dagster.data.sources import TimeWindow
     from primus_dagster.training.job import TrainingJob, run_training_job
     from primus_dagster.training.tracking import MlflowTracker
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("primus_dagster")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    _log_to_stderr()
     job = load_job_spec(args.spec)
     start = _parse_time(args.start) if args.start else job.dataset.start
 
@@ -152,6 +163,38 @@ def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> in
         for key, value in meta.items():
             print(f"{key:>20}: {value}")
     return 0
+
+
+def live_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
+    """``primus-dagster live``: one live increment (the stream since the newest model), or ``--follow``."""
+    import time
+
+    from primus_dagster.broker_discovery import default_bootstrap_servers
+    from primus_dagster.training.live import LiveIncrement, run_live_increment
+    from primus_dagster.training.tracking import MlflowTracker
+
+    _log_to_stderr()
+    job = load_job_spec(args.spec)
+    tracker = MlflowTracker(args.tracking_uri or job.tracking.tracking_uri, job.tracking.experiment)
+    increment = LiveIncrement(
+        job,
+        args.spec,
+        args.data_root,
+        kafka_bootstrap=args.kafka_bootstrap or default_bootstrap_servers(),
+        executors=args.executors,
+        tracker=tracker,
+    )
+    while True:
+        result = run_live_increment(increment, hooks)
+        meta = result.metadata()
+        if args.json:
+            print(json.dumps(meta, default=str), flush=True)
+        else:
+            model = result.training.model_uri if result.training else "none (nothing new)"
+            print(f"{result.records:,} new record(s); {result.start.why}; model: {model}", flush=True)
+        if args.follow is None:
+            return 0
+        time.sleep(args.follow)
 
 
 def build_parser(prog: str = "primus-dagster", description: str | None = __doc__) -> argparse.ArgumentParser:
@@ -215,6 +258,18 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
     p.add_argument("--no-eval", action="store_true", help="skip the next-hour evaluation")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=train_command)
+
+    p = parsers["live"] = sub.add_parser(
+        "live", help="train the newest model on the stream records since it and publish it (live increment)"
+    )
+    p.add_argument("spec")
+    _data_arguments(p)
+    p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
+    p.add_argument(
+        "--follow", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS until interrupted"
+    )
+    p.set_defaults(func=live_command)
     return parsers
 
 
@@ -236,6 +291,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     # MLflow decides at import whether to send usage telemetry: off unless the user said otherwise.
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     args = (parser or build_parser()).parse_args(argv)
+    restore_signals = _cancel_on_signals()
     try:
         return int(args.func(args) or 0)
     except SpecError as exc:
@@ -243,6 +299,14 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return 2
     except KeyError as exc:  # unknown source names and the like
         print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a live increment with nothing to follow, or committed offsets the topic lost
+        from primus_dagster.data import TailOffsetError
+        from primus_dagster.training.live import NotLiveError
+
+        if not isinstance(exc, (NotLiveError, TailOffsetError)):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # a job that cannot run or failed (no ready data, failed tasks past the threshold)
         from primus_dagster.data.driver import JobFailedError
@@ -252,6 +316,47 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: a cancelled run; the with-blocks stopped the executors
+        signum = exc.signum if isinstance(exc, Cancelled) else signal.SIGINT
+        print(f"cancelled ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
+    finally:
+        restore_signals()
+
+
+class Cancelled(KeyboardInterrupt):
+    """The command was asked to stop by ``signum`` (SIGTERM, SIGINT): raised in the main thread so
+    that every ``with`` block unwinds -- the data plane stops its executors, MLflow ends the run."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"cancelled by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _cancel_on_signals() -> Callable[[], None]:
+    """SIGTERM (Kubernetes, process supervisors) and SIGINT (Ctrl-C, a Dagster run cancellation)
+    raise :class:`Cancelled` in the main thread -- once: a second signal while the first unwinds is
+    ignored, so it cannot cut the teardown short. Python's default for SIGTERM ends the process at
+    once and leaves its executor processes behind. Returns what restores the previous handlers (a
+    no-op outside the main thread, where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    cancelling: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if cancelling:
+            print(f"{signal.Signals(signum).name} ignored: already cancelling", file=sys.stderr, flush=True)
+            return
+        cancelling.append(signum)
+        raise Cancelled(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
 
 
 if __name__ == "__main__":

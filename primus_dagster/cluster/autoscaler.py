@@ -7,21 +7,24 @@ Each control tick of a :class:`~primus_dagster.cluster.pooled_plane.PooledDataPl
 decisions it returns (:func:`~primus_dagster.cluster.controller.apply_decision`): scale out, scale in
 (a stopped executor's leased tasks are read again elsewhere; the claim ledger keeps delivery exactly
 once), resize. OOM restarts are left to the plane's supervisor. Every decision is logged with its
-inputs and kept for the run's summary and metrics.
+inputs and kept for the run's summary and metrics, and every scaling tick adds a point to a bounded
+:class:`ScalingTimeline` (replicas, mean CPU and memory utilisation, the decision if any) for
+time-series metrics.
 
 Example::
 
     scaler = DataPoolAutoscaler(job)
     with PooledDataPlane("job.yaml", "/data", tasks, token=token, controller=scaler) as plane:
         ...
-    scaler.summary()          # {"actions": {"scale_out": 1, "scale_in": 1}, "decisions": [...], ...}
+    scaler.summary()          # {"actions": 2, "applied": [...], "timeline": [{"t_s": 0.3, ...}, ...], ...}
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from primus_dagster.cluster.controller import ControllerOptions, ScalingController, apply_decision
@@ -33,6 +36,92 @@ if TYPE_CHECKING:
     from primus_dagster.cluster.pooled_plane import PooledDataPlane
 
 log = logging.getLogger(__name__)
+
+TIMELINE_POINTS = 500
+
+
+class ScalingTimeline:
+    """The scaling ticks of a run as a compact, bounded time series (run metadata, MLflow metrics).
+
+    One point per scaling tick of the controller::
+
+        {"t_s": 12.3,             # seconds since the plane started
+         "replicas": 2,           # live executors the tick saw
+         "target_replicas": 3,    # after this tick's decision (= replicas without one)
+         "cpu_util": 0.41,        # mean CPU utilisation of the fresh samples (None: no sample)
+         "memory_util": 0.12,     # mean RSS / memory allocation (None: no sample)
+         "load": 0.33,            # L_u of the horizontal rule (None: no signal)
+         "decision": "scale_out"} # kinds decided at this tick, comma-joined ("resize", ...), or None
+
+    At most ``max_points`` are kept: when full, every other point without a decision is dropped
+    and from then on only every ``stride``-th plain tick is recorded (the stride doubles at each
+    compaction); points with a decision are kept (halved likewise only if they alone overflow).
+    The first and the latest tick are always there.
+    """
+
+    def __init__(self, max_points: int = TIMELINE_POINTS):
+        if max_points < 4:
+            raise ValueError(f"max_points must be >= 4, got {max_points}")
+        self.max_points = max_points
+        self._lock = threading.Lock()
+        self.points: list[dict[str, Any]] = []
+        self.stride = 1
+        self._plain_ticks = 0
+        self._tail: dict[str, Any] | None = None
+
+    def add(
+        self,
+        t_s: float,
+        replicas: int,
+        cpu_util: float | None,
+        memory_util: float | None,
+        load: float | None,
+        decisions: Sequence[ScalingDecision] = (),
+    ) -> None:
+        """One tick; plain ticks (no decision) are sampled every ``stride`` ticks."""
+        kinds = list(dict.fromkeys(d.kind for d in decisions))
+        target = replicas + sum(d.delta for d in decisions if d.kind in ("scale_out", "scale_in"))
+        point = {
+            "t_s": round(t_s, 3),
+            "replicas": int(replicas),
+            "target_replicas": int(target),
+            "cpu_util": _round(cpu_util),
+            "memory_util": _round(memory_util),
+            "load": _round(load),
+            "decision": ",".join(kinds) or None,
+        }
+        with self._lock:
+            self._tail = None
+            if not kinds:
+                self._plain_ticks += 1
+                if (self._plain_ticks - 1) % self.stride:
+                    self._tail = point  # not sampled, but shown while it is the latest tick
+                    return
+            self._append(point)
+
+    def _append(self, point: dict[str, Any]) -> None:
+        self.points.append(point)
+        if len(self.points) >= self.max_points:  # one place left for the latest (unsampled) tick
+            self._compact()
+
+    def _compact(self) -> None:
+        first, *middle, last = self.points
+        plain = [i for i, p in enumerate(middle) if p["decision"] is None]
+        drop = set(plain[1::2])
+        middle = [p for i, p in enumerate(middle) if i not in drop]
+        while len(middle) + 2 >= self.max_points:
+            middle = middle[::2]
+        self.points = [first, *middle, last]
+        self.stride *= 2
+
+    def as_list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            points = self.points if self._tail is None else [*self.points, self._tail]
+            return [dict(p) for p in points]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 4)
 
 
 class DataPoolAutoscaler:
@@ -54,6 +143,8 @@ class DataPoolAutoscaler:
         self.controller = ScalingController(job.scaling, {"data": job.pools.data}, clock, options=options)
         self.on_decision = on_decision
         self.applied: list[ScalingDecision] = []
+        self.timeline = ScalingTimeline()
+        self._t0: float | None = None
 
     def control(self, plane: PooledDataPlane, now: float) -> None:
         """One tick: observe, decide, apply (called by the plane's control thread)."""
@@ -65,13 +156,24 @@ class DataPoolAutoscaler:
             if executor_id in allocated and report.metrics:
                 sample = sample_from_heartbeat(executor_id, "data", report.metrics, allocated[executor_id], now=now)
                 self.controller.observe(sample)
-        for decision in self.controller.tick(now, {"data": statuses}):
+        if self._t0 is None:
+            self._t0 = getattr(plane, "started_at", None) or now
+        ticks = self.controller.ticks
+        decisions = self.controller.tick(now, {"data": statuses})
+        for decision in decisions:
             log.info("scaling: %s", decision.describe())
             apply_decision({"data": plane.pool}, decision)
             self.applied.append(decision)
             if self.on_decision is not None:
                 self.on_decision(decision)
+        if self.controller.ticks > ticks:  # a scaling tick (not only failover): one timeline point
+            _, replicas, load, util = self.controller.history["data"][-1]
+            self.timeline.add(now - self._t0, replicas, util.get("cpu"), util.get("memory"), load, decisions)
 
     def summary(self) -> dict[str, Any]:
-        """The controller's summary plus the decisions applied here (JSON-able)."""
-        return {**self.controller.summary(), "applied": [d.as_dict() for d in self.applied]}
+        """The controller's summary, the decisions applied here and the timeline (JSON-able)."""
+        return {
+            **self.controller.summary(),
+            "applied": [d.as_dict() for d in self.applied],
+            "timeline": self.timeline.as_list(),
+        }

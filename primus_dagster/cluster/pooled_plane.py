@@ -9,6 +9,11 @@ the run fails with that message), and an optional scaling controller's decisions
 (scale out / in, resize). A stopped or killed executor's leased tasks go back to the driver and
 are read again; the claim ledger keeps delivery exactly once.
 
+Teardown (``close``, also on an exception or a cancellation unwinding the ``with`` block) stops
+every executor: gracefully once the job is done (they have exited already), and with a short
+``cancel_grace_s`` before SIGKILL when it is not (a cancelled or failed run: no trainer will take
+what the executors buffered, so their drain on SIGTERM would only delay the end of the run).
+
 It has :class:`~primus_dagster.data.LocalDataPlane`'s interface (``reader``, ``driver``,
 ``location``, ``close``), so the training job runs on either.
 
@@ -24,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -86,6 +92,7 @@ class PooledDataPlane:
         driver_host: str = "127.0.0.1",
         check_s: float = 0.25,
         shm: bool = True,
+        cancel_grace_s: float = 2.0,
     ):
         self.job_path = str(job_path)
         self.job: JobSpec = load_job_spec(job_path)
@@ -106,6 +113,8 @@ class PooledDataPlane:
         self.supervisor: Supervisor | None = None
         self.controller = controller
         self.check_s = check_s
+        self.cancel_grace_s = cancel_grace_s
+        self.started_at: float | None = None  # time.monotonic() when the pool was launched
         self.error: str | None = None
         self._stop = threading.Event()
         self._control = threading.Thread(target=self._control_loop, name="data-plane-control", daemon=True)
@@ -117,6 +126,7 @@ class PooledDataPlane:
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> PooledDataPlane:
         self.server.serve_in_thread()
+        self.started_at = time.monotonic()
         try:
             self.pool = self.pool_factory(self)
             self.supervisor = Supervisor(self.pool, self.job.pools.data)
@@ -131,12 +141,21 @@ class PooledDataPlane:
         self.close()
 
     def close(self) -> None:
-        """Stop the control thread, every executor and the driver server (idempotent)."""
+        """Stop the control thread, every executor and the driver server (idempotent). Before the
+        job is done (cancellation, failure) executors get ``cancel_grace_s`` after SIGTERM, not
+        the pool's full grace (see the module docstring)."""
         self._stop.set()
         if self._control.is_alive():
             self._control.join(timeout=10)
         if self.pool is not None:
-            self.pool.close()
+            try:
+                done = bool(self.driver.status()["done"])
+            except Exception:  # a broken driver must not keep the executors alive
+                done = False
+            if done:
+                self.pool.close()
+            else:
+                _close_quickly(self.pool, self.cancel_grace_s)
         self.server.shutdown()
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
@@ -153,12 +172,15 @@ class PooledDataPlane:
         return float(cpu_seconds()) if cpu_seconds is not None else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """What the pool did: executors launched, restarts, blacklist, the error that aborted the job."""
+        """What the pool did: executors launched, restarts, blacklist, the error that aborted the job,
+        and the scaling ``timeline`` (one point per scaling tick, at most 500; empty without a
+        controller; see :class:`~primus_dagster.cluster.autoscaler.ScalingTimeline`)."""
         statuses = self.pool.status() if self.pool is not None else []
         supervisor = self.supervisor
         scaling = self.controller.summary() if self.controller is not None else None
         return {
             "scaling": scaling,
+            "timeline": list((scaling or {}).get("timeline") or []),
             "data_executors_launched": len(statuses),
             "data_executors_running": sum(not s.finished for s in statuses),
             "restarts": sum(supervisor.restarts.values()) if supervisor else 0,
@@ -201,3 +223,12 @@ class PooledDataPlane:
                 log.error("data plane: %s", exc)
                 self.driver.abort(str(exc))
                 return
+
+
+def _close_quickly(pool: ExecutorPool, grace_s: float) -> None:
+    """``pool.close`` with a short grace where the backend takes one (local, Kubernetes)."""
+    close: Callable[..., None] = pool.close
+    if "grace_s" in inspect.signature(close).parameters:
+        close(grace_s=grace_s)
+    else:
+        close()

@@ -10,6 +10,7 @@ Example::
 """
 
 from primus_dagster.dagster_defs.definitions import build_definitions
+from primus_dagster.dagster_defs.live_asset import build_live_asset, live_asset_job, live_asset_name
 from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
 from primus_dagster.dagster_defs.resources import (
     ExecutorPoolResource,
@@ -43,6 +44,7 @@ __all__ = [
     "PrimusStorageResource",
     "build_batch_sensor",
     "build_definitions",
+    "build_live_asset",
     "build_schedules",
     "build_sensors",
     "build_source_asset",
@@ -50,6 +52,8 @@ __all__ = [
     "build_stream_sensor",
     "build_training_asset",
     "default_resources",
+    "live_asset_job",
+    "live_asset_name",
     "partitions_covering",
     "time_partitions",
     "training_asset_job",

@@ -14,6 +14,7 @@ from typing import Any
 
 from dagster import AssetsDefinition, Definitions, ExecutorDefinition, ScheduleDefinition, SensorDefinition
 
+from primus_dagster.dagster_defs.live_asset import build_live_asset
 from primus_dagster.dagster_defs.resources import default_resources
 from primus_dagster.dagster_defs.source_assets import build_source_assets
 from primus_dagster.dagster_defs.training_asset import build_training_asset
@@ -29,7 +30,8 @@ def build_definitions(
     extra_assets: Sequence[AssetsDefinition] = (),
     executor: ExecutorDefinition | None = None,
 ) -> Definitions:
-    """Source assets of ``job`` and its training asset, plus ``extra_assets`` (a user's own, e.g.
+    """Source assets of ``job``, its training asset and its live model asset (a job with a Kafka stream to
+    follow), plus ``extra_assets`` (a user's own, e.g.
     downstream of the model), with ``resources`` (default: :func:`default_resources`). The training
     asset needs the spec's file (executor processes load it): ``job`` given as a path, or ``job_path``
     when ``job`` is a loaded spec (without it: source assets only). ``executor``: how runs execute their
@@ -40,6 +42,8 @@ def build_definitions(
     job_assets = build_source_assets(job)
     if job_path is not None:
         job_assets.append(build_training_asset(job, job_path))
+        if job.live_stream_sources()[0]:
+            job_assets.append(build_live_asset(job, job_path))
     return Definitions(
         assets=[*job_assets, *extra_assets],
         resources=dict(resources) if resources is not None else default_resources(),

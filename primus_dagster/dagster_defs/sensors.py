@@ -25,12 +25,15 @@ source, and one cursor keeps "what is new" one decision per tick.
 **Stream sensor** (``<job>_<source>_stream_sensor``, per Kafka source). Each tick reads the topic's
 partition offsets (the fetch high watermark: ``end_offsets`` under-reports on some brokers), records an
 ``AssetObservation`` on the Kafka source asset when they moved (high watermark, lag per partition =
-records not yet in a trained model, new records), and, once ``automation.min_new_records`` records
-arrived since its last request or ``automation.max_wait`` passed with at least one, asks for the closed
-hours of the stream: runs of the Kafka source asset for every complete hour (``end + label_delay``
-passed, a record after it exists) it has not asked for, in order. Until the live stream read path
-exists, stream data reaches a model through these closed hours: the training partition whose window
-closed follows once its inputs are there (below).
+records not yet in the newest model, new records), and, once ``automation.min_new_records`` records
+arrived since its last request or ``automation.max_wait`` passed with at least one:
+
+- asks for a **live increment** (the live model asset, :mod:`~primus_dagster.dagster_defs.live_asset`):
+  the newest model trained on the records up to the current high watermarks and published -- one at a
+  time (none while one is queued or running; the next tick asks again);
+- asks for the **closed hours** of the stream: runs of the Kafka source asset for every complete hour
+  (``end + label_delay`` passed, a record after it exists) it has not asked for, in order; the training
+  partition whose window closed follows once its inputs are there (below).
 
 **Training partitions** (both sensors, each tick). Partitions train in order, each continuing the model
 of the one before it, so a sensor asks for one at a time: the first partition after the latest
@@ -65,6 +68,7 @@ from dagster import (
     AssetSelection,
     DagsterEventType,
     DagsterInstance,
+    DagsterRunStatus,
     DefaultSensorStatus,
     EventLogRecord,
     MetadataValue,
@@ -78,6 +82,7 @@ from dagster import (
     sensor,
 )
 
+from primus_dagster.dagster_defs.live_asset import LIVE_TAG, live_asset_job, live_asset_name
 from primus_dagster.dagster_defs.partitions import time_partitions
 from primus_dagster.dagster_defs.resources import PrimusStorageResource
 from primus_dagster.dagster_defs.schedules import AssetJob, training_asset_job
@@ -465,14 +470,32 @@ class TrainingRequests:
         return self.request(key, trigger)
 
     def trained_offsets(self, source: str) -> dict[str, int]:
-        """Per topic-partition, the offset up to which the latest training partition read ``source``."""
+        """Per topic-partition, the offset up to which the newest model read ``source``: the latest
+        training partition's, or the live model's where it read further."""
         done = [k for k in self.keys if k in self.materialized]
-        record = self._latest(self.key, done[-1:]).get(done[-1]) if done else None
-        materialization = record.asset_materialization if record is not None else None
-        value = materialization.metadata.get("source_versions") if materialization is not None else None
-        offsets = getattr(value, "value", None) or {}
-        spans = offsets.get(source, {}).get("offsets", {}) if isinstance(offsets, dict) else {}
-        return {uri.rpartition(":")[2]: int(span[1]) for uri, span in spans.items()}
+        records = [self._latest(self.key, done[-1:]).get(done[-1]) if done else None]
+        live_key = AssetKey([*self.prefix, live_asset_name(self.job)])
+        records += self.instance.fetch_materializations(live_key, limit=1).records
+        out: dict[str, int] = {}
+        for record in records:
+            materialization = record.asset_materialization if record is not None else None
+            value = materialization.metadata.get("source_versions") if materialization is not None else None
+            offsets = getattr(value, "value", None) or {}
+            spans = offsets.get(source, {}).get("offsets", {}) if isinstance(offsets, dict) else {}
+            for uri, span in spans.items():
+                partition = uri.rpartition(":")[2]
+                out[partition] = max(out.get(partition, 0), int(span[1]))
+        return out
+
+    def live_run_in_progress(self, job_name: str) -> bool:
+        """Whether a run of the live job is queued or running (increments follow one another)."""
+        active = [
+            DagsterRunStatus.QUEUED,
+            DagsterRunStatus.NOT_STARTED,
+            DagsterRunStatus.STARTING,
+            DagsterRunStatus.STARTED,
+        ]
+        return bool(self.instance.get_run_records(RunsFilter(job_name=job_name, statuses=active), limit=1))
 
 
 def source_asset_jobs(
@@ -651,6 +674,9 @@ def build_stream_sensor(
     source_key = AssetKey([*(key_prefix or []), source.name])
     (hour_job,) = source_asset_jobs(job, [source], source.name, key_prefix).values()
     jobs = [hour_job] + ([training_asset_job(job, key_prefix)] if training else [])
+    live = training and any(s.name == source.name for _, s in job.live_stream_sources()[0])
+    live_job = live_asset_job(job, key_prefix) if live else None
+    jobs += [live_job] if live_job is not None else []
     automation = job.automation
 
     @sensor(
@@ -658,8 +684,9 @@ def build_stream_sensor(
         minimum_interval_seconds=max(1, int(automation.sensor_interval.total_seconds())),
         default_status=default_status,
         jobs=jobs,
-        description=f"Offsets and lag of Kafka topic `{source.topic}` -> closed stream hours and training runs "
-        f"of job `{job.name}` (min_new_records {automation.min_new_records}, max_wait {automation.max_wait}).",
+        description=f"Offsets and lag of Kafka topic `{source.topic}` -> live increments, closed stream hours "
+        f"and training runs of job `{job.name}` (min_new_records {automation.min_new_records}, max_wait "
+        f"{automation.max_wait}).",
     )
     def _stream_sensor(context: SensorEvaluationContext, storage: PrimusStorageResource) -> SensorResult:
         now = clock()
@@ -696,31 +723,46 @@ def build_stream_sensor(
                 cursor.observed = highs
             cursor.pending_since = progress.pending_since
             requested, caught_up = [], False
-            if progress.due:
+            if progress.due and live_job is not None:
+                if plan.live_run_in_progress(live_job.name):  # the next tick asks once it is done
+                    notes.append(f"{progress.why}; a live increment is running")
+                else:
+                    run_requests.append(
+                        RunRequest(
+                            run_key=f"live:{_digest(highs)}",
+                            job_name=live_job.name,
+                            asset_selection=[AssetKey([*(key_prefix or []), live_asset_name(job)])],
+                            tags={TRIGGER_TAG: f"stream sensor: {progress.why}", LIVE_TAG: source.name},
+                        )
+                    )
+                    cursor.requested, cursor.pending_since = dict(highs), None
+            # With live increments the thresholds gate those; closed hours are asked for once complete.
+            if progress.due or live_job is not None:
                 try:
                     requested, caught_up = _closed_hours(plan, source, cursor, storage, now)
                 except Exception as exc:  # the listing failed: the next tick tries again
                     notes.append(f"{source.name}: listing the closed hours failed: {type(exc).__name__}: {exc}")
                     context.log.warning(notes[-1])
+                why = progress.why if progress.due else "the hour is complete"
                 run_requests += [
                     RunRequest(
                         run_key=f"hour:{key}",
                         job_name=hour_job.name,
                         asset_selection=[source_key],
                         partition_key=key,
-                        tags={TRIGGER_TAG: f"stream sensor: {progress.why}"},
+                        tags={TRIGGER_TAG: f"stream sensor: {why}"},
                     )
                     for key in requested
                 ]
-                if caught_up and requested:
+                if caught_up and requested and live_job is None:
                     cursor.requested, cursor.pending_since = highs, None
-                if not requested and cursor.next_start is not None:
+                if progress.due and not requested and cursor.next_start is not None:
                     notes.append(
                         f"{progress.why}, but no closed hour to ask for yet: {cursor.next_start:%Y-%m-%dT%H:%M}Z is "
                         f"complete at {complete_at(source, cursor.next_start):%Y-%m-%dT%H:%M}Z once a record after "
-                        "it exists (until the live read path, stream data is trained in closed hours)"
+                        "it exists"
                     )
-            else:
+            if not progress.due:
                 notes.append(progress.why)
         if training:
             request, note = plan.next_request("stream sensor: inputs ready")

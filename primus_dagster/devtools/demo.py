@@ -33,6 +33,7 @@ from primus_dagster.dagster_defs import (
     PrimusStorageResource,
     build_source_assets,
     build_training_asset,
+    live_asset_name,
 )
 from primus_dagster.data import SourceContext
 from primus_dagster.spec import JobSpec, load_job_spec
@@ -86,7 +87,8 @@ def run_demo(args: argparse.Namespace) -> int:
         "Watch training follow new data: [bold]make dev[/] (UI and daemon; the batch and stream sensors are on), "
         "then, with the broker running ([bold].venv/bin/primus-dagster-dev broker --detach[/]), write more hours: "
         f"[bold].venv/bin/primus-dagster synth --spec {args.spec} --start {next_day:%Y-%m-%d} --days 1[/] -- the "
-        "source partitions are scanned and the training partitions materialise by themselves, in order."
+        f"source partitions are scanned, the live model ({live_asset_name(job)}) follows the new Kafka records "
+        "within seconds, and the training partitions materialise by themselves, in order."
     )
     return 0
 

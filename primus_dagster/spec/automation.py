@@ -1,8 +1,9 @@
 """The ``automation`` section of the job spec: how sensors turn new data into runs, and how training continues.
 
 The batch sensor and the stream sensors (``primus_dagster.dagster_defs.sensors``) tick every
-``sensor_interval``. A stream sensor asks for the closed stream hours to be trained once
-``min_new_records`` records arrived since its last request, or ``max_wait`` passed with at least one.
+``sensor_interval``. A stream sensor asks for a live increment (the newest model trained on the stream
+since it) once ``min_new_records`` records arrived since its last request, or ``max_wait`` passed with
+at least one (a job without live increments: for the closed stream hours).
 A partition that was already trained on and then changes (a new Delta version, Iceberg snapshot or
 rewritten Parquet directory) is reported once; ``rerun`` says whether it is also trained again.
 ``cold_start`` says what a training partition does when the model of the partition before it is
@@ -38,7 +39,7 @@ class AutomationSpec(StrictModel):
     min_new_records: int = Field(
         default=10_000,
         ge=1,
-        description="A stream sensor asks for training once this many records arrived since its last request.",
+        description="A stream sensor asks for a live increment once this many records arrived since its last request.",
     )
     max_wait: PositiveDuration = Field(
         default=duration_default("15m"),

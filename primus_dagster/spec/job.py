@@ -17,6 +17,7 @@ from primus_dagster.spec.automation import AutomationSpec
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.dataset import DatasetSpec
 from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default
+from primus_dagster.spec.sources import KafkaSourceSpec
 
 
 class PoolSpec(StrictModel):
@@ -73,6 +74,25 @@ class PoolsSpec(StrictModel):
     )
     data: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2, max_replicas=8))
     training: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=1, max_replicas=1))
+
+    @field_validator("training")
+    @classmethod
+    def _training_keys(cls, value: PoolSpec) -> PoolSpec:
+        """Trainer ranks are a fixed group (``replicas``) with ``cpu``, ``memory``, ``restart`` and
+        ``max_restarts`` (docs/training.md); the data pool's other keys would do nothing there."""
+        keys = ("task_runners", "blacklist_after", "oom_memory_factor", "max_memory")
+        unused = [key for key in keys if getattr(value, key) != PoolSpec.model_fields[key].default]
+        if unused:
+            raise ValueError(
+                f"pools.training does not use {', '.join(unused)} (data executors only): remove "
+                f"{'it' if len(unused) == 1 else 'them'}"
+            )
+        if value.restart == "always":
+            raise ValueError(
+                "pools.training.restart: always: a trainer group that finished is not started again; "
+                "use on_failure (restart from the latest checkpoint, up to max_restarts) or never"
+            )
+        return value
 
     @field_validator("namespace", "image")
     @classmethod
@@ -230,3 +250,20 @@ class JobSpec(StrictModel):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     automation: AutomationSpec = Field(default_factory=AutomationSpec)
+
+    def live_stream_sources(self) -> tuple[list[tuple[str, KafkaSourceSpec]], str]:
+        """The ``(stream name, source)`` pairs a live increment follows -- the Kafka sources of kind
+        ``stream`` outside joins -- and, when there are none, why (``""`` otherwise)."""
+        if self.training.mode == "batch":
+            return [], f"job {self.name}: training.mode is batch: it trains no stream to follow"
+        kafka = [
+            (stream, source)
+            for stream, source in self.dataset.all_sources()
+            if isinstance(source, KafkaSourceSpec) and source.kind == "stream"
+        ]
+        if not kafka:
+            return [], f"job {self.name}: no Kafka source of kind stream to follow"
+        found = [(stream.name, source) for stream, source in kafka if stream.join is None]
+        if not found:
+            return [], f"job {self.name}: its Kafka stream sources are joined; live joins are not supported"
+        return found, ""

@@ -54,13 +54,16 @@ from primus_dagster.paths import primus_home
 from primus_dagster.spec import JobSpec, granularity_step
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
-from primus_dagster.training.models import build_model, model_summary
+from primus_dagster.training.models import RecModel, build_model, model_summary
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
 from primus_dagster.training.priority import MixturePriority
 from primus_dagster.training.tracking import MlflowTracker
 from primus_dagster.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+
+RUN_KIND_TAG = "primus.run_kind"  # "window": a planned window (a training partition); "live": a stream increment
 
 
 class NoTrainingDataError(RuntimeError):
@@ -89,6 +92,8 @@ class TrainingJob:
     progress: Callable[[dict[str, Any]], None] | None = None
     evaluate: bool = True
     warm_start: str | None = None  # run key whose finished model (and Adam state) this run continues from
+    tasks: list[DataTask] | None = None  # planned elsewhere (a live stream increment) instead of from ``window``
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags
 
     def key(self) -> str:
         return self.run_key or f"{self.job.name}/{self.window.start:%Y-%m-%dT%H}/{self.window.end:%Y-%m-%dT%H}"
@@ -215,7 +220,8 @@ def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow
     return tasks
 
 
-def _params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
+def job_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
+    """The MLflow params of a training run of ``job`` on ``window``."""
     t, m = job.training, job.training.model
     return {
         "job": job.name,
@@ -255,6 +261,7 @@ class TrainingRun:
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True)
         self._last_progress = 0.0
+        self.started = time.monotonic()
 
     def ensure_trainer(self, n_dense: int, n_sparse: int) -> Trainer:
         if self.trainer is None:
@@ -336,13 +343,17 @@ class TrainingRun:
             self.cfg.progress({"phase": phase.name, **stats, "train_auc": metrics["train_auc"]})
 
 
-def _driver_for(cfg: TrainingJob, run: TrainingRun, phase: Phase, resume: Checkpoint | None) -> DataDriver:
+def driver_for(
+    cfg: TrainingJob, run: TrainingRun, phase: Phase, resume: Checkpoint | None, trainers: int = 1
+) -> DataDriver:
+    """The data driver of ``phase`` serving ``trainers`` readers: restored from ``resume``'s barrier
+    snapshot when it was taken in this phase, else fresh with the phase's tasks."""
     data = cfg.job.data
     if resume is not None and resume.phase == phase.name and resume.data_snapshot is not None:
-        driver = DataDriver.restore(resume.data_snapshot)
+        driver = DataDriver.restore(resume.data_snapshot, trainers=trainers)
         log.info("phase %s: data progress restored from the checkpoint at step %d", phase.name, resume.step)
     else:
-        driver = DataDriver.for_job(data, trainers=1)
+        driver = DataDriver.for_job(data, trainers=trainers)
         driver.add_tasks(phase_tasks(run.tasks, phase))
     driver.source_versions = dict(run.versions)
     return driver
@@ -386,10 +397,39 @@ def _run_phase(
                         run.checkpoint(phase, snapshot, phase_done=False)
         summary = getattr(plane, "summary", None)
         if summary is not None:
-            run.data_pools[phase.name] = summary()
+            pool = summary()
+            started = getattr(plane, "started_at", None)
+            _log_pool_timeline(run, pool.pop("timeline", []), (started or run.started) - run.started)
+            if isinstance(pool.get("scaling"), dict):
+                pool["scaling"] = {k: v for k, v in pool["scaling"].items() if k != "timeline"}
+            run.data_pools[phase.name] = pool  # the timeline is in MLflow, as metrics
         plane.driver.raise_if_failed()
     run.report(phase, force=True)
     run.checkpoint(phase, None, phase_done=True)
+
+
+_TIMELINE_METRICS = {
+    "replicas": "data_replicas",
+    "target_replicas": "data_target_replicas",
+    "cpu_util": "data_cpu_util",
+    "memory_util": "data_memory_util",
+    "load": "data_load",
+}
+
+
+def _log_pool_timeline(run: TrainingRun, timeline: list[dict[str, Any]], offset_s: float) -> None:
+    """The data pool's scaling timeline as MLflow metrics (replicas and utilisation over time), the step
+    being seconds since the run started; a point's decision counts in ``data_scaling_decisions``."""
+    decisions, points = 0, []
+    for point in timeline:
+        step = int(offset_s + point["t_s"])
+        points += [
+            (name, float(point[key]), step) for key, name in _TIMELINE_METRICS.items() if point.get(key) is not None
+        ]
+        if point.get("decision"):
+            decisions += len(str(point["decision"]).split(","))
+            points.append(("data_scaling_decisions", float(decisions), step))
+    run.tracker.log_metric_points(points)
 
 
 def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> TrainingResult:
@@ -398,47 +438,36 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
     started = time.perf_counter()
     job, spec = cfg.job, cfg.job.training
     if job.pools.training.replicas > 1:
-        raise ValueError(
-            f"pools.training.replicas: {job.pools.training.replicas}: the training job runs one trainer; DDP "
-            "groups run through primus_dagster.training.distributed.run_ddp (see the README's known limits)"
-        )
+        from primus_dagster.training.multi_trainer import run_multi_trainer_job  # imports this module
+
+        return run_multi_trainer_job(cfg, hooks)
     torch.set_num_threads(spec.threads)
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
-    tasks = plan_training_tasks(job, context, cfg.window)
+    tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window)
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
-    tracker.start(cfg.key(), params=_params(job, cfg.window, executors), tags={"primus.job": job.name})
+    tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **cfg.tags}
+    tracker.start(cfg.key(), params=job_params(job, cfg.window, executors), tags=tags)
     run = TrainingRun(cfg, tracker, tasks)
     status = "FAILED"
     try:
-        resume = _load_resume(tracker, run)
-        warm_from, cold_start = _load_warm_start(tracker, run) if resume is None and cfg.warm_start else (None, None)
+        resume = load_resume(tracker, run)
+        warm_from, cold_start = load_warm_start(tracker, run) if resume is None and cfg.warm_start else (None, None)
         all_phases = phases(spec.mode)
         first = 0
         if resume is not None:
             first = phase_index(spec.mode, resume.phase) + (1 if resume.extra.get("phase_done") else 0)
         for phase in all_phases[first:]:
-            driver = _driver_for(cfg, run, phase, resume)
+            if not phase_tasks(tasks, phase):
+                log.info("phase %s: no tasks, skipped", phase.name)
+                continue
+            driver = driver_for(cfg, run, phase, resume)
             _run_phase(cfg, run, phase, driver, executors, hooks)
         if run.trainer is None and resume is not None:  # everything was done before the restart
             run.ensure_trainer(int(resume.extra["n_dense"]), int(resume.extra["n_sparse"]))
         if run.trainer is None:
             raise NoTrainingDataError(f"job {job.name}: the window {cfg.window} produced no batches")
-        evaluation = None
-        if cfg.evaluate:
-            evaluation = evaluate_window(
-                job, context, run.trainer.model, cfg.window.end, cfg.window.end + timedelta(hours=spec.eval_hours)
-            )
-            if evaluation is not None:
-                tracker.log_metrics(
-                    {
-                        f"eval_{k}": float(v)
-                        for k, v in evaluation.result.to_dict().items()
-                        if isinstance(v, (int, float))
-                    },
-                    run.trainer.step,
-                )
-                tracker.set_tags({"primus.eval_labels": evaluation.labels})
+        evaluation = evaluate_and_log(cfg, context, run.trainer.model, tracker, run.trainer.step)
         model_uri = tracker.log_model(run.trainer.model)
         status = "FINISHED"
         return TrainingResult(
@@ -461,7 +490,23 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
         shutil.rmtree(run.workdir, ignore_errors=True)
 
 
-def _load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> tuple[str | None, str | None]:
+def evaluate_and_log(
+    cfg: TrainingJob, context: SourceContext, model: RecModel, tracker: MlflowTracker, step: int
+) -> NextHourEvaluation | None:
+    """The next-hour evaluation of ``model`` after ``cfg.window`` (None with ``cfg.evaluate`` off or
+    no labelled hours), logged to the run as ``eval_*`` metrics at ``step``."""
+    if not cfg.evaluate:
+        return None
+    end = cfg.window.end
+    evaluation = evaluate_window(cfg.job, context, model, end, end + timedelta(hours=cfg.job.training.eval_hours))
+    if evaluation is not None:
+        values = evaluation.result.to_dict().items()
+        tracker.log_metrics({f"eval_{k}": float(v) for k, v in values if isinstance(v, (int, float))}, step)
+        tracker.set_tags({"primus.eval_labels": evaluation.labels})
+    return evaluation
+
+
+def load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> tuple[str | None, str | None]:
     """Load the final checkpoint of the finished run ``run.cfg.warm_start`` (continuous training
     across windows): ``(its run id, None)``. Without one, ``automation.cold_start`` decides: ``allow``
     starts fresh with a warning, ``(None, why)``; otherwise :class:`MissingPredecessorError`."""
@@ -484,7 +529,8 @@ def _load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> tuple[str | No
     return source, None
 
 
-def _load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:
+def load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:
+    """The latest checkpoint of a resumed (killed) run, set as ``run.pending``; None for a new run."""
     if not tracker.resumed:
         return None
     directory = tracker.latest_checkpoint(run.workdir / "resume")

@@ -23,7 +23,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -154,7 +154,7 @@ class MlflowTracker:
             raise RuntimeError("no MLflow run: call MlflowTracker.start() first")
         return self.run_id
 
-    def _resumable(self, run_key: str) -> Any:
+    def unfinished_run(self, run_key: str) -> Any:
         """The most recent run with ``run_key`` when it is not FINISHED (else None)."""
         if "'" in run_key:
             raise ValueError(f"run_key must not contain a single quote: {run_key!r}")
@@ -178,7 +178,7 @@ class MlflowTracker:
         Params are stringified (cut at 6000 characters); ``tags`` are set in both cases.
         """
         values = {str(k): str(v)[:_MAX_PARAM_LEN] for k, v in params.items()}
-        found = self._resumable(run_key) if resume else None
+        found = self.unfinished_run(run_key) if resume else None
         if found is not None:
             self.run_id, self.resumed = found.info.run_id, True
             self.client.update_run(self.run_id, status="RUNNING")
@@ -209,6 +209,14 @@ class MlflowTracker:
         for chunk in _chunks(entries, 1000):
             self.client.log_batch(run_id, metrics=chunk)
 
+    def log_metric_points(self, points: Iterable[tuple[str, float, int]]) -> None:
+        """Log many ``(name, value, step)`` points at once (a time series; NaN values are skipped)."""
+        run_id = self.require_run_id()
+        now = int(time.time() * 1000)
+        entries = [Metric(str(k), float(v), now, int(step)) for k, v, step in points if not math.isnan(float(v))]
+        for chunk in _chunks(entries, 1000):
+            self.client.log_batch(run_id, metrics=chunk)
+
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set run tags (values stringified)."""
         run_id = self.require_run_id()
@@ -236,6 +244,22 @@ class MlflowTracker:
             max_results=1,
         )
         return runs[0].info.run_id if runs else None
+
+    def latest_finished(self, tags: Mapping[str, str], order_by: str = "attributes.start_time DESC") -> Any | None:
+        """The first FINISHED run (an ``mlflow.entities.Run``) with all of ``tags``, by ``order_by``; None without one.
+
+        Example: the newest trained window of a job, ``latest_finished({"primus.job": "ctr",
+        "primus.run_kind": "window"}, "params.window_end DESC")``.
+        """
+        clauses = ["attributes.status = 'FINISHED'"]
+        for name, value in tags.items():
+            if "'" in name + value or "`" in name:
+                raise ValueError(f"tag filters must not contain quotes: {name!r} = {value!r}")
+            clauses.append(f"tags.`{name}` = '{value}'")
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=" and ".join(clauses), order_by=[order_by], max_results=1
+        )
+        return runs[0] if runs else None
 
     def checkpoint_steps(self, run_id: str | None = None) -> list[int]:
         """The steps of the checkpoints logged in ``run_id`` (default: the current run), ascending."""

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 import time
 from collections import deque
@@ -54,9 +55,97 @@ def keep_freed_memory() -> None:
         pass
 
 
+class LazyAdam(torch.optim.SparseAdam):
+    """:class:`torch.optim.SparseAdam` (same update, same state and ``state_dict``), with the sparse
+    bookkeeping done by gathers and index writes.
+
+    torch's implementation coalesces the gradient with a generic sparse ``coalesce`` and then
+    reads and writes the moments and the parameter through ``sparse_mask`` and dense += sparse
+    additions: about 30 ms a step for the ~48 000 rows that a batch of 2048 rows x 26 features
+    touches in a 260 000 x 16 table, 2/3 of the whole step (profiled: issue 11). Here the duplicate
+    ids are summed with one ``unique`` + ``index_add_`` (in the input order, as ``coalesce``'s stable
+    sort does), the touched rows of both moments and of the parameter are gathered with
+    ``index_select``, updated with SparseAdam's exact arithmetic and written back with
+    ``index_copy_`` -- the same floats, about 5x faster. Parameters whose gradient is not a sparse
+    gradient of a 2-D table's rows (``sparse_dim() != 1``) take torch's path.
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            eps, lr, maximize = group["eps"], float(group["lr"]), group.get("maximize", False)
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if not param.grad.is_sparse:
+                    raise RuntimeError("SparseAdam does not support dense gradients, please consider Adam instead")
+                state = self.state[param]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["step"] += 1
+                grad = -param.grad if maximize else param.grad
+                args = (state["exp_avg"], state["exp_avg_sq"], state["step"], lr, beta1, beta2, eps)
+                if grad.sparse_dim() == 1 and param.dim() >= 1 and grad.dense_dim() == param.dim() - 1:
+                    _lazy_adam_rows(param, grad, *args)
+                else:
+                    torch.optim._functional.sparse_adam(
+                        [param],
+                        [grad],
+                        [args[0]],
+                        [args[1]],
+                        [args[2]],
+                        eps=eps,
+                        beta1=beta1,
+                        beta2=beta2,
+                        lr=lr,
+                        maximize=False,
+                    )
+        return loss
+
+
+def _lazy_adam_rows(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """SparseAdam's update of the rows of ``param`` that the row-sparse ``grad`` names (in place)."""
+    if grad.is_coalesced():
+        rows, values = grad._indices()[0], grad._values()
+    else:
+        ids, values = grad._indices()[0], grad._values()
+        rows, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        values = values.new_zeros((rows.numel(), *values.shape[1:])).index_add_(0, inverse, values)
+    if values.numel() == 0:
+        return
+    # old <- old + (1 - b) * (new - old), then numer / denom: torch.optim's SparseAdam, op by op
+    old = exp_avg.index_select(0, rows)
+    numer = values.sub(old).mul_(1 - beta1).add_(old)
+    exp_avg.index_copy_(0, rows, numer)
+    old = exp_avg_sq.index_select(0, rows)
+    second = values.pow(2).sub_(old).mul_(1 - beta2).add_(old)
+    exp_avg_sq.index_copy_(0, rows, second)
+    denom = second.sqrt_().add_(eps)
+    step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    update = numer.div_(denom).mul_(-step_size)
+    param.index_copy_(0, rows, param.index_select(0, rows).add_(update))
+
+
 class RecOptimizer:
-    """Adam for the dense parameters and a lazy :class:`torch.optim.SparseAdam` for embedding tables
-    with sparse gradients (a step updates only the rows its batch touched), behind one
+    """Adam for the dense parameters and a lazy :class:`torch.optim.SparseAdam` (:class:`LazyAdam`,
+    its faster equal) for embedding tables with sparse gradients (a step updates only the rows its batch touched), behind one
     ``zero_grad`` / ``step`` / ``state_dict``. Parameters whose grad is None (MTRM's untrained
     tower) are skipped by both.
 
@@ -72,7 +161,7 @@ class RecOptimizer:
         dense = [p for p in model.parameters() if id(p) not in ids]
         self.parts: dict[str, torch.optim.Optimizer] = {"dense": torch.optim.Adam(dense, lr=lr)}
         if sparse:
-            self.parts["sparse"] = torch.optim.SparseAdam(sparse, lr=lr)
+            self.parts["sparse"] = LazyAdam(sparse, lr=lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts.values():
@@ -141,8 +230,14 @@ class Trainer:
 
     def train_step(self, batch: Batch) -> float:
         """One optimiser step on ``batch`` (whatever its size); returns the loss."""
-        self.module.train()
         started = time.perf_counter()
+        loss = self.backward(batch)
+        return self.apply(batch, loss, started)
+
+    def backward(self, batch: Batch) -> torch.Tensor:
+        """The first half of :meth:`train_step`: gradients of ``batch``'s loss, not applied yet (a
+        trainer group exchanges them in between, ``distributed.py``); the loss."""
+        self.module.train()
         dense, sparse, label = model_inputs(batch)
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.module(dense, sparse, batch.kind)
@@ -151,6 +246,11 @@ class Trainer:
         if self._observe is not None:
             self._observe(batch.kind, label)
         loss.backward()
+        return loss
+
+    def apply(self, batch: Batch, loss: torch.Tensor, started: float) -> float:
+        """The second half of :meth:`train_step`: the optimiser step and the counters (``started``:
+        ``time.perf_counter()`` before :meth:`backward`); the loss."""
         self.optimizer.step()
         value = float(loss.detach())
         c = self.counters

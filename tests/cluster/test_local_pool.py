@@ -11,7 +11,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from primus_dagster.cluster import Resources
+from primus_dagster.cluster import PoolError, Resources
 from primus_dagster.cluster.local import LaunchRequest, LocalPool
 from primus_dagster.cluster.supervisor import ExecutorFailedError, Supervisor, restart_decision
 from primus_dagster.spec import PoolSpec
@@ -151,3 +151,27 @@ def test_a_node_with_repeated_failures_is_blacklisted() -> None:
         restarted = pool.executor("data-0")
         assert restarted.state == "running" and restarted.node != first_node
         assert pool.launch(1, avoid_nodes=supervisor.blacklist) and pool.executor("data-1").node != first_node
+
+
+def test_cpu_key_sets_the_cores_and_thread_counts_of_an_executor() -> None:
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip("needs two usable cores")
+    with LocalPool("data", spec(cpu=2.0), launcher("sleep"), cpus=usable[:2]) as pool:
+        (wide,) = pool.launch(1)
+        assert psutil.Process(pool.pid(wide)).cpu_affinity() == usable[:2]
+        (narrow,) = pool.launch(1, Resources(cpu=1.0, memory_bytes=256 << 20))
+        assert len(psutil.Process(pool.pid(narrow)).cpu_affinity()) == 1
+        proc = psutil.Process(pool.pid(wide))
+        assert proc.environ().get("OMP_NUM_THREADS") == "2"
+
+
+def test_a_pool_with_every_node_blacklisted_fails_the_job() -> None:
+    with LocalPool(
+        "data", spec(restart="on_failure", max_restarts=3, blacklist_after=1), launcher("fail"), cpus=[0]
+    ) as pool:
+        supervisor = Supervisor(pool, pool.spec)
+        pool.launch(1)
+        wait_for(lambda: pool.executor("data-0").finished)
+        with pytest.raises(PoolError, match=r"every node is blacklisted \(\['cpu0'\]\)"):
+            supervisor.check()

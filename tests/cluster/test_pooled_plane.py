@@ -1,8 +1,10 @@
 """PooledDataPlane: real executor processes in a local pool, supervised; exactly-once across a
-SIGKILL and its restart; an executor out of restarts aborts the job; nothing outlives the plane."""
+SIGKILL and its restart; an executor out of restarts aborts the job; live scaling within bounds and
+cooldowns, with its timeline; nothing outlives the plane (process-table checks, tests.cluster.prockit)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -15,6 +17,7 @@ import pytest
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import JobAbortedError
 from primus_dagster.spec import parse_job_spec
+from tests.cluster.prockit import assert_no_orphans, child_pids
 from tests.data.executor.datakit import job_text, plan, write_tree
 
 pytestmark = pytest.mark.integration
@@ -42,6 +45,7 @@ def test_a_killed_executor_is_restarted_and_every_row_arrives_once(tmp_path: Pat
     spec = job_file(tmp_path, restart="on_failure")
     tasks = plan(parse_job_spec(spec.read_text()), tmp_path, hours=2)
     got: Counter[int] = Counter()
+    before = child_pids()
     with PooledDataPlane(spec, tmp_path, tasks, token="t0k3n", heartbeat_s=0.2) as plane:
         pids = executor_pids(plane)
         assert len(pids) == 2 and all(alive(p) for p in pids)
@@ -58,12 +62,14 @@ def test_a_killed_executor_is_restarted_and_every_row_arrives_once(tmp_path: Pat
     assert got == Counter(ids)  # nothing lost, nothing twice
     assert summary["restarts"] >= 1 and summary["error"] is None
     assert not any(alive(p) for p in [*pids, *all_pids])
+    assert_no_orphans(str(spec), before)  # success: nothing of the run in the process table
 
 
 def test_an_executor_out_of_restarts_aborts_the_job_with_its_error(tmp_path: Path) -> None:
     write_tree(tmp_path, hours=2, files=4, rows=400)
     spec = job_file(tmp_path, restart="never", replicas=1)
     tasks = plan(parse_job_spec(spec.read_text()), tmp_path, hours=2)
+    before = child_pids()
     with PooledDataPlane(spec, tmp_path, tasks, heartbeat_s=0.2) as plane:
         (pid,) = executor_pids(plane)
         with plane.reader(0, prefetch=2, refresh_s=0.1) as reader:
@@ -74,6 +80,7 @@ def test_an_executor_out_of_restarts_aborts_the_job_with_its_error(tmp_path: Pat
             plane.raise_if_failed()
         assert "restart policy never" in (plane.summary()["error"] or "")
     assert not alive(pid)
+    assert_no_orphans(str(spec), before)  # failure: likewise
 
 
 def test_the_data_pool_scales_out_under_load_and_in_when_idle_and_delivers_once(tmp_path: Path) -> None:
@@ -98,6 +105,7 @@ def test_the_data_pool_scales_out_under_load_and_in_when_idle_and_delivers_once(
     scaler = DataPoolAutoscaler(job)
     got: Counter[int] = Counter()
     replicas_seen: list[int] = []
+    before = child_pids()
     with PooledDataPlane(spec, tmp_path, tasks, token="t", heartbeat_s=0.1, controller=scaler, check_s=0.1) as plane:
         with plane.reader(0, prefetch=2, refresh_s=0.1) as reader:
             for i, batch in enumerate(reader):
@@ -110,6 +118,21 @@ def test_the_data_pool_scales_out_under_load_and_in_when_idle_and_delivers_once(
                     while scaler.controller.actions["scale_in"] == 0 and time.monotonic() < deadline:
                         time.sleep(0.1)
         plane.raise_if_failed()
+        summary = plane.summary()
     assert got == Counter(ids)  # scale-out and scale-in lost and repeated nothing
     assert scaler.controller.actions["scale_out"] >= 1 and scaler.controller.actions["scale_in"] >= 1
     assert max(replicas_seen) <= 3 and min(replicas_seen) >= 1
+    # Cooldown: a pool that changed waits 0.6 s before its next change.
+    times = [d.time for d in scaler.applied if d.kind in ("scale_out", "scale_in")]
+    assert all(later - earlier >= 0.6 - 1e-9 for earlier, later in itertools.pairwise(times))
+    # The timeline: one point per scaling tick, in time order, within the bounds, the changes marked.
+    timeline = summary["timeline"]
+    assert timeline == summary["scaling"]["timeline"] and 0 < len(timeline) <= 500
+    assert set(timeline[0]) == {"t_s", "replicas", "target_replicas", "cpu_util", "memory_util", "load", "decision"}
+    assert [p["t_s"] for p in timeline] == sorted(p["t_s"] for p in timeline)
+    assert all(1 <= p["replicas"] <= 3 and 1 <= p["target_replicas"] <= 3 for p in timeline)
+    kinds = [p["decision"] for p in timeline if p["decision"]]
+    assert "scale_out" in kinds and "scale_in" in kinds
+    assert all(p["target_replicas"] > p["replicas"] for p in timeline if p["decision"] == "scale_out")
+    assert any(p["cpu_util"] is not None and p["memory_util"] is not None for p in timeline)
+    assert_no_orphans(str(spec), before)

@@ -304,7 +304,8 @@ def test_reference_code_location_loads_with_the_checks() -> None:
     Definitions.validate_loadable(definitions.defs)
     asset_graph = definitions.defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in asset_graph.get_all_asset_keys()}
-    assert keys == {"impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka", "ctr_demo_model"}
+    sources = {"impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka"}
+    assert keys == {*sources, "ctr_demo_model", "ctr_demo_live_model"}
     check_keys = {(k.asset_key.to_user_string(), k.name) for k in asset_graph.asset_check_keys}
     assert ("events_kafka", SCHEMA_MATCHES_SPEC) in check_keys and ("ctr_demo_model", "auc_not_regressed") in check_keys
     assert len(check_keys) == 4 * len(SOURCE_CHECK_DESCRIPTIONS) + 1

@@ -1,17 +1,27 @@
 """The stream sensor against the embedded Kafka-compatible broker and a real Dagster instance: offsets
-below the thresholds give an observation and no run, past ``min_new_records`` (or after ``max_wait``) one
-run of the closed hour, lag counts what no trained model has read, and a broker that cannot be reached is
+below the thresholds give an observation and no run, past ``min_new_records`` (or after ``max_wait``) a
+live increment and one run of the closed hour, no live increment while one runs, lag counts what the
+newest model (a training partition or the live model) has not read, and a broker that cannot be reached is
 named in the skip reason."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context, instance_for_test
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    build_sensor_context,
+    instance_for_test,
+)
 from kafka import KafkaProducer
 
 from primus_dagster.dagster_defs import KafkaResource, PrimusStorageResource, build_stream_sensor
@@ -96,7 +106,9 @@ def test_offsets_past_the_threshold_ask_for_the_closed_hour_once(kafka_broker, i
     assert observed(below)["lag"] == {"0": 15, "1": 15} and observed(below)["due"] is False
     produce(servers, topic, T0 + timedelta(hours=1), 30, first_id=30)  # 60 new records; hour 0 is closed
     past = ticker.tick()
-    (request,) = past.run_requests
+    live, request = past.run_requests  # a live increment, and the closed hour for the training partition
+    assert live.job_name == "stream_live_job" and live.asset_selection == [AssetKey("stream_live_model")]
+    assert live.run_key.startswith("live:") and live.tags["primus/live"] == "events"
     assert request.partition_key == "2026-11-01-00:00" and request.asset_selection == [AssetKey("events")]
     assert request.job_name == "stream_events_hour_job" and "60 new records" in request.tags["primus/trigger"]
     meta = observed(past)
@@ -115,6 +127,30 @@ def test_offsets_past_the_threshold_ask_for_the_closed_hour_once(kafka_broker, i
     produce(servers, topic, T0 + timedelta(hours=1, minutes=5), 2, first_id=60)
     ticker.now = T0 + timedelta(hours=2, minutes=5)  # training 01:00 has closed
     assert observed(ticker.tick())["lag"] == {"0": 11, "1": 31}
+    # A live model that read further counts: the lag is what the newest model has not read.
+    instance.report_runless_asset_event(
+        AssetMaterialization(
+            asset_key="stream_live_model",
+            metadata={"source_versions": {"events": {"offsets": {f"{topic}:0": [20, 31], f"{topic}:1": [0, 25]}}}},
+        )
+    )
+    produce(servers, topic, T0 + timedelta(hours=1, minutes=6), 2, first_id=62)
+    assert observed(ticker.tick())["lag"] == {"0": 1, "1": 7}
+
+
+def test_no_live_increment_is_asked_for_while_one_runs(kafka_broker, instance, tmp_path) -> None:
+    servers, topic = kafka_broker.bootstrap_servers, "sensor-live-busy"
+    create_topic(servers, topic, partitions=2)
+    ticker = Ticker(job_for(topic, min_new_records=10), instance, servers, tmp_path)
+    ticker.now = T0 + timedelta(minutes=30)
+    instance.add_run(DagsterRun(job_name="stream_live_job", run_id=str(uuid.uuid4()), status=DagsterRunStatus.STARTED))
+    produce(servers, topic, T0, 20)
+    busy = ticker.tick()
+    assert not busy.run_requests and "a live increment is running" in busy.skip_reason.skip_message
+    for run in instance.get_runs():
+        instance.report_run_canceled(run)
+    (live,) = ticker.tick().run_requests  # still due: asked for once the running one is done
+    assert live.job_name == "stream_live_job"
 
 
 def test_max_wait_asks_for_few_records_once_they_waited(kafka_broker, instance, tmp_path) -> None:
@@ -124,12 +160,13 @@ def test_max_wait_asks_for_few_records_once_they_waited(kafka_broker, instance, 
     produce(servers, topic, T0, 4)
     produce(servers, topic, T0 + timedelta(hours=1), 2, first_id=4)
     ticker.now = T0 + timedelta(hours=1, minutes=1)
-    assert not ticker.tick().run_requests  # 6 records, waiting since now
+    (hour,) = ticker.tick().run_requests  # 6 records, waiting since now; the closed hour needs no threshold
+    assert hour.partition_key == "2026-11-01-00:00" and "the hour is complete" in hour.tags["primus/trigger"]
     ticker.now += timedelta(minutes=9)
     assert not ticker.tick().run_requests
     ticker.now += timedelta(minutes=1)
-    (request,) = ticker.tick().run_requests
-    assert request.partition_key == "2026-11-01-00:00" and "waited max_wait" in request.tags["primus/trigger"]
+    (live,) = ticker.tick().run_requests
+    assert live.job_name == "stream_live_job" and "waited max_wait" in live.tags["primus/trigger"]
     assert StreamCursor.parse(ticker.cursor, "s").pending_since is None  # consumed
 
 

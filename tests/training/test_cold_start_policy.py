@@ -11,7 +11,7 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.data.sources import TimeWindow
-from primus_dagster.training.job import MissingPredecessorError, TrainingJob, TrainingRun, _load_warm_start
+from primus_dagster.training.job import MissingPredecessorError, TrainingJob, TrainingRun, load_warm_start
 
 WINDOW = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
 
@@ -41,14 +41,14 @@ def run_for(tmp_path, monkeypatch, cold_start: str | None) -> TrainingRun:
 def test_by_default_a_missing_predecessor_is_an_error(tmp_path, monkeypatch) -> None:
     run = run_for(tmp_path, monkeypatch, None)
     with pytest.raises(MissingPredecessorError, match=r"no finished run 'train-test/2026-11-01'.*cold_start: allow"):
-        _load_warm_start(NoModelTracker(), run)
+        load_warm_start(NoModelTracker(), run)
 
 
 def test_allow_starts_fresh_loudly(tmp_path, monkeypatch, caplog) -> None:
     run = run_for(tmp_path, monkeypatch, "allow")
     tracker = NoModelTracker()
     with caplog.at_level(logging.WARNING, logger="primus_dagster.training.job"):
-        source, why = _load_warm_start(tracker, run)
+        source, why = load_warm_start(tracker, run)
     assert source is None and why == "no finished run 'train-test/2026-11-01' with a checkpoint to warm-start from"
     assert tracker.tags == {"primus.cold_start": why}
     assert "the model starts fresh (automation.cold_start: allow)" in caplog.text

@@ -1,12 +1,15 @@
-"""DDP training (``primus_dagster.training.distributed``): gloo ranks, each with its own RemoteReader.
+"""Trainer groups (``primus_dagster.training.distributed``): gloo ranks, each with its own RemoteReader.
 
 Over a data plane: 2 ranks train every sample of the window exactly once between them and end with
 identical parameters; a group of 1 works; a rank that never gets a batch still takes part. In memory:
-the comm hook averages each tower's gradient over the ranks that trained it; a failing rank is named.
+both exchanges (row-sparse, DDP's dense all-reduce) average each tower's gradient over the ranks that
+trained it and keep the replicas identical; after one round they agree; a failing rank is named.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -23,6 +26,7 @@ from primus_dagster.data.local_plane import LocalDataPlane
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.distributed import params_checksum, run_ddp, run_ddp_in_memory
 from primus_dagster.training.models import build_model
+from primus_dagster.training.trainer import RecOptimizer
 
 pytestmark = pytest.mark.integration
 
@@ -75,27 +79,37 @@ def test_a_rank_without_any_batch_still_takes_part(tmp_path: Path) -> None:
     assert results[0].params_checksum == results[1].params_checksum
 
 
-def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path: Path) -> None:
-    """2 in-memory ranks, rounds of equal and of different kinds == one process whose every parameter
-    takes the mean gradient of the ranks that trained its tower in the round (Adam, same seed)."""
+SPEC = TrainingSpec(
+    mode="mixed",
+    batch_size=64,
+    model={"type": "mtrm", "embedding_dim": 4, "hash_buckets": 500, "memory_hidden": [8], "adapt_hidden": [8]},
+)
+
+
+def _shards(tmp_path: Path, kinds: tuple[str, ...]) -> list[list[Batch]]:
+    """One in-memory shard per rank, a micro-batch of 64 rows per kind; pickled to ``<rank>.pt``."""
     torch.manual_seed(0)
-    spec = TrainingSpec(
-        mode="mixed",
-        batch_size=64,
-        model={"type": "mtrm", "embedding_dim": 4, "hash_buckets": 500, "memory_hidden": [8], "adapt_hidden": [8]},
-    )
     shards = [
         [
             Batch.from_tensors(
                 torch.randn(64, 3), torch.randint(-(10**9), 10**9, (64, 2)), (torch.rand(64) < 0.3).float(), kind=k
             )
-            for k in kinds.split()
+            for k in rank_kinds.split()
         ]
-        for kinds in ("batch stream batch stream", "batch batch stream stream")
+        for rank_kinds in kinds
     ]
     for rank, shard in enumerate(shards):
         (tmp_path / f"{rank}.pt").write_bytes(pickle.dumps(shard))
-    results = run_ddp_in_memory([str(tmp_path / "0.pt"), str(tmp_path / "1.pt")], spec, warmup_steps=1)
+    return shards
+
+
+def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path: Path) -> None:
+    """DDP's dense all-reduce: 2 in-memory ranks, rounds of equal and of different kinds == one process
+    whose every parameter takes the mean gradient of the ranks that trained its tower (Adam, same seed)."""
+    spec = SPEC
+    shards = _shards(tmp_path, ("batch stream batch stream", "batch batch stream stream"))
+    paths = [str(tmp_path / "0.pt"), str(tmp_path / "1.pt")]
+    results = run_ddp_in_memory(paths, spec, warmup_steps=1, exchange="ddp_dense")
 
     model = build_model(spec.model.model_copy(update={"sparse_embeddings": False}), 3, 2, seed=spec.seed)  # as DDP
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
@@ -112,6 +126,48 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
         optimizer.step()
     assert results[0].params_checksum == results[1].params_checksum
     assert results[0].params_abs_sum == pytest.approx(params_checksum(model)[1], rel=1e-6)
+
+
+def test_row_sparse_exchange_averages_the_touched_rows_per_tower(tmp_path: Path) -> None:
+    """The row-sparse exchange == one process with sparse embedding gradients and the lazy SparseAdam
+    (as a single trainer) whose every gradient is the mean over the ranks that trained its tower; the
+    replicas end identical."""
+    spec = SPEC
+    shards = _shards(tmp_path, ("batch stream batch stream", "batch batch stream stream"))
+    results = run_ddp_in_memory([str(tmp_path / "0.pt"), str(tmp_path / "1.pt")], spec, warmup_steps=1)
+    assert results[0].params_checksum == results[1].params_checksum
+    assert results[0].extra["exchange_bytes_per_step"] > 0
+
+    model = build_model(spec.model, 3, 2, seed=spec.seed)  # sparse embeddings (the default)
+    optimizer = RecOptimizer(model, spec.learning_rate)
+    for pair in [(shards[0][0], shards[1][0]), *zip(*shards, strict=True)]:
+        grads: dict[str, list[torch.Tensor]] = {}
+        for x in pair:
+            model.zero_grad(set_to_none=True)
+            F.binary_cross_entropy_with_logits(model(x.dense, x.sparse, x.kind), x.label).backward()
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    grads.setdefault(name, []).append(p.grad)
+        for name, p in model.named_parameters():
+            g = grads.get(name)
+            p.grad = None if g is None else functools.reduce(operator.add, g) / len(g)  # dense or sparse
+        optimizer.step()
+    assert results[0].params_abs_sum == pytest.approx(params_checksum(model)[1], rel=1e-6)
+
+
+def test_row_sparse_and_dense_allreduce_agree_on_the_same_rows(tmp_path: Path) -> None:
+    """Each rank trains the same micro-batch twice (warm-up round, timed round): every row or tower
+    with a gradient has it in both rounds, so Adam and the lazy SparseAdam take the same steps and
+    the two exchanges give the same parameters -- the row-sparse one sending fewer bytes. Close, not
+    equal: SparseAdam adds eps before its bias correction (``eps / sqrt(1 - beta2)`` in Adam's terms),
+    which shows on the tiny embedding gradients."""
+    _shards(tmp_path, ("batch", "batch"))
+    paths = [str(tmp_path / "0.pt"), str(tmp_path / "1.pt")]
+    sparse = run_ddp_in_memory(paths, SPEC, warmup_steps=1)
+    dense = run_ddp_in_memory(paths, SPEC, warmup_steps=1, exchange="ddp_dense")
+    assert sparse[0].steps == dense[0].steps == 1
+    assert sparse[0].params_abs_sum == pytest.approx(dense[0].params_abs_sum, rel=3e-4)
+    assert sparse[0].extra["exchange_bytes_per_step"] < dense[0].extra["exchange_bytes_per_step"]
 
 
 def test_a_failing_rank_is_named(tmp_path: Path) -> None:

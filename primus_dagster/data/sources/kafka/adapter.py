@@ -45,7 +45,7 @@ from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder
 from primus_dagster.data.sources.kafka.offsets import PROBE_CONSUMER_CONFIG, OffsetSearch
 from primus_dagster.data.sources.kafka.protocol import OFFSET_OUT_OF_RANGE
 from primus_dagster.data.sources.kafka.records import CorruptBatchError, LegacyFormatError, RecordColumns
-from primus_dagster.data.sources.kafka.tail import TailPlan, plan_tail
+from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, plan_tail
 from primus_dagster.data.sources.kafka.wire import Fetched, PartitionReader, WireClient, WireError, WireUnsupportedError
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import KafkaSourceSpec
@@ -310,20 +310,49 @@ class KafkaSource(SourceAdapter):
         """``{kafka partition: high watermark}`` now: the offset the next produced record will get."""
         return {p: high for p, (_, high) in self.watermarks().items()}
 
+    def offsets_at(self, moment: datetime) -> dict[int, int]:
+        """``{kafka partition: first offset whose record timestamp is at or after moment}`` (the high
+        watermark where every record is older): where a reader that has everything before ``moment``
+        continues."""
+        from kafka import TopicPartition
+
+        bound = int(moment.timestamp() * 1000)
+        with self._lock:
+            probe = self._probe_consumer()
+            ids = probe.partitions_for_topic(self.spec.topic)
+            if not ids:
+                raise SourceReadError(self.spec.topic, f"topic {self.spec.topic!r} does not exist")
+            return {
+                p: self._offset_search.boundary_offsets(probe, TopicPartition(self.spec.topic, p), [bound])[0][0]
+                for p in sorted(ids)
+            }
+
     def tail(
         self,
         from_offsets: dict[int, int] | None = None,
         max_records_per_partition: int | None = None,
         skip_deleted: bool = False,
+        until: dict[int, int] | None = None,
+        planned_at: datetime | None = None,
     ) -> TailPlan:
         """Plan reading from ``from_offsets`` (committed offsets; default: the first retained) to the high watermarks.
 
         The stops are fixed now: re-reading a planned task reads exactly the same records, and
-        records produced after planning are left to the next tail. See :func:`.tail.plan_tail`
-        for the offset checks (:class:`.tail.TailOffsetError`) and ``skip_deleted``.
+        records produced after planning are left to the next tail. ``until`` caps the stops (the
+        stops of an earlier plan: re-planning a killed run's tail reads the same records) and
+        ``planned_at`` (default now) is the time the plan is dated. See :func:`.tail.plan_tail` for
+        the offset checks (:class:`.tail.TailOffsetError`) and ``skip_deleted``.
         """
         marks = self.watermarks()
         begins, highs = {p: b for p, (b, _) in marks.items()}, {p: h for p, (_, h) in marks.items()}
+        if until is not None:
+            short = {p: (stop, highs[p]) for p, stop in until.items() if p in highs and stop > highs[p]}
+            if short:
+                raise TailOffsetError(
+                    f"topic {self.spec.topic!r}: planned stops past the high watermarks {short} "
+                    "(was the topic re-created?)"
+                )
+            highs = {p: min(h, until.get(p, h)) for p, h in highs.items()}
         return plan_tail(
             self.spec.name,
             self.spec.topic,
@@ -331,7 +360,7 @@ class KafkaSource(SourceAdapter):
             highs,
             from_offsets,
             self.spec.max_records_per_task,
-            datetime.now(timezone.utc),
+            planned_at or datetime.now(timezone.utc),
             self.spec.granularity,
             max_records_per_partition=max_records_per_partition,
             skip_deleted=skip_deleted,

@@ -1,0 +1,118 @@
+"""The live model asset: the newest model trained on the stream up to the moment it was asked for.
+
+One materialisation is one live increment (:func:`~primus_dagster.training.live.run_live_increment`):
+the newest trained window's model (the training asset's newest partition, found through MLflow) or
+the newest increment built on it goes on learning from the Kafka records that arrived since, and is
+published to MLflow. The stream sensor asks for it when its thresholds (``automation.min_new_records``,
+``max_wait``) are met; it can also be materialised by hand, or by ``primus-dagster live``. Jobs without
+a Kafka stream source of kind ``stream`` (or in ``batch`` mode) have no live asset.
+
+Example::
+
+    defs = Definitions(assets=[..., build_live_asset(job, "job.yaml")], resources=default_resources())
+"""
+
+from pathlib import Path
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AssetSelection,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    define_asset_job,
+)
+
+from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
+from primus_dagster.dagster_defs.schedules import AssetJob
+from primus_dagster.dagster_defs.training_asset import training_asset_name
+from primus_dagster.spec import JobSpec
+
+LIVE_TAG = "primus/live"  # on the runs the stream sensor asks for
+_LIVE_JOBS: dict[tuple[str, AssetKey], AssetJob] = {}
+
+
+def live_asset_name(job: JobSpec) -> str:
+    """``<job>_live_model`` (hyphens as underscores)."""
+    return f"{job.name.replace('-', '_')}_live_model"
+
+
+def live_asset_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJob:
+    """``<job>_live_job``: the asset job of the live model (the stream sensor's target; one object per
+    job and prefix, as Dagster refuses two definitions of one job)."""
+    key = AssetKey([*(key_prefix or []), live_asset_name(job)])
+    name = f"{job.name.replace('-', '_')}_live_job"
+    if (name, key) not in _LIVE_JOBS:
+        _LIVE_JOBS[(name, key)] = define_asset_job(
+            name,
+            selection=AssetSelection.assets(key),
+            description=f"A live increment of job `{job.name}`: its newest model trained on the stream since.",
+        )
+    return _LIVE_JOBS[(name, key)]
+
+
+def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] | None = None) -> AssetsDefinition:
+    """The live model asset of ``job`` (module docstring); ValueError for a job without a stream to follow."""
+    sources, why = job.live_stream_sources()
+    if not sources:
+        raise ValueError(why)
+    job_path = str(Path(job_path).resolve())
+    training_key = AssetKey([*(key_prefix or []), training_asset_name(job)])
+    kafka_keys = [AssetKey([*(key_prefix or []), source.name]) for _, source in sources]
+    topics = ", ".join(f"`{source.topic}`" for _, source in sources)
+
+    @asset(
+        name=live_asset_name(job),
+        key_prefix=key_prefix,
+        deps=[AssetDep(training_key), *(AssetDep(k) for k in kafka_keys)],
+        group_name="training",
+        kinds={"pytorch", "mlflow", "kafka"},
+        description=(
+            f"{job.training.model.type} model of job `{job.name}`: the newest trained partition's model, "
+            f"then every record of {topics} since its window, published to MLflow at each materialisation "
+            "(a live increment)."
+        ),
+    )
+    def _live_asset(
+        context: AssetExecutionContext,
+        storage: PrimusStorageResource,
+        mlflow: MlflowResource,
+        executor_pool: ExecutorPoolResource,
+    ) -> MaterializeResult:
+        from primus_dagster.training.job import JobHooks
+        from primus_dagster.training.live import LiveIncrement, run_live_increment
+
+        source_context = storage.source_context(source for _, source in sources)
+
+        def log_progress(progress: dict) -> None:
+            context.log.info(
+                f"[live] step {progress['step']} samples {progress['samples']} loss {progress['loss']:.4f} "
+                f"train-AUC {progress['train_auc']:.4f} {progress['samples_per_s']:.0f} samples/s"
+            )
+
+        result = run_live_increment(
+            LiveIncrement(
+                job,
+                job_path,
+                storage.data_root,
+                kafka_bootstrap=source_context.kafka_bootstrap_servers,
+                executors=executor_pool.executors(job),
+                tracker=mlflow.tracker(job),
+                progress=log_progress,
+            ),
+            JobHooks(data_plane=executor_pool.data_plane_factory(job)),
+        )
+        context.log.info(f"live increment: {result.start.why}; {result.records} new record(s)")
+        metadata = {
+            name: (MetadataValue.json(value) if isinstance(value, (dict, list)) else value)
+            for name, value in result.metadata().items()
+            if value is not None
+        }
+        if result.training is not None and result.training.run_url.startswith("http"):
+            metadata["mlflow_run_url"] = MetadataValue.url(result.training.run_url)
+        return MaterializeResult(metadata=metadata)
+
+    return _live_asset

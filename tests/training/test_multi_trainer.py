@@ -1,0 +1,183 @@
+"""Training jobs with ``pools.training.replicas: 2`` (``primus_dagster.training.multi_trainer``).
+
+Through ``run_training_job``: every sample trained exactly once across the ranks (the multiset of
+sample ids the ranks hand to ``on_batch``), checkpoints in MLflow, identical replicas. SIGKILL of the
+``primus-dagster-dev train`` process group after a checkpoint, then the same command: it resumes and
+the two attempts together train each sample once. A rank that raises fails the job with its message
+and leaves no process behind; with ``restart: on_failure`` the group starts again from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+from jobkit import expected_ids, make_job
+
+from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
+from primus_dagster.spec import load_job_spec
+from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+from primus_dagster.training.multi_trainer import RankFailedError
+
+pytestmark = pytest.mark.integration
+
+
+def _two_trainers(env: dict, pool: str = "replicas: 2") -> dict:
+    text = env["job_path"].read_text()
+    assert text.count("training: {replicas: 1}") == 1
+    env["job_path"].write_text(text.replace("training: {replicas: 1}", f"training: {{{pool}}}"))
+    env["job"] = load_job_spec(env["job_path"])
+    return env
+
+
+def test_two_trainers_train_every_sample_once_with_checkpoints(tmp_path: Path) -> None:
+    env = _two_trainers(make_job(tmp_path, mode="mixed", model="mtrm", every=5))
+    trained: Counter = Counter()
+    steps: list[int] = []
+
+    def on_batch(step: int, batch) -> None:
+        trained.update(batch.sample_id.tolist())
+        steps.append(step)
+
+    result = run_training_job(
+        TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2),
+        JobHooks(on_batch=on_batch),
+    )
+    expected = expected_ids(env)
+    assert trained == expected  # each sample exactly once across the two ranks
+    assert result.stats["samples"] == sum(expected.values()) and result.stats["trainers"] == 2
+    ranks = result.stats["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["samples"] > 0 for r in ranks)
+    assert ranks[0]["params_checksum"] and ranks[0]["params_checksum"] == ranks[1]["params_checksum"]
+    assert sum(r["samples"] for r in ranks) == result.stats["samples"]
+    assert ranks[0]["exchange_bytes_per_step"] > 0
+    assert len(result.checkpoints) >= 3 and result.checkpoints[-1] == result.stats["step"] == max(steps)
+    assert result.evaluation is not None and result.model_uri
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    logged = [a.path for a in client.list_artifacts(result.run_id, "checkpoints")]
+    assert len(logged) == len(set(result.checkpoints))
+    assert client.get_run(result.run_id).data.params["trainers"] == "2"
+
+
+def _train_cmd(env: dict, log: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "primus_dagster.devtools.cli",
+        "train",
+        str(env["job_path"]),
+        "--hours",
+        "3",
+        "--data-root",
+        str(env["root"]),
+        "--executors",
+        "2",
+        "--record-samples",
+        str(log),
+        "--no-eval",
+        "--json",
+        "--slow-executors-ms",
+        "30",
+    ]
+
+
+def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path: Path) -> None:
+    env = _two_trainers(make_job(tmp_path, mode="mixed", model="mtrm", every=6))
+    first = subprocess.Popen(
+        _train_cmd(env, tmp_path / "run1.bin"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    killed_after = None
+    for line in first.stderr:  # type: ignore[union-attr]
+        if "checkpoint at step" in line and ", done" not in line:
+            os.killpg(first.pid, signal.SIGKILL)  # the job, its trainer ranks and executors: a dead node
+            killed_after = line
+            break
+    first.wait(30)
+    assert killed_after is not None and first.returncode == -signal.SIGKILL
+
+    second = subprocess.run(_train_cmd(env, tmp_path / "run2.bin"), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    meta = json.loads(second.stdout.strip().splitlines()[-1])
+    resumed = meta["resumed_from_step"]
+    assert resumed is not None and resumed > 0
+
+    kept = Counter(int(i) for s, ids in read_trained_sample_ids(tmp_path / "run1.bin") if s <= resumed for i in ids)
+    after = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "run2.bin") for i in ids)
+    expected = expected_ids(env)
+    assert kept and after
+    assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart
+    assert meta["samples"] == sum(expected.values())
+
+
+def fail_at(rank: int, at_round: int, marker: str | None, this_rank: int, round_: int) -> None:
+    """A rank hook (pickled into the ranks): rank ``rank`` raises at ``at_round`` -- once, when
+    ``marker`` names a file it creates."""
+    if this_rank != rank or round_ != at_round:
+        return
+    if marker is not None:
+        if os.path.exists(marker):
+            return
+        Path(marker).touch()
+    raise RuntimeError(f"injected failure of rank {rank} at round {round_}")
+
+
+def _children() -> set[int]:
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())
+    }
+
+
+def test_a_failing_rank_fails_the_job_with_its_error_and_leaves_no_process(tmp_path: Path) -> None:
+    from primus_dagster.training.multi_trainer import run_multi_trainer_job
+
+    env = _two_trainers(
+        make_job(tmp_path, mode="mixed", model="single", every=4, hours=1), "replicas: 2, restart: never"
+    )
+    before = _children()
+    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+    with pytest.raises(RankFailedError, match=r"trainer rank 1 failed[\s\S]*injected failure of rank 1 at round 3"):
+        run_multi_trainer_job(cfg, rank_hook=functools.partial(fail_at, 1, 3, None))
+    deadline = time.monotonic() + 10
+    while _children() - before and time.monotonic() < deadline:
+        time.sleep(0.2)  # reaped processes may take a moment to disappear
+    assert not (_children() - before)
+    run = mlflow.MlflowClient(env["job"].tracking.tracking_uri).search_runs(
+        [mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_experiment_by_name("train-test").experiment_id]
+    )[0]
+    assert run.info.status == "FAILED"
+
+
+def test_restart_on_failure_continues_the_group_from_its_checkpoint(tmp_path: Path) -> None:
+    from primus_dagster.training.multi_trainer import run_multi_trainer_job
+
+    env = _two_trainers(
+        make_job(tmp_path, mode="mixed", model="single", every=3, hours=1), "replicas: 2, max_restarts: 1"
+    )
+    trained: Counter = Counter()
+    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+    result = run_multi_trainer_job(
+        cfg,
+        JobHooks(on_batch=lambda step, batch: trained.update(batch.sample_id.tolist())),
+        rank_hook=functools.partial(fail_at, 0, 5, str(tmp_path / "failed-once")),
+    )
+    expected = expected_ids(env)
+    assert (tmp_path / "failed-once").exists()
+    assert result.stats["samples"] == sum(expected.values())  # counters from the checkpoint on
+    assert set(trained) == set(expected) and all(trained[i] >= 1 for i in expected)  # after it: trained again
+    assert result.checkpoints[0] <= 5 < result.checkpoints[-1]
