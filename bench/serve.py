@@ -1,53 +1,78 @@
-"""End-to-end rows/s per core: Parquet -> data executors -> Flight -> trainer-side reader.
+"""End-to-end rows/s per core: Parquet -> data executors -> trainer-side reader, next to fair baselines.
 
-Three readers of the same synthetic Parquet files, measured in one run:
+Every reader reads the same synthetic Parquet files, the same columns -- the ones the model uses:
+``click`` (label), ``d0..d12`` (dense), ``user_id, item_id, topic_id, device, hour_of_day``
+(sparse); ``event_time`` and ``sample_id`` are in the files but no model reads them -- in batches of
+``--batch-rows`` rows, and every reader's delivered row count is asserted equal to the expected
+count (the files' footers; a mismatch ends the bench with an error, ``"rows_checked": true`` in
+the JSON says it held). The readers, measured in one run, ``--repeat`` times, interleaved:
 
-* **primus** — the planner (DTGG) plans the window, the driver (Flight, loopback) hands the tasks
-  to ``--workers`` executor processes, each reads through the Parquet adapter, normalises to the
-  canonical schema and serves over Arrow Flight; the trainer-side ``RemoteReader`` in this process
-  claims every batch and turns it into torch tensors (dense [B, 13], sparse [B] x 5, label [B]).
-  ``--transport shm`` (default): the executors are on this host, so the batches themselves travel
-  through shared memory and Flight carries only their descriptors; ``--transport flight``: the
-  batches travel in the Flight stream (as to a reader on another host).
-* **pyarrow** — ``pyarrow.dataset`` decoding the same files and columns into batches of the same
-  size, nothing else: the hardware ceiling.
-* **dataloader** — what a user would otherwise write: a map-style ``torch.utils.data.Dataset``
-  holding the same rows (loaded with pyarrow, as numpy arrays) whose ``__getitem__`` returns one
-  sample's tensors, batched by ``DataLoader(batch_size, num_workers=--workers)`` with the default
-  collate.
+* **primus** -- the planner (DTGG) plans the window, the driver (Flight, loopback) hands the tasks to
+  ``--workers`` executor processes (``LocalDataPlane(fields=("label", "dense", "sparse"))``: the
+  trainer reads no ``ts``/``sample_id``, so the executors decode only the model's columns), each
+  reads through the Parquet adapter, normalises to the canonical schema and serves; the
+  ``RemoteReader`` in this process claims every batch (exactly-once ledger) and hands it over as a
+  ``Batch`` with torch tensors (dense float32 [B, 13], sparse int64 [B, 5], label float32 [B]).
+  ``--transport shm`` (default): executors on this host, batches through shared-memory slots, Flight
+  carries descriptors; ``--transport flight``: batches in the Flight stream (a reader on another host).
+  **Counted**: this process (reader threads, claims, the driver serving the executors' RPCs, the
+  consumer) + every executor process from the moment it announced it was ready until it exited
+  (its start-up -- interpreter and imports, about a second of CPU each -- is reported apart as
+  ``executor_startup_cpu_s``).
+* **batched_dataloader** -- what a competent user writes: a ``torch.utils.data.IterableDataset`` whose
+  workers each read a share of the files (``ParquetFile.iter_batches``, the same columns and batch
+  size, one thread) and turn every record batch into the same three tensors (``np.stack`` of the
+  dense and sparse columns, label as float32) -- whole batches, no per-sample ``__getitem__`` --
+  through ``DataLoader(batch_size=None, num_workers=--workers)``. **Counted**: this process + its
+  DataLoader worker processes (fork; reaped when the epoch ends, ``RUSAGE_CHILDREN``).
+* **ray_data** (when ``ray`` is installed: ``pip install -c constraints.txt -e '.[bench]'``) --
+  ``ray.data.read_parquet(files).select_columns(...).iter_torch_batches(batch_size=..., collate_fn=...)``
+  (the projection is pushed down into the read), the collate function (an ``ArrowBatchCollateFn``;
+  measured here, no slower than a ``NumpyBatchCollateFn``) building the same three tensors. Ray is started once
+  (``ray.init(num_cpus=--workers)``) and warmed up on one file before any measurement, so its
+  start-up is not timed. **Counted**: this process + every process of the Ray session (all
+  descendants of this process: GCS, raylet, workers, ...) over the iteration, summed from their
+  ``/proc`` CPU times. Not installed: skipped, ``ratio_vs_ray_data`` is null and ``notes`` says why.
+* **pyarrow_1t** -- ``pyarrow.parquet.ParquetFile.iter_batches(use_threads=False)`` over the files,
+  the same columns and batch size, nothing else (no tensors): one core's decode ceiling (measured
+  here: faster per core than ``pyarrow.dataset`` with ``use_threads=False``). **Counted**: this process.
+* **pyarrow** -- ``pyarrow.dataset(...).to_batches(columns, batch_size)`` with its default threads.
+  **Counted**: this process (all its threads).
+* **per_sample_dataloader** (secondary, ``--per-sample-rows`` rows) -- the naive loader kept for
+  reference: a map-style ``Dataset`` over numpy arrays whose ``__getitem__`` returns one sample,
+  ``DataLoader(batch_size, num_workers=--workers)`` with the default collate. Counted like
+  ``batched_dataloader``.
 
-"Per core" = rows / CPU seconds of every process involved (this one, executors, DataLoader
-workers) in steady state: the executors' one-time start-up (interpreter + imports, about a
-second of CPU each) is reported separately as ``executor_startup_cpu_s``, as the DataLoader's
-worker start-up is inside its figure (it is cheaper: fork). Wall-clock rows/s are reported too.
-torch runs single-threaded here: the consumers' "touch" (a sum over the batch) is tiny, and with
-torch's default OpenMP pool the pool's spinning threads billed about 0.4 CPU-s to whichever
-pipeline ran it -- a cost of the measurement, not of the data path.
+"Per core" = rows / CPU seconds (user + system) of everything counted above. Every consumer
+touches the dense tensor (a sum, as a training step would read it). torch runs single-threaded
+(with its default OpenMP pool the pool's spinning threads billed about 0.4 CPU-s to whichever
+pipeline ran it). Figures are medians over the repeats; ratios are of medians (per repeat in
+``ratios_per_repeat``). Wall-clock rows/s are reported too.
 
-All three read batches of ``--batch-rows`` rows (pyarrow too: its own default would be 131072;
-measured here, 65536 and 131072 give the same ratios within noise). The three readers run
-``--repeat`` times, interleaved, and the figures are medians (this machine's background load
-drifts by more than the differences measured).
-
-Last line: {"bench": "serve", "rows_per_s_per_core": ..., "pyarrow_rows_per_s_per_core": ...,
-"dataloader_rows_per_s_per_core": ..., "ratio_vs_pyarrow": ..., "ratio_vs_dataloader": ...}
+Last line: {"bench": "serve", "ratio_vs_batched_dataloader": ..., "ratio_vs_ray_data": ...,
+"ratio_vs_pyarrow_1t": ..., "rows_checked": true, ...}
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from primus_dagster.data import LocalDataPlane, Planner, SourceContext, TimeWindow, native_columns
+from primus_dagster.data import LocalDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -61,6 +86,17 @@ pools: {data: {replicas: {workers}, max_replicas: 8, task_runners: {runners}}, t
 """
     + PARQUET_DATASET
 )
+LABEL = "click"
+DENSE = [f"d{i}" for i in range(13)]
+SPARSE = ["user_id", "item_id", "topic_id", "device", "hour_of_day"]
+COLUMNS = [LABEL, *DENSE, *SPARSE]  # what the model reads (no event_time, no sample_id)
+FIELDS = ("label", "dense", "sparse")  # the same, as canonical fields of the data plane
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class RowsMismatch(RuntimeError):
+    """A reader delivered another number of rows than the files hold."""
 
 
 def cpu_children() -> float:
@@ -68,21 +104,43 @@ def cpu_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def to_tensors(columns: dict[str, np.ndarray]) -> Tensors:
+    """The trainer's tensors from one batch of columns: dense float32 [B, 13], sparse int64 [B, 5],
+    label float32 [B] -- what ``Batch.dense / .sparse / .label`` hold."""
+    dense = np.stack([columns[c] for c in DENSE], axis=1).astype(np.float32, copy=False)
+    sparse = np.stack([columns[c] for c in SPARSE], axis=1).astype(np.int64, copy=False)
+    label = np.asarray(columns[LABEL]).astype(np.float32)
+    return torch.from_numpy(dense), torch.from_numpy(sparse), torch.from_numpy(label)
+
+
+class ParquetBatches(IterableDataset):
+    """Whole batches of the files, each worker reading its share (files i, i + W, ...)."""
+
+    def __init__(self, files: list[str], batch_size: int):
+        self.files, self.batch_size = files, batch_size
+
+    def __iter__(self) -> Iterator[Tensors]:
+        info = get_worker_info()
+        files = self.files if info is None else self.files[info.id :: info.num_workers]
+        for path in files:
+            parquet = pq.ParquetFile(path, memory_map=True)
+            for batch in parquet.iter_batches(batch_size=self.batch_size, columns=COLUMNS, use_threads=False):
+                yield to_tensors({name: batch.column(name).to_numpy() for name in COLUMNS})
+
+
 class RowDataset(Dataset):
     """One sample per index, as a user would write it over columns loaded into numpy."""
 
-    def __init__(self, files: list[str], columns: list[str], rows: int):
-        table = ds.dataset(files, format="parquet").head(rows, columns=columns)
-        self.dense = np.stack([table[f"d{i}"].to_numpy() for i in range(13)], axis=1).astype(np.float32)
-        self.sparse = np.stack(
-            [table[c].to_numpy() for c in ("user_id", "item_id", "topic_id", "device", "hour_of_day")], axis=1
-        ).astype(np.int64)
-        self.label = table["click"].to_numpy().astype(np.float32)
+    def __init__(self, files: list[str], rows: int):
+        table = ds.dataset(files, format="parquet").head(rows, columns=COLUMNS)
+        self.dense = np.stack([table[c].to_numpy() for c in DENSE], axis=1).astype(np.float32)
+        self.sparse = np.stack([table[c].to_numpy() for c in SPARSE], axis=1).astype(np.int64)
+        self.label = table[LABEL].to_numpy().astype(np.float32)
 
     def __len__(self) -> int:
         return len(self.label)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> Tensors:
         return torch.from_numpy(self.dense[i]), torch.from_numpy(self.sparse[i]), torch.tensor(self.label[i])
 
 
@@ -90,7 +148,7 @@ def run_primus(job_path, root, window, workers: int, startup: dict, shm: bool) -
     job = load_job_spec(job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(root)), threads=4).plan(window).tasks)
     rows = 0
-    with LocalDataPlane(job_path, root, tasks, executors=workers, trainers=1, shm=shm) as plane:
+    with LocalDataPlane(job_path, root, tasks, executors=workers, trainers=1, shm=shm, fields=FIELDS) as plane:
         # Steady state: from the moment every executor is up (start-up is reported separately).
         cpu0, wall0 = cpu_self(), time.perf_counter()
         with plane.reader(0, prefetch=16) as reader:
@@ -100,32 +158,117 @@ def run_primus(job_path, root, window, workers: int, startup: dict, shm: bool) -
         wall = time.perf_counter() - wall0
         cpu = cpu_self() - cpu0
         plane.wait_executors(30)
-        startup["executor_startup_cpu_s"] = round(plane.cpu_seconds() - plane.cpu_seconds(include_startup=False), 3)
-        startup["reader_process_cpu_s"] = round(cpu, 3)  # reader, driver, claims
-        startup["executors_cpu_s"] = round(plane.cpu_seconds(include_startup=False), 3)
+        startup.setdefault("executor_startup_cpu_s", []).append(
+            round(plane.cpu_seconds() - plane.cpu_seconds(include_startup=False), 3)
+        )
+        startup.setdefault("reader_process_cpu_s", []).append(round(cpu, 3))  # reader, driver, claims
+        startup.setdefault("executors_cpu_s", []).append(round(plane.cpu_seconds(include_startup=False), 3))
         cpu += plane.cpu_seconds(include_startup=False)
     return rows, cpu, wall
 
 
-def run_pyarrow(files: list[str], columns: list[str], batch_size: int) -> tuple[int, float, float]:
+def run_pyarrow(files: list[str], batch_size: int) -> tuple[int, float, float]:
     cpu0, wall0 = cpu_self(), time.perf_counter()
     rows = sum(
-        b.num_rows for b in ds.dataset(files, format="parquet").to_batches(columns=columns, batch_size=batch_size)
+        b.num_rows for b in ds.dataset(files, format="parquet").to_batches(columns=COLUMNS, batch_size=batch_size)
     )
     return rows, cpu_self() - cpu0, time.perf_counter() - wall0
 
 
-def run_dataloader(
-    files: list[str], columns: list[str], rows: int, workers: int, batch_size: int
-) -> tuple[int, float, float]:
-    dataset = RowDataset(files, columns, rows)
+def run_pyarrow_1t(files: list[str], batch_size: int) -> tuple[int, float, float]:
+    cpu0, wall0 = cpu_self(), time.perf_counter()
+    rows = 0
+    for path in files:
+        with pq.ParquetFile(path, memory_map=True) as parquet:
+            for b in parquet.iter_batches(batch_size=batch_size, columns=COLUMNS, use_threads=False):
+                rows += b.num_rows
+    return rows, cpu_self() - cpu0, time.perf_counter() - wall0
+
+
+def _drain(loader: Any) -> tuple[int, float, float]:
     cpu0, children0, wall0 = cpu_self(), cpu_children(), time.perf_counter()
-    seen = 0
-    for dense, _sparse, label in DataLoader(dataset, batch_size=batch_size, num_workers=workers):
-        seen += len(label)
+    rows = 0
+    for dense, _sparse, label in loader:
+        rows += len(label)
         _ = dense.sum()
     wall = time.perf_counter() - wall0
-    return seen, cpu_self() - cpu0 + cpu_children() - children0, wall
+    return rows, cpu_self() - cpu0 + cpu_children() - children0, wall
+
+
+def run_batched_dataloader(files: list[str], workers: int, batch_size: int) -> tuple[int, float, float]:
+    return _drain(DataLoader(ParquetBatches(files, batch_size), batch_size=None, num_workers=workers))
+
+
+def run_per_sample_dataloader(files: list[str], rows: int, workers: int, batch_size: int) -> tuple[int, float, float]:
+    dataset = RowDataset(files, rows)  # loading is outside the timing
+    return _drain(DataLoader(dataset, batch_size=batch_size, num_workers=workers))
+
+
+class RayData:
+    """Ray Data over the same files; started once and warmed up (see the module docstring)."""
+
+    def __init__(self, files: list[str], workers: int, batch_size: int):
+        import ray
+        import ray.data
+        from ray.data.collate_fn import ArrowBatchCollateFn
+
+        class Collate(ArrowBatchCollateFn):  # Ray's recommended form (a plain function is deprecated)
+            def __call__(self, table: Any) -> Tensors:
+                return to_tensors({name: table.column(name).to_numpy() for name in COLUMNS})
+
+        self.ray, self.files, self.batch_size, self.collate = ray, files, batch_size, Collate()
+        ray.init(
+            num_cpus=workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=2 << 30,
+            configure_logging=False,
+        )
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+        self.iterate(files[:1])  # warm-up: worker processes, imports, the first task
+
+    def iterate(self, files: list[str]) -> int:
+        rows = 0
+        dataset = self.ray.data.read_parquet(files).select_columns(COLUMNS)  # pushed down into the read
+        batches = dataset.iter_torch_batches(batch_size=self.batch_size, collate_fn=self.collate)
+        for dense, _sparse, label in batches:
+            rows += len(label)
+            _ = dense.sum()
+        return rows
+
+    def run(self) -> tuple[int, float, float]:
+        before = _tree_cpu()
+        cpu0, wall0 = cpu_self(), time.perf_counter()
+        rows = self.iterate(self.files)
+        wall = time.perf_counter() - wall0
+        cpu = cpu_self() - cpu0 + _tree_cpu_delta(before)
+        return rows, cpu, wall
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+def _tree_cpu() -> dict[int, float]:
+    """CPU seconds of every descendant of this process (the Ray session's processes), by pid."""
+    out = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        out[proc.pid] = times.user + times.system
+    return out
+
+
+def _tree_cpu_delta(before: dict[int, float]) -> float:
+    """CPU the descendants used since ``before`` (new processes: all of theirs)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in _tree_cpu().items())
+
+
+def expected_rows(files: list[str]) -> int:
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in files)
 
 
 def main() -> None:
@@ -133,16 +276,22 @@ def main() -> None:
     parser.add_argument("--hours", type=int, default=16)
     parser.add_argument("--rows-per-hour", type=int, default=500_000)
     parser.add_argument("--files-per-hour", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2, help="executor processes = DataLoader workers")
-    parser.add_argument("--batch-rows", type=int, default=65536, help="rows per batch, for all three readers")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="executor processes = DataLoader workers = Ray CPUs (default: the cores, at most 2)",
+    )
+    parser.add_argument("--batch-rows", type=int, default=65536, help="rows per batch, for every reader")
     parser.add_argument("--task-runners", type=int, default=1, help="reading threads per executor")
     parser.add_argument(
-        "--dataloader-rows",
+        "--per-sample-rows",
         type=int,
-        default=200_000,
-        help="rows the (slow) DataLoader baseline reads; its rate does not depend on it",
+        default=100_000,
+        help="rows the (slow, secondary) per-sample DataLoader reads; its rate does not depend on it",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions; figures are medians")
+    parser.add_argument("--no-ray", action="store_true", help="skip Ray Data even when it is installed")
     parser.add_argument(
         "--transport",
         choices=("shm", "flight"),
@@ -167,50 +316,102 @@ def main() -> None:
     world = SyntheticWorld(WorldConfig(seed=5, rows_per_hour=args.rows_per_hour), start)
     write_world(job, context, world, range(args.hours), files_per_hour=args.files_per_hour, progress=False)
     window = TimeWindow(start, start + timedelta(hours=args.hours))
-    source = job.dataset.source("src")
-    columns = native_columns(source.columns)
     files = [t.read.uri for t in Planner(job.dataset, context, threads=4).plan(window).tasks]
+    expected = expected_rows(files)
 
-    runs: dict[str, list[dict]] = {"pyarrow": [], "primus": [], "dataloader": []}
+    notes: list[str] = []
+    ray_data: RayData | None = None
+    if args.no_ray:
+        notes.append("Ray Data skipped (--no-ray)")
+    else:
+        try:
+            ray_data = RayData(files, args.workers, args.batch_rows)
+        except ImportError:
+            notes.append("Ray Data skipped: ray is not installed (pip install -c constraints.txt -e '.[bench]')")
+
+    readers: dict[str, tuple[Callable[[], tuple[int, float, float]], int]] = {
+        "pyarrow": (lambda: run_pyarrow(files, args.batch_rows), expected),
+        "pyarrow_1t": (lambda: run_pyarrow_1t(files, args.batch_rows), expected),
+        "primus": (
+            lambda: run_primus(job_path, root, window, args.workers, startup, args.transport == "shm"),
+            expected,
+        ),
+        "batched_dataloader": (lambda: run_batched_dataloader(files, args.workers, args.batch_rows), expected),
+        "per_sample_dataloader": (
+            lambda: run_per_sample_dataloader(files, args.per_sample_rows, args.workers, args.batch_rows),
+            min(args.per_sample_rows, expected),
+        ),
+    }
+    if ray_data is not None:
+        readers["ray_data"] = (ray_data.run, expected)
+    runs: dict[str, list[dict]] = {name: [] for name in readers}
     startup: dict = {}
-    for repeat in range(args.repeat):  # interleaved, so drifting background load hits every reader alike
-        for name, run in (
-            ("pyarrow", lambda: run_pyarrow(files, columns, args.batch_rows)),
-            ("primus", lambda: run_primus(job_path, root, window, args.workers, startup, args.transport == "shm")),
-            ("dataloader", lambda: run_dataloader(files, columns, args.dataloader_rows, args.workers, args.batch_rows)),
-        ):
-            rows, cpu, wall = run()
-            runs[name].append(
-                {
-                    "rows": rows,
-                    "cpu_s": round(cpu, 3),
-                    "wall_s": round(wall, 3),
-                    "rows_per_s_per_core": round(rows / cpu),
-                    "wall_rows_per_s": round(rows / wall),
-                }
-            )
-            print(
-                f"[{repeat + 1}/{args.repeat}] {name:10s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> "
-                f"{rows / cpu:,.0f} rows/s per core, {rows / wall:,.0f} rows/s wall"
-            )
-    median = {name: statistics.median(r["rows_per_s_per_core"] for r in results) for name, results in runs.items()}
-    ours, arrow, loader = (round(median[k]) for k in ("primus", "pyarrow", "dataloader"))
+    try:
+        for repeat in range(args.repeat):  # interleaved, so drifting background load hits every reader alike
+            for name, (run, want) in readers.items():
+                rows, cpu, wall = run()
+                if rows != want:
+                    raise RowsMismatch(f"{name} delivered {rows:,} rows, expected {want:,}")
+                runs[name].append(
+                    {
+                        "rows": rows,
+                        "cpu_s": round(cpu, 3),
+                        "wall_s": round(wall, 3),
+                        "rows_per_s_per_core": round(rows / cpu),
+                        "wall_rows_per_s": round(rows / wall),
+                    }
+                )
+                print(
+                    f"[{repeat + 1}/{args.repeat}] {name:22s} rows={rows:,} cpu={cpu:.2f}s wall={wall:.2f}s -> "
+                    f"{rows / cpu:,.0f} rows/s per core, {rows / wall:,.0f} rows/s wall",
+                    flush=True,
+                )
+    finally:
+        if ray_data is not None:
+            ray_data.close()
+    median = {
+        name: round(statistics.median(r["rows_per_s_per_core"] for r in results)) for name, results in runs.items()
+    }
+    wall = {name: round(statistics.median(r["wall_rows_per_s"] for r in results)) for name, results in runs.items()}
+    ours = median["primus"]
+
+    def ratio(name: str, digits: int = 3) -> float | None:
+        return round(ours / median[name], digits) if name in median else None
+
+    def per_repeat(name: str) -> list[float] | None:
+        if name not in runs:
+            return None
+        return [
+            round(p["rows_per_s_per_core"] / b["rows_per_s_per_core"], 3)
+            for p, b in zip(runs["primus"], runs[name], strict=True)
+        ]
+
     emit(
         {
             "bench": "serve",
+            "ratio_vs_batched_dataloader": ratio("batched_dataloader"),
+            "ratio_vs_ray_data": ratio("ray_data"),
+            "ratio_vs_pyarrow_1t": ratio("pyarrow_1t"),
+            "rows_checked": True,
+            "ratio_vs_pyarrow": ratio("pyarrow"),
+            "ratio_vs_per_sample_dataloader": ratio("per_sample_dataloader", 1),
             "rows_per_s_per_core": ours,
-            "pyarrow_rows_per_s_per_core": arrow,
-            "dataloader_rows_per_s_per_core": loader,
-            "ratio_vs_pyarrow": round(ours / arrow, 3),
-            "ratio_vs_dataloader": round(ours / loader, 2),
+            "batched_dataloader_rows_per_s_per_core": median["batched_dataloader"],
+            "ray_data_rows_per_s_per_core": median.get("ray_data"),
+            "pyarrow_1t_rows_per_s_per_core": median["pyarrow_1t"],
+            "pyarrow_rows_per_s_per_core": median["pyarrow"],
+            "per_sample_dataloader_rows_per_s_per_core": median["per_sample_dataloader"],
+            "wall_rows_per_s": wall,
+            "expected_rows": expected,
+            "columns": COLUMNS,
             "workers": args.workers,
             "transport": args.transport,
             "batch_rows": args.batch_rows,
             "repeat": args.repeat,
-            "ratios_per_repeat": [
-                round(p["rows_per_s_per_core"] / a["rows_per_s_per_core"], 3)
-                for p, a in zip(runs["primus"], runs["pyarrow"], strict=True)
-            ],
+            "ratios_per_repeat": {
+                name: per_repeat(name) for name in ("batched_dataloader", "ray_data", "pyarrow_1t", "pyarrow")
+            },
+            "notes": notes,
             **startup,
             "detail": runs,
         }

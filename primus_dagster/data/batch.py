@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,7 +66,16 @@ class BatchMeta:
 
     def encode(self) -> bytes:
         """Compact JSON (UTF-8): the Flight ``app_metadata`` of this batch."""
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # A dict literal, not dataclasses.asdict (which deep-copies field by field): once per batch.
+        data = {
+            "task_id": self.task_id,
+            "first_row": self.first_row,
+            "rows": self.rows,
+            "stream": self.stream,
+            "kind": self.kind,
+            "source": self.source,
+        }
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes | pa.Buffer | dict[str, Any]) -> BatchMeta:
@@ -84,14 +93,13 @@ class BatchTensors:
     dense: torch.Tensor
     sparse: torch.Tensor
     label: torch.Tensor
-    ts: torch.Tensor
+    ts: torch.Tensor | None  # None: the batch has no ts column (a reader that asked for fewer fields)
     sample_id: torch.Tensor | None
 
     def slice(self, start: int, stop: int) -> BatchTensors:
         sid = None if self.sample_id is None else self.sample_id[start:stop]
-        return BatchTensors(
-            self.dense[start:stop], self.sparse[start:stop], self.label[start:stop], self.ts[start:stop], sid
-        )
+        ts = None if self.ts is None else self.ts[start:stop]
+        return BatchTensors(self.dense[start:stop], self.sparse[start:stop], self.label[start:stop], ts, sid)
 
 
 class Batch:
@@ -244,8 +252,9 @@ class Batch:
         return self.tensors.label
 
     @property
-    def ts(self) -> torch.Tensor:
-        """int64 [B]: event time, µs since the epoch (UTC)."""
+    def ts(self) -> torch.Tensor | None:
+        """int64 [B]: event time, µs since the epoch (UTC); None when the batch was served without
+        it (``fields`` of the data plane left ``ts`` out)."""
         return self.tensors.ts
 
     @property
@@ -278,21 +287,59 @@ def sparse_feature_names(schema: pa.Schema) -> list[str]:
 
 def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
     """The one Arrow -> torch converter: dense [B, n] (missing -> NaN), sparse [B, F] (null -> 0),
-    label (null -> NaN), ts (µs), sample_id (null -> -1; None without ids). No per-row Python
-    work; views over the Arrow buffers where there are no nulls to fill."""
+    label (null -> NaN), ts (µs; None without a ts column), sample_id (null -> -1; None without
+    ids). No per-row Python work; views over the Arrow buffers where there are no nulls to fill.
+
+    ``sparse`` is a view too when its columns lie at equal distances in one buffer (a batch read
+    from an Arrow IPC stream: shared memory or Flight): then it is column-major ([B, F] with
+    strides (1, distance)), not contiguous; otherwise the columns are stacked into a copy."""
     schema = columns.schema
     dense = _dense(columns.column(schema.get_field_index("dense")))
     label = _numpy(columns.column(schema.get_field_index("label")))
-    ts = columns.column(schema.get_field_index("ts")).view(pa.int64()).to_numpy(zero_copy_only=False)
+    ts_index = schema.get_field_index("ts")
+    ts = None
+    if ts_index >= 0:
+        ts = _torch(columns.column(ts_index).view(pa.int64()).to_numpy(zero_copy_only=False))
     sid_index = schema.get_field_index("sample_id")
     sid = columns.column(sid_index) if sid_index >= 0 else None
     sample_id = None if sid is None or sid.null_count == len(sid) else _torch(_numpy(sid, -1))
     names = sparse_feature_names(schema)
     if names:
-        sparse = np.stack([_numpy(columns.column(schema.get_field_index(n)), 0) for n in names], axis=1)
+        arrays = [columns.column(schema.get_field_index(n)) for n in names]
+        sparse = _strided_view(arrays)
+        if sparse is None:
+            sparse = np.stack([_numpy(a, 0) for a in arrays], axis=1)
     else:
         sparse = np.zeros((columns.num_rows, 0), dtype=np.int64)
-    return BatchTensors(_torch(dense), _torch(sparse), _torch(label), _torch(ts), sample_id)
+    return BatchTensors(_torch(dense), _torch(sparse), _torch(label), ts, sample_id)
+
+
+def _strided_view(arrays: list[pa.Array]) -> np.ndarray | None:
+    """``np.stack(arrays, axis=1)`` without the copy: a [B, F] view with strides (8, d) when the
+    int64 columns have no nulls and lie at one distance d >= 8 B from each other inside one parent
+    buffer (an IPC body); None otherwise."""
+    n = len(arrays[0])
+    if n == 0 or any(a.type != pa.int64() or a.null_count for a in arrays):
+        return None
+    buffers = [a.buffers()[1] for a in arrays]
+    parent = buffers[0].parent if buffers[0] is not None else None
+    if parent is None:
+        return None
+    starts = [b.address + a.offset * 8 for a, b in zip(arrays, buffers, strict=True)]
+    stride = starts[1] - starts[0] if len(starts) > 1 else n * 8
+    if stride < n * 8 or any(starts[i + 1] - starts[i] != stride for i in range(len(starts) - 1)):
+        return None
+    for b in buffers[1:]:  # every column inside the same parent buffer: the view covers valid memory only
+        p = b.parent
+        if p is None or p.address != parent.address or p.size != parent.size:
+            return None
+    offset = starts[0] - parent.address
+    if offset < 0 or offset + stride * (len(arrays) - 1) + n * 8 > parent.size:
+        return None
+    base = np.frombuffer(parent, dtype=np.uint8)
+    return np.lib.stride_tricks.as_strided(
+        base[offset:].view(np.int64), shape=(n, len(arrays)), strides=(8, stride), writeable=False
+    )
 
 
 def _numpy(array: pa.Array, fill: Any = None) -> np.ndarray:

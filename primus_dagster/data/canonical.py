@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -23,26 +24,54 @@ import pyarrow.compute as pc
 from primus_dagster.spec.sources import ColumnMapping, SourceSpec
 
 TS_TYPE = pa.timestamp("us", tz="UTC")
+#: Canonical fields a reader may leave out (``fields=``): every trainer needs label, dense and sparse.
+OPTIONAL_FIELDS = ("sample_id", "ts")
+#: The canonical fields (sparse: every sparse feature column).
+FIELDS = ("sample_id", "ts", "label", "dense", "sparse")
 
 
 class SchemaMismatchError(ValueError):
     """Native data does not fit the source's column mapping (missing column, wrong type)."""
 
 
-def canonical_schema(mapping: ColumnMapping, dense_width: int) -> pa.Schema:
-    """The canonical Arrow schema for a column mapping with ``dense_width`` dense features."""
-    fields = [
+def check_fields(fields: Iterable[str] | None) -> frozenset[str] | None:
+    """``fields`` as a set (None: all); ValueError for unknown names or a required field left out.
+
+    >>> sorted(check_fields(["label", "dense", "sparse", "ts"]))
+    ['dense', 'label', 'sparse', 'ts']
+    """
+    if fields is None:
+        return None
+    chosen = frozenset(fields)
+    unknown = chosen - set(FIELDS)
+    if unknown:
+        raise ValueError(f"unknown canonical fields {sorted(unknown)}; choose from {list(FIELDS)}")
+    missing = set(FIELDS) - set(OPTIONAL_FIELDS) - chosen
+    if missing:
+        raise ValueError(f"fields must include {sorted(missing)}; only {list(OPTIONAL_FIELDS)} may be left out")
+    return chosen
+
+
+def canonical_schema(
+    mapping: ColumnMapping, dense_width: int, fields: frozenset[str] | None = None, constants: bool = True
+) -> pa.Schema:
+    """The canonical Arrow schema for a column mapping with ``dense_width`` dense features; with
+    ``fields`` (see :func:`check_fields`) only those, without ``constants`` no ``source``/``kind``."""
+    out = [
         pa.field("sample_id", pa.int64()),
         pa.field("ts", TS_TYPE, nullable=False),
         pa.field("label", pa.float32()),
         pa.field("dense", pa.list_(pa.float32(), dense_width)),
     ]
-    fields += [pa.field(name, pa.int64()) for name, _ in mapping.sparse_pairs()]
-    fields += [
-        pa.field("source", pa.dictionary(pa.int32(), pa.string()), nullable=False),
-        pa.field("kind", pa.dictionary(pa.int32(), pa.string()), nullable=False),
-    ]
-    return pa.schema(fields)
+    if fields is not None:
+        out = [f for f in out if f.name in fields]
+    out += [pa.field(name, pa.int64()) for name, _ in mapping.sparse_pairs()]
+    if constants:
+        out += [
+            pa.field("source", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+            pa.field("kind", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        ]
+    return pa.schema(out)
 
 
 def schema_hash(schema: pa.Schema) -> str:
@@ -51,10 +80,10 @@ def schema_hash(schema: pa.Schema) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def native_columns(mapping: ColumnMapping) -> list[str]:
-    """The native columns a reader must project for this mapping."""
-    cols = [mapping.ts]
-    cols += [c for c in (mapping.label, mapping.id) if c]
+def native_columns(mapping: ColumnMapping, fields: frozenset[str] | None = None) -> list[str]:
+    """The native columns a reader must project for this mapping (for ``fields`` only, when given)."""
+    cols = [mapping.ts] if fields is None or "ts" in fields else []
+    cols += [c for c in (mapping.label, mapping.id if fields is None or "sample_id" in fields else None) if c]
     cols += [mapping.dense] if isinstance(mapping.dense, str) else list(mapping.dense)
     cols += [native for _, native in mapping.sparse_pairs()]
     return list(dict.fromkeys(cols))
@@ -91,17 +120,38 @@ def _numeric(array: pa.Array, target: pa.DataType, what: str, where: str) -> pa.
 
 
 class Normalizer:
-    """Turns native record batches of one source into canonical record batches."""
+    """Turns native record batches of one source into canonical record batches.
 
-    def __init__(self, spec: SourceSpec, dense_width: int | None = None):
+    ``fields`` (default: all): the canonical fields to produce -- ``sample_id`` and ``ts`` may be
+    left out when no consumer reads them (a data executor serving trainers that only train), so
+    their native columns are neither decoded nor copied. ``constants=False``: no ``source``/``kind``
+    columns (a :class:`~primus_dagster.data.batch.Batch` carries them in its metadata).
+    """
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        dense_width: int | None = None,
+        *,
+        fields: Iterable[str] | None = None,
+        constants: bool = True,
+    ):
         self.spec = spec
         self.mapping = spec.columns
+        self.fields = check_fields(fields)
+        self.constants = constants
         if dense_width is None and isinstance(self.mapping.dense, list):
             dense_width = len(self.mapping.dense)
         self.dense_width = dense_width
         self._source = pa.array([spec.name]).dictionary_encode()
         self._kind = pa.array([spec.kind]).dictionary_encode()
-        self.schema: pa.Schema | None = canonical_schema(self.mapping, dense_width) if dense_width is not None else None
+        self.schema: pa.Schema | None = self._schema(dense_width) if dense_width is not None else None
+
+    def _schema(self, dense_width: int) -> pa.Schema:
+        return canonical_schema(self.mapping, dense_width, self.fields, self.constants)
+
+    def wants(self, field: str) -> bool:
+        return self.fields is None or field in self.fields
 
     def _dense(self, batch: pa.RecordBatch, n: int, where: str) -> pa.Array:
         dense = self.mapping.dense
@@ -118,7 +168,7 @@ class Normalizer:
             if width is None:
                 width = len(values) // n if n else 0
                 self.dense_width = width
-                self.schema = canonical_schema(self.mapping, width)
+                self.schema = self._schema(width)
             if len(values) != n * width:
                 raise SchemaMismatchError(f"{where}: dense lists in {dense!r} are not all of length {width}")
             return pa.FixedSizeListArray.from_arrays(values, width)
@@ -134,12 +184,15 @@ class Normalizer:
         where = where or self.spec.name
         n = batch.num_rows
         m = self.mapping
-        sample_id = (
-            _numeric(_column(batch, m.id, where), pa.int64(), f"id column {m.id!r}", where)
-            if m.id
-            else pa.nulls(n, pa.int64())
-        )
-        ts = _to_ts(_column(batch, m.ts, where), where)
+        arrays: list[pa.Array] = []
+        if self.wants("sample_id"):
+            arrays.append(
+                _numeric(_column(batch, m.id, where), pa.int64(), f"id column {m.id!r}", where)
+                if m.id
+                else pa.nulls(n, pa.int64())
+            )
+        if self.wants("ts"):
+            arrays.append(_to_ts(_column(batch, m.ts, where), where))
         label = (
             _numeric(_column(batch, m.label, where), pa.float32(), f"label column {m.label!r}", where)
             if m.label
@@ -150,9 +203,11 @@ class Normalizer:
             _numeric(_column(batch, native, where), pa.int64(), f"sparse column {native!r}", where)
             for _, native in m.sparse_pairs()
         ]
-        zeros = pa.array(np.zeros(n, dtype=np.int32))
-        source = pa.DictionaryArray.from_arrays(zeros, self._source.dictionary)
-        kind = pa.DictionaryArray.from_arrays(zeros, self._kind.dictionary)
+        arrays += [label, dense, *sparse]
+        if self.constants:
+            zeros = pa.array(np.zeros(n, dtype=np.int32))
+            arrays.append(pa.DictionaryArray.from_arrays(zeros, self._source.dictionary))
+            arrays.append(pa.DictionaryArray.from_arrays(zeros, self._kind.dictionary))
         if self.schema is None:
-            self.schema = canonical_schema(m, dense.type.list_size)
-        return pa.RecordBatch.from_arrays([sample_id, ts, label, dense, *sparse, source, kind], schema=self.schema)
+            self.schema = self._schema(dense.type.list_size)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)

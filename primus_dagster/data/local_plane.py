@@ -18,12 +18,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from primus_dagster.data.canonical import check_fields
 from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
 from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.reader.remote_reader import RemoteReader
@@ -48,6 +49,7 @@ class LocalDataPlane:
         slow_ms_per_batch: dict[int, float] | None = None,
         heartbeat_s: float | None = None,
         shm: bool = True,
+        fields: Sequence[str] | None = None,
     ):
         self.job_path = str(job_path)
         self.job: JobSpec = load_job_spec(job_path)
@@ -58,6 +60,9 @@ class LocalDataPlane:
         self.slow = dict(slow_ms_per_batch or {})
         self.heartbeat_s = heartbeat_s
         self.shm = shm  # executors offer shared memory to the readers (both on this machine)
+        # The canonical fields the trainers read (None: all): executors decode only those.
+        chosen = check_fields(fields)
+        self.fields = tuple(sorted(chosen)) if chosen is not None else None
         self.driver = driver or DataDriver.for_job(self.job.data, trainers=trainers)
         self.driver.add_tasks(tasks)
         self.server = DriverServer(self.driver, token=token)
@@ -83,6 +88,7 @@ class LocalDataPlane:
             heartbeat_s=self.heartbeat_s,
             linger_s=0.5,
             shm=self.shm,
+            fields=self.fields,
         )
         proc = start_executor_process(config, token=self.token)
         self.processes[index] = proc

@@ -70,6 +70,11 @@ class NoTrainingDataError(RuntimeError):
     """The window has no ready data for the job (which partitions were not ready, and why)."""
 
 
+class SourceUnavailableError(NoTrainingDataError):
+    """A source the training mode reads could not be listed or read at all (broker down, catalog
+    unreachable, bad credentials): the run fails rather than train on the other sources alone."""
+
+
 class MissingPredecessorError(RuntimeError):
     """The run should continue the model of the window before it (``warm_start``), which has no finished
     model, and ``automation.cold_start`` does not allow a fresh start."""
@@ -136,6 +141,7 @@ class TrainingResult:
     cold_start: str | None = None  # why a run asked to warm-start began from a fresh model
     wall_s: float = 0.0
     data_pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # phase -> executors, restarts, scaling
+    skipped_partitions: list[dict[str, Any]] = field(default_factory=list)  # not ready inside the window
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -154,6 +160,7 @@ class TrainingResult:
             "cold_start": self.cold_start,
             "source_versions": self.source_versions,
             "data_pools": self.data_pools,
+            "skipped_partitions": self.skipped_partitions,
         }
         if self.evaluation is not None:
             out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
@@ -182,12 +189,17 @@ def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) ->
     return list(out.values())
 
 
-def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow) -> list[DataTask]:
+def plan_training_tasks(
+    job: JobSpec, context: SourceContext, window: TimeWindow, skipped: list[NotReady] | None = None
+) -> list[DataTask]:
     """The tasks a training window reads, in hand-out order: the stream tasks of ``window`` and the
     batch tasks of ``window`` shifted back by ``training.batch_lag`` (handed out beside the stream
     hours they are lagged to), less the batch partitions whose labels are not complete by the window's
-    end (:func:`label_incomplete`; counted in the log). Raises :class:`NoTrainingDataError` naming what
-    was not ready."""
+    end (:func:`label_incomplete`; counted in the log). Partitions not ready inside the window are
+    skipped with a warning and appended to ``skipped``. Raises :class:`SourceUnavailableError` when a
+    source the mode trains could not be read at all (a broker or catalog that cannot be reached: never
+    a run on part of its sources in silence), :class:`NoTrainingDataError` naming what was not ready
+    when nothing is."""
     lag = job.training.batch_lag
     kinds = {k for p in phases(job.training.mode) for k in p.kinds}
     with Planner.for_job(job, context) as planner:
@@ -203,6 +215,22 @@ def plan_training_tasks(job: JobSpec, context: SourceContext, window: TimeWindow
                 for t in batch_plan.tasks
                 if t.kind == "batch"
             ]
+    failed = [n for n in not_ready if n.state == "error"]
+    if failed:
+        first = {n.source: n.reason for n in reversed(failed)}
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in sorted(first.items()))
+        raise SourceUnavailableError(
+            f"job {job.name}: cannot read source(s) {sorted(first)} for window {window} ({reasons}); "
+            "nothing was trained: a run without them would train on part of its data"
+        )
+    if not_ready:
+        shown = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in not_ready[:5])
+        more = f" and {len(not_ready) - 5} more" if len(not_ready) > 5 else ""
+        log.warning(
+            "%d partition(s) inside the window are not ready and are skipped: %s%s", len(not_ready), shown, more
+        )
+        if skipped is not None:
+            skipped.extend(not_ready)
     incomplete = label_incomplete(job, tasks, window)
     if incomplete:
         left_out = {(n.source, n.partition) for n in incomplete}
@@ -443,10 +471,15 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
         return run_multi_trainer_job(cfg, hooks)
     torch.set_num_threads(spec.threads)
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
-    tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window)
+    skipped: list[NotReady] = []
+    tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **cfg.tags}
+    if skipped:
+        tags["primus.skipped_partitions"] = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in skipped)[
+            :5000
+        ]
     tracker.start(cfg.key(), params=job_params(job, cfg.window, executors), tags=tags)
     run = TrainingRun(cfg, tracker, tasks)
     status = "FAILED"
@@ -484,6 +517,9 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
             cold_start=cold_start,
             wall_s=time.perf_counter() - started,
             data_pools=run.data_pools,
+            skipped_partitions=[
+                {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
+            ],
         )
     finally:
         tracker.finish(status)

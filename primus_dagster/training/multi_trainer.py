@@ -63,7 +63,7 @@ import torch.multiprocessing as mp
 from primus_dagster.cluster.backends import data_plane_setup
 from primus_dagster.cluster.pool import memory_bytes
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
-from primus_dagster.data import DriverClient, RemoteReader, SourceContext
+from primus_dagster.data import DriverClient, NotReady, RemoteReader, SourceContext
 from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.checkpoint import Checkpoint, checkpoint_name, load_checkpoint, save_checkpoint
@@ -500,7 +500,8 @@ def run_multi_trainer_job(
     world = job.pools.training.replicas
     torch.set_num_threads(spec.threads)  # this process: evaluation
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
-    tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window)
+    skipped: list[NotReady] = []
+    tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", "primus.trainers": str(world), **cfg.tags}
@@ -552,6 +553,9 @@ def run_multi_trainer_job(
             cold_start=cold_start,
             wall_s=time.perf_counter() - started,
             data_pools=run.data_pools,
+            skipped_partitions=[
+                {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
+            ],
         )
     finally:
         tracker.finish(status)

@@ -117,6 +117,7 @@ class DataDriver:
         self._clock = clock
         self._lock = threading.RLock()
         self._tasks: dict[str, TaskRecord] = {}
+        self._planned = False  # tasks were added (possibly none): from then on an empty job is done
         self._counts = dict.fromkeys(STATES, 0)
         self._busy_by_kind: dict[str, int] = {}  # new + pending + running tasks per kind (batch / stream)
         self._new: list[OrderKey] = []  # heaps of DataTask.order_key (last item: task id)
@@ -189,6 +190,7 @@ class DataDriver:
         for task in tasks:
             if task.task_id not in self._tasks:
                 self._insert(TaskRecord(task))
+        self._planned = True
         return len(self._tasks) - before
 
     def _promote(self) -> None:
@@ -473,6 +475,7 @@ class DataDriver:
         driver = cls(**{**snapshot.get("config", {}), **kwargs})
         for entry in snapshot["tasks"]:
             driver._insert(TaskRecord.from_snapshot(entry))
+        driver._planned = True
         driver.source_versions = dict(snapshot.get("source_versions") or {})
         barrier_id = snapshot.get("barrier_id")
         driver._barriers.keep(barrier_id, snapshot if barrier_id is not None else None)
@@ -498,7 +501,7 @@ class DataDriver:
 
     def _done(self) -> bool:
         busy = self._counts[NEW] + self._counts[PENDING] + self._counts[RUNNING]
-        return bool(self._tasks) and busy == 0 and not self._job_failed()
+        return self._planned and busy == 0 and not self._job_failed()
 
     def failure_report(self, limit: int | None = None) -> list[dict[str, Any]]:
         """One row per failed task (the first ``limit``): ``{"task_id", "uri", "attempts", "failures", "error"}``."""

@@ -24,12 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from primus_dagster.data.batch import Batch
+from primus_dagster.data.batch import Batch, BatchMeta
+from primus_dagster.data.canonical import OPTIONAL_FIELDS, check_fields
 from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
 from primus_dagster.data.executor.buffers import TrainerBuffers
 from primus_dagster.data.executor.dataset_server import DatasetServer
@@ -89,8 +91,11 @@ class DataExecutor:
         poll_s: float = 0.05,
         serve: bool = True,
         shm: bool = True,
+        fields: Sequence[str] | None = None,
     ):
         self.driver = driver
+        # The canonical fields the trainers read (None: all); the others are never decoded.
+        self.fields = check_fields(fields)
         self.job = job
         self.executor_id = executor_id
         self.context = SourceContext(data_root=data_root, kafka_bootstrap_servers=kafka_bootstrap)
@@ -297,10 +302,29 @@ class DataExecutor:
         return self.driver_done
 
     def _adapter(self, source: str) -> SourceAdapter:
-        adapters: dict[str, SourceAdapter] = self._local.__dict__.setdefault("adapters", {})
-        if source not in adapters:
-            adapters[source] = make_adapter(self.job.dataset.source(source), self.context)
-        return adapters[source]
+        """This thread's adapter of ``source`` for read tasks: projected to :attr:`fields`, and
+        without the constant columns (a :class:`Batch` carries them in its metadata)."""
+        return self._thread_adapter(source, projected=True)
+
+    def _full_adapter(self, source: str) -> SourceAdapter:
+        """For join tasks: the join reads key and ``ts`` whatever the trainers read."""
+        return self._thread_adapter(source, projected=False)
+
+    def _thread_adapter(self, source: str, projected: bool) -> SourceAdapter:
+        adapters: dict[tuple[str, bool], SourceAdapter] = self._local.__dict__.setdefault("adapters", {})
+        key = (source, projected)
+        if key not in adapters:
+            adapter = make_adapter(self.job.dataset.source(source), self.context)
+            adapters[key] = adapter.project(self.fields, constants=False) if projected else adapter
+        return adapters[key]
+
+    def _project(self, columns: pa.RecordBatch) -> pa.RecordBatch:
+        """A join task's output trimmed to :attr:`fields` (read tasks are read that way)."""
+        if self.fields is None:
+            return columns
+        drop = [name for name in OPTIONAL_FIELDS if name not in self.fields]
+        keep = [i for i, name in enumerate(columns.schema.names) if name not in drop]
+        return columns if len(keep) == columns.num_columns else columns.select(keep)
 
     def _conform(self, wire: pa.RecordBatch, task: DataTask) -> pa.RecordBatch:
         with self._lock:  # the first batch fixes the schema of this executor's Flight streams
@@ -320,7 +344,8 @@ class DataExecutor:
             shuffle = self.shuffles[task.stream]
             skip = set(lease.claimed_rows)
             first = 0
-            for arrow_batch in task_batches(task, self._adapter):
+            adapter_for = self._adapter if task.join is None else self._full_adapter
+            for arrow_batch in task_batches(task, adapter_for):
                 if abort():
                     return self._abandon(run)
                 n = arrow_batch.num_rows
@@ -331,10 +356,12 @@ class DataExecutor:
                 run.batches += 1
                 if batch_id.first_row in skip:
                     continue
-                batch = Batch.from_arrow(
-                    arrow_batch, kind=task.kind, stream=task.stream, source=task.read.source, batch_id=batch_id
-                )
-                batch = Batch(self._conform(batch.columns, task), batch.meta)
+                meta = BatchMeta(batch_id.task_id, first - n, n, task.stream, task.kind, task.read.source)
+                if task.join is None:  # already without the constant columns (see _adapter)
+                    columns = arrow_batch
+                else:
+                    columns = self._project(Batch.from_arrow(arrow_batch, kind=task.kind).columns)
+                batch = Batch(self._conform(columns, task), meta)
                 with self._lock:
                     run.outstanding += 1
                 if self.buffers.put(batch, shuffle, abort=abort) is None:

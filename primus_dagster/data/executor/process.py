@@ -68,6 +68,7 @@ class ExecutorConfig:
     linger_s: float = 2.0
     log_level: str = "WARNING"
     shm: bool = True  # offer the shared-memory path to readers on this host (docs/shared_memory.md)
+    fields: tuple[str, ...] | None = None  # canonical fields the trainers read (None: all; see Normalizer)
 
     def argv(self) -> list[str]:
         """Command-line arguments (without the token)."""
@@ -99,6 +100,7 @@ class ExecutorConfig:
             "--trainers": self.trainers,
             "--kafka-bootstrap": self.kafka_bootstrap,
             "--heartbeat-s": self.heartbeat_s,
+            "--fields": ",".join(self.fields) if self.fields is not None else None,
         }
         for flag, value in optional.items():
             if value is not None:
@@ -126,6 +128,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ExecutorConfig, str |
     p.add_argument("--linger-s", type=float, default=2.0, help="wait this long for open streams to end")
     p.add_argument("--log-level", default="WARNING")
     p.add_argument(
+        "--fields",
+        default=None,
+        help="comma-separated canonical fields the trainers read (default: all; sample_id and ts may be left out)",
+    )
+    p.add_argument(
         "--no-shm",
         dest="shm",
         action="store_false",
@@ -133,8 +140,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ExecutorConfig, str |
     )
     ns = p.parse_args(argv)
     token = ns.token or os.environ.get(TOKEN_ENV) or None
-    fields = {k: v for k, v in vars(ns).items() if k != "token"}
-    return ExecutorConfig(**fields), token
+    values = {k: v for k, v in vars(ns).items() if k != "token"}
+    if values["fields"] is not None:
+        values["fields"] = tuple(f for f in values["fields"].split(",") if f)
+    return ExecutorConfig(**values), token
 
 
 def connect_driver(location: str, token: str | None = None) -> DriverAPI:
@@ -162,6 +171,7 @@ def build_executor(config: ExecutorConfig, driver: DriverAPI, token: str | None 
         heartbeat_s=config.heartbeat_s,
         slow_ms_per_batch=config.slow_ms_per_batch,
         shm=config.shm,
+        fields=config.fields,
     )
 
 

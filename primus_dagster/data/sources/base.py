@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -181,6 +181,13 @@ class SourceAdapter(abc.ABC):
     @abc.abstractmethod
     def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
         """Canonical record batches of one task, streamed; raises :class:`SourceReadError`."""
+
+    def project(self, fields: Iterable[str] | None, constants: bool = True) -> SourceAdapter:
+        """Read only the canonical ``fields`` from now on (see :class:`Normalizer`; adapters whose
+        storage is columnar then skip the native columns of the fields left out), without the
+        constant ``source``/``kind`` columns unless ``constants``; returns ``self``."""
+        self.normalize = Normalizer(self.spec, fields=fields, constants=constants)
+        return self
 
     def version(self) -> str | None:
         """Current table version / snapshot id, when the storage has one."""

@@ -279,7 +279,7 @@ class DeltaSource(SourceAdapter):
         return batch
 
     def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
-        columns = native_columns(self.spec.columns)
+        columns = native_columns(self.spec.columns, self.normalize.fields)
         where = f"table version {task.version}" if task.version is not None else "Delta data file"
         try:
             parquet = self._open_file(task.uri)

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -85,6 +85,11 @@ class ParquetSource(SourceAdapter):
         self.arrow_fs = _arrow_fs(self.fs)
         self.columns = native_columns(spec.columns)
 
+    def project(self, fields: Iterable[str] | None, constants: bool = True) -> ParquetSource:
+        super().project(fields, constants)
+        self.columns = native_columns(self.spec.columns, self.normalize.fields)  # decode no other column
+        return self
+
     def _list_dir(self, path: str) -> list[dict[str, Any]] | None:
         try:
             return self.fs.ls(path, detail=True)
@@ -145,7 +150,8 @@ class ParquetSource(SourceAdapter):
             local = isinstance(self.arrow_fs, pafs.LocalFileSystem)
             handle = None if local else self.arrow_fs.open_input_file(task.uri)
             parquet = open_parquet(task.uri if handle is None else handle)
-            missing = [c for c in self.columns if c not in parquet.schema_arrow.names]
+            names = set(parquet.schema_arrow.names)  # (schema_arrow builds a new schema per call)
+            missing = [c for c in self.columns if c not in names]
             groups = list(range(task.start, task.stop)) if task.stop is not None else None
             # One thread per task: data executors parallelise across tasks (cheaper per core).
             batches = parquet.iter_batches(

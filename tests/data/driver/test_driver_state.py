@@ -156,6 +156,15 @@ def test_done_tolerates_failures_within_threshold(clock, task_factory):
     assert driver.status()["done"] and not driver.status()["failed"]
 
 
+def test_a_job_of_zero_tasks_is_done_at_once_but_not_before_its_tasks_are_added(clock):
+    driver = DataDriver(clock=clock)
+    assert not driver.status()["done"]  # nothing planned yet: executors and readers keep waiting
+    assert driver.add_tasks([]) == 0
+    status = driver.status()
+    assert status["done"] and not status["failed"] and driver.lease("e") == []
+    assert DataDriver.restore(driver.snapshot()).status()["done"]
+
+
 def test_complete_edge_cases(clock, task_factory):
     driver = DataDriver(lease_s=5, max_attempts=1, failed_task_threshold=1.0, clock=clock)
     t0, t1 = task_factory(0), task_factory(1)

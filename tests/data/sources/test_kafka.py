@@ -266,13 +266,18 @@ def test_corrupt_records_are_skipped_and_counted(kafka_broker: EmbeddedBroker, f
         assert all(e["error"] for e in stats["bad_examples"])
 
 
-def test_missing_topic_and_missing_bootstrap(kafka_broker: EmbeddedBroker) -> None:
+def test_missing_topic_and_missing_bootstrap(kafka_broker: EmbeddedBroker, monkeypatch, tmp_path) -> None:
     context = SourceContext(kafka_bootstrap_servers=kafka_broker.bootstrap_servers)
     with KafkaSource(make_spec("no-such-topic"), context) as src:
         (part,) = src.partitions(TimeWindow.hours_from(H0, 1))
         assert not part.ready and "does not exist" in (part.reason or "")
-    with pytest.raises(KafkaConfigError, match="bootstrap"):
+    monkeypatch.delenv("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setenv("PRIMUS_HOME", str(tmp_path))  # no embedded broker recorded there
+    with pytest.raises(KafkaConfigError, match="no Kafka bootstrap servers.*PRIMUS_KAFKA_BOOTSTRAP_SERVERS"):
         KafkaSource(make_spec("t"), SourceContext()).partitions(TimeWindow.hours_from(H0, 1))
+    # Every entry point resolves the same way: the environment when neither the source nor the caller says.
+    monkeypatch.setenv("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", kafka_broker.bootstrap_servers)
+    assert KafkaSource(make_spec("t"), SourceContext()).bootstrap_servers == kafka_broker.bootstrap_servers
     spec = make_spec("t", bootstrap_servers=kafka_broker.bootstrap_servers)
     assert KafkaSource(spec, SourceContext()).bootstrap_servers == kafka_broker.bootstrap_servers
 

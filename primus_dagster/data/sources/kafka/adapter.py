@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 
+from primus_dagster.broker_discovery import KAFKA_ENV, default_bootstrap_servers
 from primus_dagster.data.canonical import SchemaMismatchError
 from primus_dagster.data.sources.base import (
     Partition,
@@ -173,11 +174,14 @@ class KafkaSource(SourceAdapter):
 
     @property
     def bootstrap_servers(self) -> str:
-        servers = self.spec.bootstrap_servers or self.context.kafka_bootstrap_servers
+        # One resolution for every entry point: the source, the caller's context, then the environment
+        # ($PRIMUS_KAFKA_BOOTSTRAP_SERVERS) and a running embedded broker (broker_discovery).
+        servers = self.spec.bootstrap_servers or self.context.kafka_bootstrap_servers or default_bootstrap_servers()
         if not servers:
             raise KafkaConfigError(
-                f"source {self.spec.name!r}: no Kafka bootstrap servers; set `bootstrap_servers` "
-                "on the source or configure the Kafka resource (or start the embedded broker)"
+                f"source {self.spec.name!r}: no Kafka bootstrap servers: set `bootstrap_servers` on the source, "
+                f"pass --kafka-bootstrap / configure the Kafka resource, or set {KAFKA_ENV} "
+                "(no embedded broker is running either: `primus-dagster-dev broker --detach` starts one)"
             )
         return servers
 

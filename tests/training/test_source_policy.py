@@ -1,0 +1,50 @@
+"""No source lost in silence: a source the mode trains that cannot be read fails the run (never a run on
+the other sources alone); partitions not ready inside the window are skipped with a warning and listed
+in the result, its metadata and an MLflow tag."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import mlflow
+import pytest
+from jobkit import make_job
+
+from primus_dagster.data import TimeWindow
+from primus_dagster.ports import free_port
+from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+from primus_dagster.training.job import SourceUnavailableError, TrainingJob, run_training_job
+
+
+def test_an_unreachable_stream_source_fails_the_run_naming_it(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    env = make_job(tmp_path, hours=0, kafka=dead, topic="nowhere")
+    world = SyntheticWorld(WorldConfig(seed=5, rows_per_hour=300, n_dense=5), env["job"].dataset.start)
+    write_world(env["job"], env["context"], world, range(3), sources=["imp"], progress=False)
+    window = env["job"].dataset.start, env["job"].dataset.start + timedelta(hours=2)
+    cfg = TrainingJob(env["job"], env["job_path"], env["root"], TimeWindow(*window), kafka_bootstrap=dead)
+    with pytest.raises(SourceUnavailableError, match=r"cannot read source\(s\) \['events'\].*no Kafka broker answers"):
+        run_training_job(cfg)
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    assert not client.search_experiments() or not client.search_runs(
+        [e.experiment_id for e in client.search_experiments()]
+    )  # refused before a run was started
+
+
+@pytest.mark.integration
+def test_a_not_ready_hour_inside_the_window_is_skipped_loudly(tmp_path: Path, caplog) -> None:
+    env = make_job(tmp_path, hours=3, rows_per_hour=400)
+    hour = env["job"].dataset.start + timedelta(hours=1)
+    shutil.rmtree(tmp_path / "parquet" / "events" / f"dt={hour:%Y-%m-%d}" / f"hour={hour:%H}")
+    with caplog.at_level(logging.WARNING, logger="primus_dagster"):
+        result = run_training_job(
+            TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+        )
+    assert [(s["source"], s["partition"]) for s in result.skipped_partitions] == [("events", hour.isoformat())]
+    assert result.metadata()["skipped_partitions"] == result.skipped_partitions
+    assert "1 partition(s) inside the window are not ready and are skipped: events" in caplog.text
+    tags = mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_run(result.run_id).data.tags
+    assert tags["primus.skipped_partitions"] == f"events {hour:%Y-%m-%dT%H:%M}"
