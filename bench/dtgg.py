@@ -1,43 +1,75 @@
-"""DTGG task planning vs the naive loader, on a synthetic metastore with RPC latency.
+"""DTGG task planning vs the serial loaders a user would write: simulated metastore and a real tree.
+
+What is **simulated**: only the metastore's RPC latency. What is **real**: every line of the
+planner and of the loaders, the fsspec calls, the task objects built, the thread pool, the GIL.
 
 **Metastore** (``metastore://``, an fsspec ``AbstractFileSystem`` registered by this file):
 ``warehouse/{impressions,clicks}/dt=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`` plus a
 ``_SUCCESS`` marker in every hour, for ``--days`` × 24 (+1, for the slide) hours × 2 sources ×
 ``--files-per-hour`` files. Nothing is stored: names and sizes are computed from the path.
-**Cost model** (each call sleeps, releasing the GIL like a blocking RPC):
+Cost model (each call sleeps, releasing the GIL like a blocking RPC):
 
 * ``ls(dir)`` — a directory listing RPC (HDFS ``listStatus`` / S3 ``ListObjectsV2``), which
   returns names *and* sizes: ``--latency-ms`` per call (default 2 ms, a NameNode RPC);
 * ``info(path)`` / ``size(path)`` — a per-file metadata RPC (HDFS ``getFileInfo`` / S3
-  ``HEAD``): ``--stat-latency-ms`` per call (default 0.2 ms, a warm NameNode metadata hit;
-  S3 HEADs cost 10-30 ms, so the default is the naive loader's best case).
+  ``HEAD``): ``--stat-latency-ms`` per call (default 0.2 ms, a warm NameNode metadata hit).
 
-``time.sleep`` overshoots short sleeps (~0.05-0.1 ms here); the bench calibrates the real
-per-call cost first and prints the expected naive time from it.
+``time.sleep`` overshoots short sleeps; the bench calibrates the real per-call cost first
+(``measured_ls_ms``, ``measured_stat_ms``) and uses it for the listing bound.
 
 **Job**: two streams (``history``, ``fresh``) that both read the same two Parquet sources
 (``impressions``, ``clicks``) under different source names — the case fusion is for.
 
-**Naive** (the loader a user would write, :func:`naive_plan`): for each stream, for each
-source, for each hour of the window: ``fs.ls(dir, detail=False)`` (1 listing RPC), skip the
-hour unless ``_SUCCESS`` is listed, then ``fs.size(file)`` for every data file (1 stat RPC
-each), one task ``(hour, stream, source, path, size)`` per file; single thread, no cache; a
-source read by two streams is scanned twice; finally the tasks are sorted chronologically.
-RPCs: streams × sources × hours × (1 + files_per_hour).
+Every planner below produces the **same output**: the chronologically ordered list of every
+:class:`DataTask` (one per file and consuming stream), checked equal to the fair loader's once
+per tree. Each timing **includes building those task objects** (DTGG: ``plan()`` then
+``list(plan.tasks)``, which materialises its lazy ``TaskSequence``; the loaders: their list,
+sorted by ``DataTask.order_key``).
 
-**DTGG**: ``Planner`` over the real :class:`ParquetSource` adapters (``fs.ls(dir,
-detail=True)``: 1 RPC per partition, sizes included), fused sources listed once, with 1 and
-with 4 listing threads, each with a fresh cache. Then the window slides by one hour and the
-4-thread planner re-plans with its warm cache (only the new hour is listed). DTGG's output is
-the ordered, lazy ``TaskSequence``; the cost of materialising every ``DataTask`` object from
-it is reported separately (``materialise_s``). Ablation (in "detail"): the naive loop taking
-sizes from ``ls(detail=True)`` instead of per-file ``size`` RPCs, to show how much of the gain
-is the listing API alone (the rest: fusion, threads, cache). ``peak_rss_bytes``: VmHWM of a child process
-that plans >= ``--rss-files`` (default 1 M) files of the same job on a zero-latency metastore
-and then streams every DataTask of the plan.
+* **fair** loader (:func:`fair_plan`, the headline baseline: what a competent user writes):
+  for each stream, for each source, for each hour: ``fs.ls(dir, detail=True)`` (1 listing
+  RPC, sizes included), skip the hour unless ``_SUCCESS`` is listed, one ``DataTask`` per data
+  file; single thread, no cache, no fusion (a source read by two streams is listed twice).
+* **stat** loader (:func:`stat_plan`, the second baseline): the same but ``fs.ls(dir,
+  detail=False)`` and one ``fs.size(file)`` RPC per file. Its 960 000 stat RPCs take ~5 min at
+  the default size, so it is timed on the first ``--stat-days`` days only (same tree, same
+  latencies) against DTGG-4t over the same sub-window: ``stat_speedup_4t`` = stat / DTGG-4t
+  on that sub-window.
+* **DTGG**: ``Planner`` over the real :class:`ParquetSource` adapters (``fs.ls(dir,
+  detail=True)``: 1 RPC per partition), fused sources listed once, with 1 and with 4 listing
+  threads, each with a fresh ``ListingCache``.
 
-Last line: {"bench": "dtgg", "files", "tasks", "naive_s", "dtgg_1t_s", "dtgg_4t_s",
-"speedup_1t", "speedup_4t", "slide_replan_ratio", "peak_rss_bytes", ...}
+Fair loader, DTGG-1t and DTGG-4t are interleaved ``--repeats`` times; figures are medians.
+``fair_speedup_1t`` / ``fair_speedup_4t`` = fair loader time / DTGG time.
+
+**Listing bound** (the floor of any planner that must list each physical partition once):
+``listing_bound_4t_s`` = DTGG's listing RPCs (one per physical partition: 960 at the default
+size) × the measured cost of one listing RPC / 4 threads. ``ratio_to_listing_bound_4t`` =
+DTGG-4t time (plan + materialisation) / that bound: 1.0 would mean DTGG costs nothing but
+waiting for listings; the rest is CPU under the GIL (Python handling the listings' entries
+and building 960 000 task objects: ``detail.dtgg_4t_cpu_s``, the process CPU seconds of the
+run, next to its wall time; ``detail.ratio_to_listing_bound_4t_plan_only``: the same ratio
+for ``plan()`` alone, the lazy plan without building the task objects).
+
+**Slide**: the window slides by one hour and a 4-thread planner with a warm cache re-plans (only
+the new hour is listed). ``slide_replan_ratio`` = that re-plan's ``plan()`` time / a cold
+4-thread ``plan()`` of the full window (both without materialising the tasks, whose cost is
+the same for any plan of that window: ``detail.slide_incl_materialise_ratio`` has it).
+
+**Real tree** (no simulation): ``--real-hours`` hourly hive partitions × 2 sources ×
+``--real-files-per-hour`` small Parquet files (a few KB each, real Parquet bytes) plus
+``_SUCCESS`` markers, written to a temporary directory on local disk; the fair loader vs
+DTGG-1t / 4t over the same two-stream job, interleaved ``--real-repeats`` times after a warm-up
+(dentries and inodes cached: what a re-plan sees), medians. ``real_tree_speedup_4t`` = fair /
+DTGG-4t there. On local disk a listing is CPU work in Python (fsspec stats every entry) rather
+than a wait, so threads help little under the GIL and the gain is mostly fusion.
+
+``peak_rss_bytes``: VmHWM of a child process that plans >= ``--rss-files`` (default 1 M)
+files of the same job on a zero-latency metastore and then streams every DataTask of the plan.
+
+Last line: {"bench": "dtgg", "fair_speedup_1t", "fair_speedup_4t", "stat_speedup_4t",
+"ratio_to_listing_bound_4t", "real_tree_files", "real_tree_speedup_4t", "slide_replan_ratio",
+"fair_s", "dtgg_1t_s", "dtgg_4t_s", "listing_bound_4t_s", "peak_rss_bytes", ..., "detail": {...}}
 """
 
 from __future__ import annotations
@@ -45,18 +77,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, ClassVar
 
 import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from primus_dagster.data import ListingCache, Planner, SourceContext, TimeWindow
+from primus_dagster.data import DataTask, ListingCache, Planner, ReadTask, SourceContext, TimeWindow
 from primus_dagster.spec import DatasetSpec, parse_job_spec
 
 from _common import emit, vm_hwm
@@ -168,17 +206,18 @@ class MetastoreFS(AbstractFileSystem):
 fsspec.register_implementation("metastore", MetastoreFS, clobber=True)
 
 
-def job_dataset(days: int, files_per_hour: int, latency_ms: float, stat_latency_ms: float) -> DatasetSpec:
-    """Two streams reading the same two sources (four source names, two physical scans)."""
-    options = (
-        f"{{days: '{days}', files_per_hour: '{files_per_hour}', latency_ms: '{latency_ms}', "
-        f"stat_latency_ms: '{stat_latency_ms}'}}"
-    )
-    columns = "{ts: event_time, label: click, id: sample_id, dense: [d0]}"
+fsspec.register_implementation("metastore", MetastoreFS, clobber=True)
+
+COLUMNS = "{ts: event_time, label: click, id: sample_id, dense: [d0]}"
+
+
+def two_stream_dataset(paths: dict[str, str], storage_options: str = "{}") -> DatasetSpec:
+    """Two streams (``history``, ``fresh``) reading the same two sources at ``paths`` (four
+    source names, two physical scans)."""
     sources = {
         stream: "\n".join(
             f"        - {{name: {src}_{stream}, type: parquet, kind: batch, granularity: hour, "
-            f"path: 'metastore://warehouse/{src}', storage_options: {options}, columns: {columns}}}"
+            f"path: '{paths[src]}', storage_options: {storage_options}, columns: {COLUMNS}}}"
             for src in SOURCES
         )
         for stream in ("history", "fresh")
@@ -203,35 +242,78 @@ dataset:
     return job.dataset
 
 
-def naive_plan(
-    dataset: DatasetSpec, window: TimeWindow, sizes_from_listing: bool = False
-) -> list[tuple[datetime, str, str, str, int]]:
-    """The straightforward loader (module docstring): no threads, no cache, no fusion.
+def job_dataset(days: int, files_per_hour: int, latency_ms: float, stat_latency_ms: float) -> DatasetSpec:
+    """The two-stream job on the simulated metastore."""
+    options = (
+        f"{{days: '{days}', files_per_hour: '{files_per_hour}', latency_ms: '{latency_ms}', "
+        f"stat_latency_ms: '{stat_latency_ms}'}}"
+    )
+    return two_stream_dataset({src: f"metastore://warehouse/{src}" for src in SOURCES}, options)
 
-    ``sizes_from_listing``: the ablation that takes sizes from ``ls(detail=True)`` instead of
-    one ``size`` RPC per file (still no threads, cache or fusion).
-    """
-    tasks = []
+
+def _is_data(name: str) -> bool:
+    return not name.rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))
+
+
+def fair_plan(dataset: DatasetSpec, window: TimeWindow) -> list[DataTask]:
+    """The fair serial loader (module docstring): ``ls(detail=True)`` per consumer and hour,
+    sizes from the listing; no threads, cache or fusion; the same DataTasks as DTGG, sorted."""
+    tasks: list[DataTask] = []
     for stream in dataset.streams:
         for source in stream.sources:
             fs, root = fsspec.core.url_to_fs(source.path, **source.storage_options)
+            root = root.rstrip("/")
             for hour in window.partition_starts("hour"):
                 directory = f"{root}/dt={hour:%Y-%m-%d}/hour={hour:%H}"
                 try:
-                    listing = fs.ls(directory, detail=sizes_from_listing)
+                    listing = fs.ls(directory, detail=True)
                 except FileNotFoundError:
                     continue
-                sizes = {e["name"]: e["size"] for e in listing} if sizes_from_listing else None
-                names = list(sizes) if sizes is not None else listing
+                if not any(e["name"].rsplit("/", 1)[-1] == "_SUCCESS" for e in listing):
+                    continue
+                for entry in sorted(listing, key=lambda e: e["name"]):
+                    if entry["type"] == "file" and _is_data(entry["name"]):
+                        read = ReadTask(source.name, hour, entry["name"], size_bytes=int(entry["size"]))
+                        tasks.append(DataTask.for_read(stream.name, source.kind, read))
+    tasks.sort(key=lambda t: t.order_key)
+    return tasks
+
+
+def stat_plan(dataset: DatasetSpec, window: TimeWindow) -> list[DataTask]:
+    """The per-file-stat loader: ``ls(detail=False)`` then one ``size`` RPC per file."""
+    tasks: list[DataTask] = []
+    for stream in dataset.streams:
+        for source in stream.sources:
+            fs, root = fsspec.core.url_to_fs(source.path, **source.storage_options)
+            root = root.rstrip("/")
+            for hour in window.partition_starts("hour"):
+                directory = f"{root}/dt={hour:%Y-%m-%d}/hour={hour:%H}"
+                try:
+                    names = fs.ls(directory, detail=False)
+                except FileNotFoundError:
+                    continue
                 if f"{directory}/_SUCCESS" not in names:
                     continue
                 for name in sorted(names):
-                    if name.rsplit("/", 1)[-1].startswith(("_", ".")):
-                        continue
-                    size = sizes[name] if sizes is not None else fs.size(name)
-                    tasks.append((hour, stream.name, source.name, name, size))
-    tasks.sort()
+                    if _is_data(name):
+                        read = ReadTask(source.name, hour, name, size_bytes=fs.size(name))
+                        tasks.append(DataTask.for_read(stream.name, source.kind, read))
+    tasks.sort(key=lambda t: t.order_key)
     return tasks
+
+
+class DtggRun:
+    """One cold DTGG plan of ``window`` with ``threads``, materialised; times kept apart."""
+
+    def __init__(self, dataset: DatasetSpec, window: TimeWindow, threads: int):
+        c0, t0 = time.process_time(), time.perf_counter()
+        self.planner = Planner(dataset, SourceContext("."), threads=threads, cache=ListingCache())
+        self.plan = self.planner.plan(window)
+        t1 = time.perf_counter()
+        self.tasks = list(self.plan.tasks)
+        t2 = time.perf_counter()
+        self.plan_s, self.materialise_s, self.seconds = t1 - t0, t2 - t1, t2 - t0
+        self.cpu_s = time.process_time() - c0
 
 
 def metastore(dataset: DatasetSpec) -> MetastoreFS:
@@ -247,11 +329,20 @@ def calibrate(seconds: float, calls: int = 300) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def timed_plan(dataset: DatasetSpec, window: TimeWindow, threads: int) -> tuple[Planner, Any, float]:
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    planner = Planner(dataset, SourceContext("."), threads=threads, cache=ListingCache())
-    plan = planner.plan(window)
-    return planner, plan, time.perf_counter() - t0
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def check_same(name: str, got: list[DataTask], want: list[DataTask]) -> None:
+    if got != want:
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        raise SystemExit(f"{name} and the fair loader disagree: {len(got)} vs {len(want)} tasks, first at {first}")
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 def rss_child(files: int, files_per_hour: int) -> None:
@@ -260,7 +351,9 @@ def rss_child(files: int, files_per_hour: int) -> None:
     dataset = job_dataset(days, files_per_hour, 0.0, 0.0)
     before = vm_hwm()
     window = TimeWindow(START, START + timedelta(days=days))
-    _planner, plan, seconds = timed_plan(dataset, window, threads=4)
+    t0 = time.perf_counter()
+    plan = Planner(dataset, SourceContext("."), threads=4, cache=ListingCache()).plan(window)
+    seconds = time.perf_counter() - t0
     after_plan = vm_hwm()
     t0 = time.perf_counter()
     streamed = sum(1 for _ in plan.tasks)
@@ -280,12 +373,238 @@ def rss_child(files: int, files_per_hour: int) -> None:
     )
 
 
+def simulated(args: argparse.Namespace) -> dict[str, Any]:
+    """The metastore runs: fair vs DTGG-1t/4t (interleaved), the stat loader, the bound, the slide."""
+    dataset = job_dataset(args.days, args.files_per_hour, args.latency_ms, args.stat_latency_ms)
+    fs = metastore(dataset)
+    window = TimeWindow(START, START + timedelta(days=args.days))
+    hours = args.days * 24
+    ls_cost, stat_cost = calibrate(args.latency_ms / 1000), calibrate(args.stat_latency_ms / 1000, 2000)
+    print(
+        f"metastore: {args.days} days x 24 h x {len(SOURCES)} sources x {args.files_per_hour} files "
+        f"= {hours * len(SOURCES) * args.files_per_hour:,} files; ls {args.latency_ms} ms "
+        f"(measured {ls_cost * 1e3:.3f}), stat {args.stat_latency_ms} ms (measured {stat_cost * 1e3:.3f})",
+        flush=True,
+    )
+    # Warm-up (imports, adapter construction) outside every timed run.
+    DtggRun(dataset, TimeWindow(START, START + HOUR), 1)
+    fair_stat_window = TimeWindow(START, START + HOUR)
+    fair_plan(dataset, fair_stat_window), stat_plan(dataset, fair_stat_window)
+
+    fair_s: list[float] = []
+    fair_cpu: list[float] = []
+    runs: dict[int, list[DtggRun]] = {1: [], 4: []}
+    rpcs: dict[str, dict[str, int]] = {}
+    reference: list[DataTask] | None = None
+    for rep in range(args.repeats):
+        fs.calls.clear()
+        c0 = time.process_time()
+        tasks, seconds = timed(lambda: fair_plan(dataset, window))
+        fair_cpu.append(time.process_time() - c0)
+        rpcs["fair"] = dict(fs.calls)
+        fair_s.append(seconds)
+        if rep == 0:
+            reference = tasks
+        del tasks
+        line = [f"repeat {rep + 1}: fair {seconds:.2f} s"]
+        for threads in (1, 4):
+            fs.calls.clear()
+            run = DtggRun(dataset, window, threads)
+            rpcs[f"dtgg_{threads}t"] = dict(fs.calls)
+            if rep == 0:
+                assert reference is not None
+                check_same(f"DTGG-{threads}t", run.tasks, reference)
+            run.tasks = []  # keep the planner (the slide needs a warm one), drop the objects
+            runs[threads].append(run)
+            line.append(
+                f"dtgg {threads}t {run.seconds:.2f} s (plan {run.plan_s:.2f} + materialise {run.materialise_s:.2f})"
+            )
+        print("; ".join(line), flush=True)
+    assert reference is not None
+    tasks_total = len(reference)
+    reference = None
+
+    dtgg_s = {t: med([r.seconds for r in runs[t]]) for t in runs}
+    plan_s = {t: med([r.plan_s for r in runs[t]]) for t in runs}
+    materialise_s = {t: med([r.materialise_s for r in runs[t]]) for t in runs}
+    fair = med(fair_s)
+    listings = rpcs["dtgg_4t"]["ls"]
+    bound_4t = listings * ls_cost / 4
+    print(
+        f"medians: fair {fair:.2f} s, DTGG-1t {dtgg_s[1]:.2f} s ({fair / dtgg_s[1]:.2f}x), DTGG-4t "
+        f"{dtgg_s[4]:.2f} s ({fair / dtgg_s[4]:.2f}x); listing bound 4t {bound_4t:.2f} s "
+        f"({listings} listings x {ls_cost * 1e3:.3f} ms / 4): DTGG-4t at {dtgg_s[4] / bound_4t:.2f}x the bound",
+        flush=True,
+    )
+
+    cpu_s = {t: med([r.cpu_s for r in runs[t]]) for t in runs}
+    print(
+        f"CPU seconds (medians): fair {med(fair_cpu):.2f}, DTGG-1t {cpu_s[1]:.2f}, DTGG-4t {cpu_s[4]:.2f} "
+        f"(of which materialising the tasks ~{materialise_s[4]:.2f} s wall)",
+        flush=True,
+    )
+
+    # Slide by one hour: a warm 4-thread planner re-plans (plan only, as the cold plan_s).
+    planner = runs[4][-1].planner
+    fs.calls.clear()
+    t0 = time.perf_counter()
+    slid = planner.plan(TimeWindow(window.start + HOUR, window.end + HOUR))
+    slide_s = time.perf_counter() - t0
+    slide_rpcs = dict(fs.calls)
+    t0 = time.perf_counter()
+    list(slid.tasks)
+    slide_materialise_s = time.perf_counter() - t0
+    print(
+        f"slide by 1 h (warm cache): {slide_s:.3f} s, {slid.stats.listings} listings, "
+        f"{slid.stats.cache_hits} cache hits ({slide_rpcs}); materialising it {slide_materialise_s:.2f} s",
+        flush=True,
+    )
+    first_task, last_task = slid.tasks[0].task_id, slid.tasks[-1].task_id
+    del slid, planner, runs
+
+    # The per-file-stat loader, on the first --stat-days days, against DTGG-4t on the same.
+    sub = TimeWindow(START, START + timedelta(days=args.stat_days))
+    fs.calls.clear()
+    stat_tasks, stat_s = timed(lambda: stat_plan(dataset, sub))
+    stat_rpcs = dict(fs.calls)
+    sub_runs = [DtggRun(dataset, sub, 4) for _ in range(3)]
+    check_same("DTGG-4t (sub-window)", sub_runs[0].tasks, stat_tasks)
+    sub_dtgg = med([r.seconds for r in sub_runs])
+    sub_fair = med([timed(lambda: fair_plan(dataset, sub))[1] for _ in range(3)])
+    del stat_tasks, sub_runs
+    print(
+        f"stat loader, first {args.stat_days} days: {stat_s:.1f} s ({stat_rpcs}) vs DTGG-4t {sub_dtgg:.2f} s "
+        f"({stat_s / sub_dtgg:.1f}x) and fair {sub_fair:.2f} s; scaled to the full window ~{stat_s * args.days / args.stat_days:.0f} s",
+        flush=True,
+    )
+    return {
+        "files": hours * len(SOURCES) * args.files_per_hour,
+        "tasks": tasks_total,
+        "fair_s": fair,
+        "dtgg_s": dtgg_s,
+        "bound_4t": bound_4t,
+        "stat_speedup_4t": stat_s / sub_dtgg,
+        "slide_replan_ratio": slide_s / plan_s[4],
+        "detail": {
+            "days": args.days,
+            "files_per_hour": args.files_per_hour,
+            "latency_ms": args.latency_ms,
+            "stat_latency_ms": args.stat_latency_ms,
+            "measured_ls_ms": round(ls_cost * 1e3, 4),
+            "measured_stat_ms": round(stat_cost * 1e3, 4),
+            "repeats": args.repeats,
+            "fair_s_all": [round(x, 3) for x in fair_s],
+            "dtgg_1t_plan_s": round(plan_s[1], 3),
+            "dtgg_1t_materialise_s": round(materialise_s[1], 3),
+            "dtgg_4t_plan_s": round(plan_s[4], 3),
+            "dtgg_4t_materialise_s": round(materialise_s[4], 3),
+            "rpcs": rpcs,
+            "dtgg_listings": listings,
+            "fair_cpu_s": round(med(fair_cpu), 3),
+            "dtgg_1t_cpu_s": round(cpu_s[1], 3),
+            "dtgg_4t_cpu_s": round(cpu_s[4], 3),
+            "ratio_to_listing_bound_4t_plan_only": round(plan_s[4] / bound_4t, 2),
+            "stat_window_days": args.stat_days,
+            "stat_s": round(stat_s, 3),
+            "stat_rpcs": stat_rpcs,
+            "stat_window_dtgg_4t_s": round(sub_dtgg, 3),
+            "stat_window_fair_s": round(sub_fair, 3),
+            "stat_s_scaled_to_full_window": round(stat_s * args.days / args.stat_days, 1),
+            "slide_s": round(slide_s, 4),
+            "slide_rpcs": slide_rpcs,
+            "slide_incl_materialise_ratio": round((slide_s + slide_materialise_s) / dtgg_s[4], 3),
+            "slide_first_task": first_task,
+            "slide_last_task": last_task,
+        },
+    }
+
+
+def write_tree(root: Path, hours: int, files_per_hour: int) -> int:
+    """Real hive partitions under ``root/warehouse/{source}``: small Parquet files + ``_SUCCESS``."""
+    variants = []
+    for rows in (100, 150, 200, 250):
+        table = pa.table(
+            {
+                "event_time": pa.array([START] * rows, pa.timestamp("us", "UTC")),
+                "click": pa.array([0.0] * rows, pa.float32()),
+                "sample_id": pa.array(range(rows), pa.int64()),
+                "d0": pa.array([0.5] * rows, pa.float32()),
+            }
+        )
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        variants.append(sink.getvalue().to_pybytes())
+    files = 0
+    for source in SOURCES:
+        for h in range(hours):
+            hour = START + h * HOUR
+            directory = root / "warehouse" / source / f"dt={hour:%Y-%m-%d}" / f"hour={hour:%H}"
+            directory.mkdir(parents=True)
+            for i in range(files_per_hour):
+                (directory / f"part-{i:05d}.parquet").write_bytes(variants[(h + i) % len(variants)])
+                files += 1
+            (directory / "_SUCCESS").touch()
+    return files
+
+
+def real_tree(args: argparse.Namespace) -> dict[str, Any]:
+    """Fair loader vs DTGG-1t/4t over a real directory tree on local disk (no simulation)."""
+    with tempfile.TemporaryDirectory(prefix="dtgg-bench-") as tmp:
+        root = Path(tmp)
+        files, write_s = timed(lambda: write_tree(root, args.real_hours, args.real_files_per_hour))
+        dataset = two_stream_dataset({src: str(root / "warehouse" / src) for src in SOURCES})
+        window = TimeWindow(START, START + args.real_hours * HOUR)
+        print(
+            f"real tree: {args.real_hours} h x {len(SOURCES)} sources x {args.real_files_per_hour} files = "
+            f"{files:,} Parquet files in {tmp} (written in {write_s:.1f} s)",
+            flush=True,
+        )
+        reference = fair_plan(dataset, window)  # warm-up: dentries, inodes, imports
+        for threads in (1, 4):
+            check_same(f"real tree DTGG-{threads}t", DtggRun(dataset, window, threads).tasks, reference)
+        tasks_total = len(reference)
+        del reference
+        fair_s: list[float] = []
+        dtgg: dict[int, list[float]] = {1: [], 4: []}
+        for _ in range(args.real_repeats):
+            fair_s.append(timed(lambda: fair_plan(dataset, window))[1])
+            for threads in (1, 4):
+                dtgg[threads].append(DtggRun(dataset, window, threads).seconds)
+        fair, d1, d4 = med(fair_s), med(dtgg[1]), med(dtgg[4])
+        print(
+            f"real tree medians of {args.real_repeats}: fair {fair:.3f} s, DTGG-1t {d1:.3f} s ({fair / d1:.2f}x), "
+            f"DTGG-4t {d4:.3f} s ({fair / d4:.2f}x)",
+            flush=True,
+        )
+    return {
+        "files": files,
+        "tasks": tasks_total,
+        "fair_s": fair,
+        "dtgg_1t_s": d1,
+        "dtgg_4t_s": d4,
+        "detail": {
+            "hours": args.real_hours,
+            "files_per_hour": args.real_files_per_hour,
+            "repeats": args.real_repeats,
+            "fair_s_all": [round(x, 4) for x in fair_s],
+            "dtgg_1t_s_all": [round(x, 4) for x in dtgg[1]],
+            "dtgg_4t_s_all": [round(x, 4) for x in dtgg[4]],
+            "write_s": round(write_s, 2),
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=20)
     parser.add_argument("--files-per-hour", type=int, default=500)
     parser.add_argument("--latency-ms", type=float, default=2.0, help="cost of one directory listing RPC")
     parser.add_argument("--stat-latency-ms", type=float, default=0.2, help="cost of one per-file metadata RPC")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of fair / DTGG-1t / DTGG-4t")
+    parser.add_argument("--stat-days", type=int, default=2, help="sub-window (days) the stat loader is timed on")
+    parser.add_argument("--real-hours", type=int, default=48, help="hours of the real tree on local disk")
+    parser.add_argument("--real-files-per-hour", type=int, default=200)
+    parser.add_argument("--real-repeats", type=int, default=5)
     parser.add_argument("--rss-files", type=int, default=1_000_000, help="files planned by the RSS child")
     parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -293,81 +612,8 @@ def main() -> None:
         rss_child(args.rss_files, 1000)
         return
 
-    dataset = job_dataset(args.days, args.files_per_hour, args.latency_ms, args.stat_latency_ms)
-    fs = metastore(dataset)
-    window = TimeWindow(START, START + timedelta(days=args.days))
-    hours = args.days * 24
-    consumers = sum(len(s.sources) for s in dataset.streams)
-    ls_cost, stat_cost = calibrate(args.latency_ms / 1000), calibrate(args.stat_latency_ms / 1000, 2000)
-    naive_rpcs = (consumers * hours, consumers * hours * args.files_per_hour)
-    print(
-        f"metastore: {args.days} days x 24 h x {len(SOURCES)} sources x {args.files_per_hour} files "
-        f"= {hours * len(SOURCES) * args.files_per_hour:,} files; ls {args.latency_ms} ms "
-        f"(measured {ls_cost * 1e3:.3f}), stat {args.stat_latency_ms} ms (measured {stat_cost * 1e3:.3f})"
-    )
-    print(
-        f"naive: {naive_rpcs[0]:,} ls + {naive_rpcs[1]:,} stat RPCs; expected >= "
-        f"{naive_rpcs[0] * ls_cost + naive_rpcs[1] * stat_cost:.0f} s",
-        flush=True,
-    )
-
-    # Warm-up (imports, adapter construction) outside every timed run.
-    Planner(dataset, SourceContext("."), threads=1).plan(TimeWindow(START, START + HOUR))
-    fs.calls.clear()
-    t0 = time.perf_counter()
-    naive = naive_plan(dataset, window)
-    naive_s = time.perf_counter() - t0
-    naive_calls = dict(fs.calls)
-    naive_bytes = Counter()
-    for _, stream, source, _, size in naive:
-        naive_bytes[(stream, source)] += size
-    naive_tasks = len(naive)
-    del naive
-    print(f"naive: {naive_tasks:,} tasks in {naive_s:.1f} s ({naive_calls})", flush=True)
-    t0 = time.perf_counter()
-    ablation_tasks = len(naive_plan(dataset, window, sizes_from_listing=True))
-    naive_listing_sizes_s = time.perf_counter() - t0
-    assert ablation_tasks == naive_tasks
-    print(f"ablation, naive with sizes from the listing: {naive_listing_sizes_s:.2f} s", flush=True)
-
-    seconds_by_threads: dict[int, float] = {}
-    rpcs_by_threads: dict[int, dict[str, int]] = {}
-    for threads in (1, 4):
-        fs.calls.clear()
-        planner, plan, seconds = timed_plan(dataset, window, threads)
-        seconds_by_threads[threads], rpcs_by_threads[threads] = seconds, dict(fs.calls)
-        print(
-            f"dtgg {threads}t: {len(plan.tasks):,} tasks in {seconds:.2f} s ({dict(fs.calls)}; "
-            f"{plan.stats.listings} listings)",
-            flush=True,
-        )
-        dtgg_bytes = {key: c.bytes for key, c in plan.counts.items()}
-        if len(plan.tasks) != naive_tasks or dtgg_bytes != dict(naive_bytes):
-            raise SystemExit(
-                f"DTGG and naive disagree: {len(plan.tasks)} vs {naive_tasks} tasks, "
-                f"{dtgg_bytes} vs {dict(naive_bytes)}"
-            )
-
-    # `planner` / `plan` are now the 4-thread ones, with a warm cache.
-    full_s = seconds_by_threads[4]
-    fs.calls.clear()
-    t0 = time.perf_counter()
-    slid = planner.plan(TimeWindow(window.start + HOUR, window.end + HOUR))
-    slide_s = time.perf_counter() - t0
-    slide_calls = dict(fs.calls)
-    print(
-        f"slide by 1 h (warm cache): {slide_s:.3f} s, {slid.stats.listings} listings, "
-        f"{slid.stats.cache_hits} cache hits ({slide_calls})",
-        flush=True,
-    )
-
-    t0 = time.perf_counter()
-    materialised = sum(1 for _ in plan.tasks)
-    materialise_s = time.perf_counter() - t0
-    first, last = plan.tasks[0], plan.tasks[-1]
-    main_hwm = vm_hwm()
-    del slid, plan, planner
-
+    sim = simulated(args)
+    real = real_tree(args)
     out = subprocess.run(
         [sys.executable, __file__, "--rss-child", "--rss-files", str(args.rss_files)],
         capture_output=True,
@@ -377,42 +623,39 @@ def main() -> None:
     rss = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"rss child: {rss}", flush=True)
 
+    fair, d1, d4 = sim["fair_s"], sim["dtgg_s"][1], sim["dtgg_s"][4]
     emit(
         {
             "bench": "dtgg",
-            "files": hours * len(SOURCES) * args.files_per_hour,
-            "tasks": naive_tasks,
-            "naive_s": round(naive_s, 3),
-            "dtgg_1t_s": round(seconds_by_threads[1], 3),
-            "dtgg_4t_s": round(full_s, 3),
-            "speedup_1t": round(naive_s / seconds_by_threads[1], 2),
-            "speedup_4t": round(naive_s / full_s, 2),
-            "slide_replan_ratio": round(slide_s / full_s, 4),
+            "fair_speedup_1t": round(fair / d1, 2),
+            "fair_speedup_4t": round(fair / d4, 2),
+            "stat_speedup_4t": round(sim["stat_speedup_4t"], 2),
+            "ratio_to_listing_bound_4t": round(d4 / sim["bound_4t"], 2),
+            "real_tree_files": real["files"],
+            "real_tree_speedup_4t": round(real["fair_s"] / real["dtgg_4t_s"], 2),
+            "slide_replan_ratio": round(sim["slide_replan_ratio"], 4),
+            "real_tree_speedup_1t": round(real["fair_s"] / real["dtgg_1t_s"], 2),
+            "files": sim["files"],
+            "tasks": sim["tasks"],
+            "fair_s": round(fair, 3),
+            "dtgg_1t_s": round(d1, 3),
+            "dtgg_4t_s": round(d4, 3),
+            "listing_bound_4t_s": round(sim["bound_4t"], 3),
             "peak_rss_bytes": rss["peak_rss_bytes"],
             "rss_files": rss["files"],
-            "metric": "planning wall time",
-            "value": round(full_s, 3),
-            "baseline": round(naive_s, 3),
-            "ratio": round(naive_s / full_s, 2),
+            "metric": "planning wall time incl. building every DataTask (DTGG-4t)",
+            "value": round(d4, 3),
+            "baseline": round(fair, 3),
+            "ratio": round(fair / d4, 2),
             "detail": {
-                "days": args.days,
-                "files_per_hour": args.files_per_hour,
-                "latency_ms": args.latency_ms,
-                "stat_latency_ms": args.stat_latency_ms,
-                "measured_ls_ms": round(ls_cost * 1e3, 4),
-                "measured_stat_ms": round(stat_cost * 1e3, 4),
-                "naive_rpcs": naive_calls,
-                "dtgg_rpcs": rpcs_by_threads,
-                "slide_s": round(slide_s, 4),
-                "slide_rpcs": slide_calls,
-                "materialise_s": round(materialise_s, 3),
-                "materialised": materialised,
-                "naive_sizes_from_listing_s": round(naive_listing_sizes_s, 3),
-                "speedup_4t_vs_naive_sizes_from_listing": round(naive_listing_sizes_s / full_s, 2),
-                "speedup_4t_incl_materialise": round(naive_s / (full_s + materialise_s), 2),
-                "first_task": first.task_id,
-                "last_task": last.task_id,
-                "main_peak_rss_bytes": main_hwm,
+                **sim["detail"],
+                "real_tree": {
+                    **real["detail"],
+                    "tasks": real["tasks"],
+                    "fair_s": round(real["fair_s"], 4),
+                    "dtgg_1t_s": round(real["dtgg_1t_s"], 4),
+                    "dtgg_4t_s": round(real["dtgg_4t_s"], 4),
+                },
                 "rss_child": rss,
             },
         }
