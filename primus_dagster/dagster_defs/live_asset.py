@@ -26,6 +26,7 @@ from dagster import (
     define_asset_job,
 )
 
+from primus_dagster.dagster_defs.lineage import dagster_run_tags
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.schedules import AssetJob
 from primus_dagster.dagster_defs.training_asset import training_asset_name
@@ -101,6 +102,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
                 kafka_bootstrap=source_context.kafka_bootstrap_servers,
                 executors=executor_pool.executors(job),
                 tracker=mlflow.tracker(job),
+                tags=dagster_run_tags(context),
                 progress=log_progress,
             ),
             JobHooks(data_plane=executor_pool.data_plane_factory(job)),

@@ -39,6 +39,7 @@ from dagster import (
     asset,
 )
 
+from primus_dagster.dagster_defs.lineage import dagster_run_tags
 from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.data import TimeWindow
@@ -193,6 +194,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 executors=executor_pool.executors(job),
                 run_key=f"{job.name}/{context.partition_key}",
                 tracker=mlflow.tracker(job),
+                tags=dagster_run_tags(context),
                 progress=log_progress,
                 warm_start=f"{job.name}/{previous_key}" if previous_key else None,
             ),

@@ -139,6 +139,7 @@ class LiveIncrement:
     executors: int | None = None
     tracker: MlflowTracker | None = None
     progress: Callable[[dict[str, Any]], None] | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags
 
 
 @dataclass
@@ -238,6 +239,7 @@ def run_live_increment(cfg: LiveIncrement, hooks: JobHooks | None = None) -> Liv
             warm_start=start.warm_start,
             tasks=tasks,
             tags={
+                **cfg.tags,
                 RUN_KIND_TAG: "live",
                 BASE_TAG: start.base_key or "",
                 TAIL_TAG: _tail_tag(plans),

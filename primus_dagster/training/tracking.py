@@ -42,6 +42,8 @@ __all__ = ["RUN_KEY_TAG", "MlflowTracker", "default_tracking_uri", "use_tracking
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "primus.run_key"
+# The MLflow UI opens an experiment on its GenAI traces page unless it is marked as model development.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 CHECKPOINTS = "checkpoints"
 _MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _GLOBAL = threading.RLock()  # guards MLflow's process-global tracking URI
@@ -127,13 +129,18 @@ class MlflowTracker:
         found = self.client.get_experiment_by_name(self.experiment)
         if found is None:
             try:
-                return self.client.create_experiment(self.experiment, artifact_location=artifact_location)
+                return self.client.create_experiment(
+                    self.experiment, artifact_location=artifact_location, tags=EXPERIMENT_TAGS
+                )
             except MlflowException:  # created concurrently by another process
                 found = self.client.get_experiment_by_name(self.experiment)
                 if found is None:
                     raise
         if found.lifecycle_stage == "deleted":
             self.client.restore_experiment(found.experiment_id)
+        for name, value in EXPERIMENT_TAGS.items():  # experiments created before the tag existed
+            if found.tags.get(name) != value:
+                self.client.set_experiment_tag(found.experiment_id, name, value)
         return found.experiment_id
 
     # ------------------------------------------------------------------ the run

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 from dagster import AssetKey, DagsterInstance, materialize
 
@@ -69,6 +70,13 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
             first_run = meta["mlflow_run_id"]
             assert "warm_started_from" not in meta  # None: nothing before the first partition
     assert meta["warm_started_from"] == first_run  # continuous training: day 2 goes on from day 1's model
+    # The MLflow run leads back to the Dagster run, asset and partition; its experiment opens on models.
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    run = client.get_run(meta["mlflow_run_id"])
+    assert run.data.tags["dagster.run_id"] == result.run_id and run.data.tags["dagster.asset"] == "train_test_model"
+    assert run.data.tags["dagster.partition"] == "2026-11-01-02:00"
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert check.metadata["previous_auc"].value == pytest.approx(
         instance.fetch_materializations(key, limit=2).records[1].asset_materialization.metadata["eval_auc"].value
     )
