@@ -7,6 +7,7 @@ killed increment resumes with exactly the records it was planned with.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from jobkit import make_job
 
+from primus_dagster import cli
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
@@ -98,7 +100,7 @@ def _increment(env: dict, tracker: MlflowTracker, seen: list[int], fail_after: i
 
 
 @pytest.mark.integration
-def test_increments_train_each_stream_record_after_the_base_once(tmp_path: Path, kafka_broker) -> None:
+def test_increments_train_each_stream_record_after_the_base_once(tmp_path: Path, kafka_broker, capsys) -> None:
     env = make_job(
         tmp_path, kafka=kafka_broker.bootstrap_servers, topic="live-chain", hours=2, every=4, rows_per_hour=1000
     )
@@ -124,6 +126,12 @@ def test_increments_train_each_stream_record_after_the_base_once(tmp_path: Path,
     two = _increment(env, tracker, more)
     assert two.start.warm_start == one.run_key and "continues increment" in two.start.why
     assert Counter(first) + Counter(more) == _kafka_ids(env, env["window"].end)  # each record once along the chain
+
+    # The command line continues the same chain: nothing new since the last increment.
+    argv = ["live", str(env["job_path"]), "--data-root", str(env["root"]), "--kafka-bootstrap", env["kafka"], "--json"]
+    assert cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["new_records"] == 0 and report["live_start"] == f"continues increment {two.run_key}"
 
 
 def base_key(env: dict) -> str:
