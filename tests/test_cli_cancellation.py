@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
 import pytest
 
 from tests.cluster.prockit import assert_no_orphans, child_pids, processes_with
@@ -71,5 +72,8 @@ def test_a_signalled_train_command_stops_its_executors_and_exits_non_zero(tmp_pa
             proc.kill()
             proc.wait()
     assert proc.returncode == 128 + signum, stderr[-3000:]
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"  # the MLflow run says it was cancelled (and resumes from its checkpoint)
     assert f"cancelled ({signal.Signals(signum).name})" in stderr
     assert_no_orphans(job_path, before)

@@ -521,6 +521,9 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
                 {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
             ],
         )
+    except KeyboardInterrupt:  # a cancelled run (SIGINT / SIGTERM through the CLI): MLflow says KILLED
+        status = "KILLED"
+        raise
     finally:
         tracker.finish(status)
         shutil.rmtree(run.workdir, ignore_errors=True)
