@@ -1,4 +1,4 @@
-"""Training throughput: MTRM vs the single tower, the whole pipeline vs in-memory, DDP speedup.
+"""Training throughput: MTRM vs the single tower, the whole pipeline vs in-memory, DDP speedup, vs TorchRec.
 
 Data: ``--hours`` hours of the synthetic world (seed 5, ~``--rows`` impressions in all, 13 dense +
 5 sparse features), made canonical in memory (``SyntheticWorld`` -> ``Normalizer`` ->
@@ -39,30 +39,68 @@ its 1-rank figure is below part 1's.
    (its dense 100000 x 16 embedding gradient: 6.4 MB a step; ``ddp_dense_allreduce_bytes_per_step``),
    the exchange before the row-sparse one. The load average at start and end is in "detail":
    wall-clock figures are only as good as the machine is quiet.
+4. ``ratio_vs_torchrec``: the single tower next to TorchRec's DLRM (issue 11), trained in this run,
+   side by side, on the same synthetic in-memory rows: ``--torchrec-batches`` (20) batches of 2048 rows,
+   13 dense features (``log1p|N(0,1)|``), 26 sparse features with one id each, uniform in [0, 10 000),
+   ~25 % positives; 1 torch thread. Shapes: TorchRec has 26 ``EmbeddingBag`` tables of 10 000 x 16
+   (sum pooling), dense arch [16], pairwise-dot interaction, over arch [128, 64, 1]; ours
+   (``dlrm_shape_spec``) one hashed table of 26 x 10 000 = 260 000 rows x 16 shared by the 26 features
+   (the same capacity: 4 160 000 embedding parameters on both sides; ours hashes (feature, id) pairs
+   into it, so pairs may collide where TorchRec's are 1:1), bottom 13 -> 16 (+ReLU, = dense arch [16]),
+   top [128, 64] -> 1 on the concatenation (16 + 26 x 16 = 432 wide; DLRM's over arch reads 16 + 351
+   dot products = 367): 63 969 dense parameters against DLRM's 55 649 (``detail.vs_torchrec``).
+   **Ours** trains as a job does: ``Trainer.train_step`` (sparse embedding gradients, lazy SparseAdam
+   for the table + Adam, lr 1e-3); its timing covers the NaN checks, zero_grad, hashing, lookup, MLPs,
+   BCE, backward, both optimiser steps, the counters and ``float(loss)`` -- the ``Batch`` tensors are
+   converted before. **TorchRec** (Adagrad, lr 1e-3) in three configurations, the fastest is the
+   baseline: ``dmp_fused`` (its docs' and DLRM example's way, CPU included: ``apply_optimizer_in_backward``
+   on the tables, ``DistributedModelParallel`` over a 1-rank gloo group, which shards them to FBGEMM's
+   fused CPU kernel -- the table update runs inside backward -- and plain Adagrad for the dense
+   parameters), ``dense_adagrad`` (unsharded, one plain Adagrad over everything) and
+   ``in_backward_unsharded`` (unsharded, Adagrad applied in backward to the tables); its timing covers
+   zero_grad, ``DLRMTrain`` forward (lookup, MLPs, interaction, BCE), backward, the optimizer step and
+   ``float(loss)`` -- the ``KeyedJaggedTensor`` of every batch is built before (like our tensors).
+   After 5 warm-up steps each, ``--torchrec-repeats`` (7) timed passes over the batches per side,
+   interleaved (the order rotated each repeat); samples per CPU-second of this process; medians.
+   ``ratio_vs_torchrec`` = ours / the fastest TorchRec configuration (``torchrec_mode``;
+   ``paired_ratios`` in "detail" are the per-repeat ratios). ``--only-torchrec`` runs only this part.
+   Without TorchRec the keys are ``ratio_vs_torchrec: null`` and ``torchrec_note``. Install it (the
+   1.8 pair is the one checked with torch 2.13 here; torchrec's metadata requires the CUDA fbgemm-gpu,
+   hence ``--no-deps``)::
+
+       pip install -c constraints.txt -e ".[bench]"           # fbgemm-gpu-cpu + torchrec's pure-Python deps
+       pip install -c constraints.txt --no-deps torchrec==1.8.0
 
 Last line: {"bench": "train_throughput", "mtrm_samples_per_s", "single_samples_per_s",
 "mtrm_overhead_ratio", "pipeline_samples_per_s", "in_memory_samples_per_s", "pipeline_ratio",
-"ddp_speedup", "ddp_exchange_bytes_per_step", "ddp_speedup_dense_allreduce", ...details}
+"ddp_speedup", "ddp_exchange_bytes_per_step", "ddp_speedup_dense_allreduce", "ratio_vs_torchrec",
+"torchrec_samples_per_s", "torchrec_mode", "single_dlrm_shape_samples_per_s", ...details}
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pickle
 import shutil
+import statistics
 import time
+import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from primus_dagster.data import Batch, LocalDataPlane, Normalizer, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 from primus_dagster.training.distributed import Exchange, RankResult, run_ddp_in_memory
-from primus_dagster.training.models import build_model
+from primus_dagster.training.models import HashedEmbedding, build_model, model_summary
 from primus_dagster.training.trainer import Trainer
 
 from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
@@ -198,6 +236,287 @@ def ddp_speedup(
     return two["samples_per_s"] / one["samples_per_s"], one, two
 
 
+# ----------------------------------------------------------------------------- part 4: vs TorchRec
+DLRM_FEATURES, DLRM_ROWS, DLRM_DIM, DLRM_DENSE = 26, 10_000, 16, 13
+DLRM_TOP = [128, 64]  # hidden layers of our top MLP = DLRM's over arch [128, 64, 1] (its last layer is the logit)
+TORCHREC_INSTALL = (
+    'pip install -c constraints.txt -e ".[bench]" && pip install -c constraints.txt --no-deps torchrec==1.8.0'
+)
+
+
+def dlrm_shape_spec(batch_size: int) -> TrainingSpec:
+    """Our single tower on the DLRM shapes: one shared hashed table of 26 x 10 000 rows of dim 16 (the
+    capacity of TorchRec's 26 tables of 10 000 rows), bottom 13 -> 16 (+ReLU), top [128, 64] -> 1."""
+    return TrainingSpec(
+        mode="batch",
+        batch_size=batch_size,
+        learning_rate=1e-3,
+        seed=0,
+        model=ModelSpec(
+            type="single",
+            embedding_dim=DLRM_DIM,
+            hash_buckets=DLRM_FEATURES * DLRM_ROWS,
+            adapt_hidden=list(DLRM_TOP),
+            sparse_embeddings=True,
+        ),
+    )
+
+
+def dlrm_shape_batches(n: int, batch_size: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``n`` synthetic batches ``(dense float32 [B, 13], ids int64 [B, 26] uniform in [0, 10 000), label
+    float32 [B] with ~25 % positives)``; both sides train on exactly these rows."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        dense = torch.randn(batch_size, DLRM_DENSE, generator=g).abs_().log1p_()  # non-negative, like log(1 + count)
+        ids = torch.randint(0, DLRM_ROWS, (batch_size, DLRM_FEATURES), generator=g, dtype=torch.int64)
+        label = (torch.rand(batch_size, generator=g) < 0.25).to(torch.float32)
+        out.append((dense, ids, label))
+    return out
+
+
+class _TorchRecSide:
+    """TorchRec's DLRM on the same rows, in one of three configurations:
+
+    * ``dmp_fused`` -- what TorchRec's DLRM example and docs do (also on CPU): Adagrad applied in backward
+      to the tables (``apply_optimizer_in_backward``), the model wrapped in ``DistributedModelParallel``
+      (gloo group of 1 rank; the planner shards the tables to FBGEMM's fused CPU kernel, whose optimizer
+      updates the touched rows inside backward), plain ``torch.optim.Adagrad`` for the dense parameters
+      (``in_backward_optimizer_filter``), both behind a ``CombinedOptimizer``.
+    * ``dense_adagrad`` -- the unsharded model (``EmbeddingBagCollection`` of ``nn.EmbeddingBag``) with
+      one plain ``torch.optim.Adagrad`` over every parameter (dense table gradients).
+    * ``in_backward_unsharded`` -- the unsharded model with ``apply_optimizer_in_backward(Adagrad)`` on
+      the tables and plain Adagrad for the rest (no DMP).
+    """
+
+    def __init__(self, mode: str, lr: float = 1e-3):
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.models.dlrm import DLRM, DLRMTrain
+        from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+        from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+        self.mode = mode
+        tables = [
+            EmbeddingBagConfig(name=f"t{i}", embedding_dim=DLRM_DIM, num_embeddings=DLRM_ROWS, feature_names=[f"f{i}"])
+            for i in range(DLRM_FEATURES)
+        ]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+            dlrm = DLRM(
+                embedding_bag_collection=ebc,
+                dense_in_features=DLRM_DENSE,
+                dense_arch_layer_sizes=[DLRM_DIM],
+                over_arch_layer_sizes=[*DLRM_TOP, 1],
+            )
+        emb = sum(p.numel() for p in dlrm.sparse_arch.parameters())
+        self.params = {"params": sum(p.numel() for p in dlrm.parameters()), "embedding_params": emb}
+        self.params["dense_params"] = self.params["params"] - emb
+        model: nn.Module = DLRMTrain(dlrm)
+        self.kernel = "nn.EmbeddingBag (unsharded)"
+        if mode == "dense_adagrad":
+            self.optimizer: Any = torch.optim.Adagrad(model.parameters(), lr=lr)
+        else:
+            from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+            apply_optimizer_in_backward(torch.optim.Adagrad, dlrm.sparse_arch.parameters(), {"lr": lr})
+            if mode == "dmp_fused":
+                from torchrec.distributed import DistributedModelParallel
+
+                model = DistributedModelParallel(module=model, device=torch.device("cpu"))
+                plan: Any = model.plan
+                self.kernel = ",".join(sorted({s.compute_kernel for p in plan.plan.values() for s in p.values()}))
+                fused = [model.fused_optimizer]
+            else:
+                fused = []
+            dense = KeyedOptimizerWrapper(
+                dict(in_backward_optimizer_filter(model.named_parameters())),
+                lambda params: torch.optim.Adagrad(params, lr=lr),
+            )
+            self.optimizer = CombinedOptimizer([*fused, dense])
+        self.model = model
+
+    def step(self, batch: Any) -> float:
+        self.optimizer.zero_grad()
+        loss, _ = self.model(batch)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+def _torchrec_batches(batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[Any]:
+    """TorchRec's ``Batch`` of each (the KeyedJaggedTensor built here, outside any timing)."""
+    from torchrec import KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch as TorchRecBatch
+
+    keys = [f"f{i}" for i in range(DLRM_FEATURES)]
+    out = []
+    for dense, ids, label in batches:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=keys,
+            values=ids.t().contiguous().reshape(-1),  # feature-major: feature f's B ids, then f+1's
+            lengths=torch.ones(DLRM_FEATURES * ids.shape[0], dtype=torch.int32),
+        )
+        out.append(TorchRecBatch(dense_features=dense, sparse_features=kjt, labels=label))
+    return out
+
+
+def _timed(step: Callable[[Any], float], batches: list[Any]) -> tuple[float, float, float]:
+    """(CPU-seconds of this process, wall seconds, last loss) of one pass of ``step`` over ``batches``."""
+    cpu0, wall0 = cpu_self(), time.perf_counter()
+    loss = float("nan")
+    for batch in batches:
+        loss = step(batch)
+    return cpu_self() - cpu0, time.perf_counter() - wall0, loss
+
+
+def run_vs_torchrec(batch_size: int, n_batches: int, repeats: int, warmup: int = 5) -> tuple[dict, dict]:
+    """Part 4: (result keys, detail) of our single tower vs TorchRec's DLRM on the same rows."""
+    rows = dlrm_shape_batches(n_batches, batch_size)
+    spec = dlrm_shape_spec(batch_size)
+    ours_batches = [Batch.from_tensors(d, s, y, kind="batch") for d, s, y in rows]
+    for b in ours_batches:
+        b.tensors  # noqa: B018 - converted before timing, as the in-memory parts do
+    model = build_model(spec.model, DLRM_DENSE, DLRM_FEATURES, seed=0)
+    summary = model_summary(model)
+    emb = sum(m.table.weight.numel() for m in model.modules() if isinstance(m, HashedEmbedding))
+    trainer = Trainer(model, spec)
+    steps: dict[str, Callable[[Any], float]] = {"ours": trainer.train_step}
+    inputs: dict[str, list[Any]] = {"ours": ours_batches}
+    detail: dict = {
+        "shape": {
+            "sparse_features": DLRM_FEATURES,
+            "rows_per_table": DLRM_ROWS,
+            "embedding_dim": DLRM_DIM,
+            "dense_features": DLRM_DENSE,
+            "batch_size": batch_size,
+            "ids": f"uniform in [0, {DLRM_ROWS}) per feature, one id per feature per row",
+        },
+        "batches": n_batches,
+        "repeats": repeats,
+        "torch_threads": torch.get_num_threads(),
+        "ours": {
+            "model": f"SingleTower: one hashed table of {spec.model.hash_buckets} x {DLRM_DIM} shared by the "
+            f"{DLRM_FEATURES} features; bottom {DLRM_DENSE}->{DLRM_DIM}; top MLP {DLRM_TOP} on the concat "
+            f"({DLRM_DIM} + {DLRM_FEATURES}x{DLRM_DIM}) -> 1",
+            "optimizer": "SparseAdam (touched rows) + Adam, lr 1e-3 (Trainer / RecOptimizer)",
+            "timed": "Trainer.train_step per batch: NaN checks, zero_grad, hashing, lookup, MLPs, BCE, backward, "
+            "SparseAdam + Adam steps, counters, float(loss); tensors converted before",
+            "params": summary["params"],
+            "embedding_params": emb,
+            "dense_params": summary["params"] - emb,
+        },
+    }
+    root = logging.getLogger()
+    level = root.level
+    with warnings.catch_warnings():  # torchrec and its planner warn at length about a 1-rank CPU "cluster"
+        warnings.simplefilter("ignore")
+        root.setLevel(logging.ERROR)
+        try:
+            try:
+                import torchrec.models.dlrm  # noqa: F401
+            except ImportError as e:  # not installed, or without its deps
+                detail["torchrec"] = {"note": f"TorchRec not importable ({e}); install: {TORCHREC_INSTALL}"}
+                return {"ratio_vs_torchrec": None}, detail
+            return _measure_vs_torchrec(rows, steps, inputs, detail, batch_size, repeats, warmup)
+        finally:
+            root.setLevel(level)
+
+
+def _measure_vs_torchrec(
+    rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    steps: dict[str, Callable[[Any], float]],
+    inputs: dict[str, list[Any]],
+    detail: dict,
+    batch_size: int,
+    repeats: int,
+    warmup: int,
+) -> tuple[dict, dict]:
+    """The TorchRec sides next to ours (``steps["ours"]``), interleaved; (result keys, detail)."""
+    import importlib.metadata as md
+    import tempfile
+
+    import torch.distributed as dist
+
+    store_file = tempfile.NamedTemporaryFile(prefix="torchrec-store-", delete=False)  # noqa: SIM115
+    store_file.close()
+    created_group = not dist.is_initialized()
+    if created_group:
+        dist.init_process_group("gloo", store=dist.FileStore(store_file.name, 1), rank=0, world_size=1)
+    try:
+        tr_batches = _torchrec_batches(rows)
+        sides: dict[str, _TorchRecSide] = {}
+        for mode in TORCHREC_MODES:
+            sides[mode] = _TorchRecSide(mode)
+            steps[mode], inputs[mode] = sides[mode].step, tr_batches
+        for name, step in steps.items():  # warm-up (also builds FBGEMM's caches, lazy optimizer state)
+            for batch in inputs[name][:warmup]:
+                step(batch)
+        runs: dict[str, list[dict]] = {name: [] for name in steps}
+        for r in range(repeats):  # interleaved: every side once per repeat, the order rotated
+            names = list(steps)
+            names = names[r % len(names) :] + names[: r % len(names)]
+            for name in names:
+                cpu, wall, loss = _timed(steps[name], inputs[name])
+                samples = batch_size * len(inputs[name])
+                runs[name].append(
+                    {
+                        "cpu_s": round(cpu, 3),
+                        "wall_s": round(wall, 3),
+                        "samples_per_cpu_s": round(samples / cpu),
+                        "loss": round(loss, 4),
+                    }
+                )
+    finally:
+        if created_group:
+            dist.destroy_process_group()
+        os.unlink(store_file.name)
+    med = {name: round(statistics.median(x["samples_per_cpu_s"] for x in runs[name])) for name in runs}
+    best = max(TORCHREC_MODES, key=lambda m: med[m])
+    paired = [
+        runs["ours"][i]["samples_per_cpu_s"] / max(runs[m][i]["samples_per_cpu_s"] for m in TORCHREC_MODES)
+        for i in range(repeats)
+    ]
+    detail["ours"].update(samples_per_cpu_s=med["ours"], runs=runs["ours"])
+    detail["torchrec"] = {
+        "versions": {p: md.version(p) for p in ("torchrec", "fbgemm-gpu-cpu", "torch")},
+        "model": f"DLRM: {DLRM_FEATURES} EmbeddingBag tables of {DLRM_ROWS} x {DLRM_DIM} (sum pooling, one id "
+        f"each), dense arch [{DLRM_DIM}], pairwise-dot interaction, over arch [{', '.join(map(str, DLRM_TOP))}, 1]",
+        "timed": "zero_grad, DLRMTrain forward (lookup, MLPs, interaction, BCE), backward (fused modes: the table "
+        "update inside it), optimizer step, float(loss); KeyedJaggedTensor built before",
+        **sides[best].params,
+        "baseline_mode": best,
+        "modes": {m: {"kernel": sides[m].kernel, "samples_per_cpu_s": med[m], "runs": runs[m]} for m in TORCHREC_MODES},
+    }
+    detail["paired_ratios"] = [round(x, 3) for x in paired]  # per repeat: ours / the fastest TorchRec of that repeat
+    detail["paired_ratio_median"] = round(statistics.median(paired), 3)
+    result = {
+        "ratio_vs_torchrec": round(med["ours"] / med[best], 3),
+        "torchrec_samples_per_s": med[best],
+        "torchrec_mode": best,
+        "single_dlrm_shape_samples_per_s": med["ours"],
+    }
+    return result, detail
+
+
+TORCHREC_MODES = ("dmp_fused", "dense_adagrad", "in_backward_unsharded")
+
+
+def vs_torchrec(args: argparse.Namespace) -> tuple[dict, dict]:
+    """Part 4 with the command line's sizes, and its console lines."""
+    keys, detail = run_vs_torchrec(args.torchrec_batch_size, args.torchrec_batches, args.torchrec_repeats)
+    ours = detail["ours"]
+    if keys["ratio_vs_torchrec"] is None:
+        print(f"vs_torchrec skipped: {detail['torchrec']['note']}")
+        keys["torchrec_note"] = detail["torchrec"]["note"]
+        return keys, detail
+    print(f"dlrm-shape ours (single tower)  {ours['samples_per_cpu_s']:,} samples/CPU-s (median)")
+    for mode, d in detail["torchrec"]["modes"].items():
+        print(f"dlrm-shape torchrec {mode:22s} {d['samples_per_cpu_s']:,} samples/CPU-s (median; {d['kernel']})")
+    print(f"dlrm-shape ratio_vs_torchrec {keys['ratio_vs_torchrec']} (vs {keys['torchrec_mode']})")
+    return keys, detail
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=300_000, help="about this many impressions in all")
@@ -207,8 +526,17 @@ def main() -> None:
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--skip-dense-ddp", action="store_true", help="skip the dense all-reduce baseline")
     parser.add_argument("--skip-ddp", action="store_true")
+    parser.add_argument("--only-torchrec", action="store_true", help="run only part 4 (single tower vs TorchRec)")
+    parser.add_argument("--skip-torchrec", action="store_true")
+    parser.add_argument("--torchrec-batch-size", type=int, default=2048)
+    parser.add_argument("--torchrec-batches", type=int, default=20, help="batches of one timed pass (part 4)")
+    parser.add_argument("--torchrec-repeats", type=int, default=7, help="interleaved timed passes per side")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.only_torchrec:
+        torchrec_keys, torchrec_detail = vs_torchrec(args)
+        emit({"bench": "train_throughput", **torchrec_keys, "detail": {"vs_torchrec": torchrec_detail}})
+        return
 
     root = bench_dir("train_throughput")
     shutil.rmtree(root, ignore_errors=True)
@@ -295,6 +623,9 @@ def main() -> None:
                 ddp_dense_allreduce_bytes_per_step=d_two["exchange_bytes_per_step"],
             )
             detail["ddp_dense_allreduce"] = {"ws1": d_one, "ws2": d_two}
+    if not args.skip_torchrec:
+        torchrec_keys, detail["vs_torchrec"] = vs_torchrec(args)
+        result.update(torchrec_keys)
     detail["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     emit({**result, "detail": detail})
 

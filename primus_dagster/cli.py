@@ -33,7 +33,19 @@ if TYPE_CHECKING:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    job = load_job_spec(args.spec)
+    """Exit 0: valid; 2: invalid, one line per problem (``main`` prints the :class:`SpecError`); 1: the
+    validator itself failed -- a bug, still reported in one line, never as a traceback."""
+    try:
+        job = load_job_spec(args.spec)
+    except SpecError:
+        raise
+    except Exception as exc:  # a bug of ours, not of the file (its text may hold a value of the file)
+        print(
+            f"error: validating {args.spec} failed unexpectedly ({type(exc).__name__}): a bug of primus-dagster, "
+            "please report it with the file",
+            file=sys.stderr,
+        )
+        return 1
     sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
     print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
     return 0

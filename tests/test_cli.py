@@ -63,7 +63,7 @@ def test_unknown_source_is_a_clear_error(capsys) -> None:
     assert "no source 'nope'" in capsys.readouterr().err
 
 
-def test_train_on_a_window_without_data_says_so(tmp_path, capsys) -> None:
+def test_train_with_sources_it_cannot_read_names_them_and_trains_nothing(tmp_path, capsys) -> None:
     from primus_dagster.cli import main
 
     code = main(
@@ -83,4 +83,6 @@ def test_train_on_a_window_without_data_says_so(tmp_path, capsys) -> None:
         ]
     )
     assert code == 1
-    assert "no ready data in window" in capsys.readouterr().err
+    err = capsys.readouterr().err  # no broker at 127.0.0.1:1, no Iceberg table under the empty data root
+    assert "cannot read source(s) ['events_kafka', 'impressions_delta', 'impressions_iceberg']" in err
+    assert "no Kafka broker answers at 127.0.0.1:1" in err and "nothing was trained" in err

@@ -11,7 +11,7 @@ from dagster import AssetExecutionContext
 def dagster_run_tags(context: AssetExecutionContext) -> dict[str, str]:
     """MLflow run tags naming the Dagster run, asset and (if any) partition that trained a model."""
     tags = {
-        "dagster.run_id": context.run_id,
+        "dagster.run_id": context.run.run_id,
         "dagster.job": context.job_name,
         "dagster.asset": context.asset_key.to_user_string(),
     }

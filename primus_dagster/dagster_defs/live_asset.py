@@ -3,7 +3,10 @@
 One materialisation is one live increment (:func:`~primus_dagster.training.live.run_live_increment`):
 the newest trained window's model (the training asset's newest partition, found through MLflow) or
 the newest increment built on it goes on learning from the Kafka records that arrived since, and is
-published to MLflow. The stream sensor asks for it when its thresholds (``automation.min_new_records``,
+published to MLflow and registered as a version of the job's registered model, tagged with its run
+key, base, new records and the Dagster run; the alias ``live`` moves to it (no quality check: the
+hours after an increment have not happened yet, so ``models:/<job>@live`` is the freshest model and
+``@champion`` the newest checked one). The stream sensor asks for it when its thresholds (``automation.min_new_records``,
 ``max_wait``) are met; it can also be materialised by hand, or by ``primus-dagster live``. Jobs without
 a Kafka stream source of kind ``stream`` (or in ``batch`` mode) have no live asset.
 
@@ -29,10 +32,18 @@ from dagster import (
 from primus_dagster.dagster_defs.lineage import dagster_run_tags
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.schedules import AssetJob
-from primus_dagster.dagster_defs.training_asset import training_asset_name
+from primus_dagster.dagster_defs.training_asset import (
+    ROW_COUNT,
+    register_version,
+    registered_model_name,
+    training_asset_name,
+    typed_metadata,
+    version_tags,
+)
 from primus_dagster.spec import JobSpec
 
 LIVE_TAG = "primus/live"  # on the runs the stream sensor asks for
+LIVE_ALIAS = "live"  # the registered version of the newest live increment
 _LIVE_JOBS: dict[tuple[str, AssetKey], AssetJob] = {}
 
 
@@ -74,7 +85,8 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         description=(
             f"{job.training.model.type} model of job `{job.name}`: the newest trained partition's model, "
             f"then every record of {topics} since its window, published to MLflow at each materialisation "
-            "(a live increment)."
+            f"(a live increment), registered as a version of `{registered_model_name(job)}` "
+            f"(`models:/{registered_model_name(job)}@{LIVE_ALIAS}`: the newest increment)."
         ),
     )
     def _live_asset(
@@ -94,6 +106,8 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
                 f"train-AUC {progress['train_auc']:.4f} {progress['samples_per_s']:.0f} samples/s"
             )
 
+        tracker = mlflow.tracker(job)
+        run_tags = dagster_run_tags(context)
         result = run_live_increment(
             LiveIncrement(
                 job,
@@ -101,20 +115,32 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
                 storage.data_root,
                 kafka_bootstrap=source_context.kafka_bootstrap_servers,
                 executors=executor_pool.executors(job),
-                tracker=mlflow.tracker(job),
-                tags=dagster_run_tags(context),
+                tracker=tracker,
+                tags=run_tags,
                 progress=log_progress,
             ),
             JobHooks(data_plane=executor_pool.data_plane_factory(job)),
         )
         context.log.info(f"live increment: {result.start.why}; {result.records} new record(s)")
-        metadata = {
-            name: (MetadataValue.json(value) if isinstance(value, (dict, list)) else value)
-            for name, value in result.metadata().items()
-            if value is not None
-        }
-        if result.training is not None and result.training.run_url.startswith("http"):
-            metadata["mlflow_run_url"] = MetadataValue.url(result.training.run_url)
+        values = result.metadata()
+        metadata = typed_metadata(values)
+        if ROW_COUNT not in metadata:  # nothing new: no training
+            metadata[ROW_COUNT] = MetadataValue.int(0)
+        if result.training is not None and result.training.model_uri:
+            version, version_metadata = register_version(
+                tracker,
+                job,
+                result.training.model_uri,
+                version_tags(
+                    values,
+                    run_tags,
+                    **{"primus.run_kind": "live", "primus.live_run_key": result.run_key},
+                    **{"primus.live_base": result.start.base_key or "", "primus.new_records": result.records},
+                ),
+            )
+            tracker.set_alias(registered_model_name(job), LIVE_ALIAS, version)
+            context.log.info(f"model version {version} is the {LIVE_ALIAS} model now")
+            metadata.update(version_metadata)
         return MaterializeResult(metadata=metadata)
 
     return _live_asset

@@ -14,7 +14,6 @@ Example::
     defs = Definitions(assets=build_source_assets(job), resources=default_resources())
 """
 
-import json
 from datetime import datetime
 
 from dagster import (
@@ -35,7 +34,8 @@ from primus_dagster.dagster_defs.source_checks import (
     source_check_specs,
 )
 from primus_dagster.data import PartitionScan, ReadTask, make_adapter, schema_hash
-from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec
+from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec, redact
+from primus_dagster.spec.durations import format_duration
 
 
 def _preview_markdown(scan: PartitionScan) -> str:
@@ -92,7 +92,7 @@ def build_source_asset(
     asset_key = AssetKey([*(key_prefix or []), source.name])
     description = (
         f"{source.type} source `{source.name}` ({source.kind}, per {source.granularity}) of stream "
-        f"`{stream.name}` in job `{job.name}`; label delay {source.label_delay}."
+        f"`{stream.name}` in job `{job.name}`; label delay {format_duration(source.label_delay)}."
     )
 
     @asset(
@@ -104,7 +104,7 @@ def build_source_asset(
         metadata={
             "source_type": source.type,
             "kind": source.kind,
-            "spec": MetadataValue.json(json.loads(source.model_dump_json())),
+            "spec": MetadataValue.json(redact(source)),  # secrets (storage_options, tokens) masked
         },
         check_specs=source_check_specs(asset_key),
     )

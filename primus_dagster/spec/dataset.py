@@ -22,6 +22,10 @@ from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration,
 from primus_dagster.spec.sources import SourceSpec
 
 _GRANULARITY = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+#: Dataset times a spec may hold: Kafka and epoch-millisecond timestamps start in 1970, and a date plus any
+#: duration (at most 100 years) must stay a valid datetime.
+EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(3000, 1, 1, tzinfo=timezone.utc)
 
 
 def granularity_step(granularity: str) -> timedelta:
@@ -43,11 +47,11 @@ class JoinSpec(StrictModel):
 class StreamSpec(StrictModel):
     """A mixture of sources scheduled chronologically over a sliding time window."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    sources: list[SourceSpec] = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128, description="Also the Dagster group name.")
+    sources: list[SourceSpec] = Field(min_length=1, max_length=1000)
     window: PositiveDuration = Field(default=duration_default("24h"), description="Sliding-window length.")
     slide: PositiveDuration | None = Field(default=None, description="Slide step; default: the granularity.")
-    weight: float = Field(default=1.0, gt=0, description="Prioritization weight w_i of this stream's buffer.")
+    weight: float = Field(default=1.0, gt=0, le=1e6, description="Prioritization weight w_i of this stream's buffer.")
     shuffle: Literal["forward", "rebalance"] = Field(default="rebalance")
     join: JoinSpec | None = None
 
@@ -72,7 +76,7 @@ class DatasetSpec(StrictModel):
 
     start: datetime = Field(description="First partition (UTC), e.g. 2026-11-01 or 2026-11-01T00:00Z.")
     end: datetime | None = Field(default=None, description="Optional last partition end (exclusive).")
-    streams: list[StreamSpec] = Field(min_length=1)
+    streams: list[StreamSpec] = Field(min_length=1, max_length=1000)
 
     @field_validator("start", "end", mode="before")
     @classmethod
@@ -86,9 +90,15 @@ class DatasetSpec(StrictModel):
     def _utc(cls, value: datetime | None) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+        try:
+            value = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        except OverflowError:  # an offset that moves the year 1 or 9999 out of range
+            raise ValueError(f"{value.isoformat()} is out of range in UTC") from None
+        if not EARLIEST <= value < LATEST:
+            raise ValueError(
+                f"{value.isoformat()} is out of range: use a time from {EARLIEST:%Y-%m-%d} to before {LATEST:%Y-%m-%d}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSpec:

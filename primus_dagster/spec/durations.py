@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any
@@ -10,6 +11,10 @@ from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 _DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: The longest duration a spec may hold (100 years): longer ones are mistakes, and timestamps a window
+#: away from a dataset date must stay representable.
+MAX_DURATION = timedelta(days=36500)
+_MAX_DIGITS = 30  # a duration's number is short; a longer one is a mistake (and slow to convert)
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -19,16 +24,38 @@ def parse_duration(value: Any) -> timedelta:
     datetime.timedelta(seconds=3600)
     """
     if isinstance(value, timedelta):
-        return value
+        return _bounded(value, value)
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as '1h', got {value!r}")
     if isinstance(value, (int, float)):
-        return timedelta(seconds=value)
-    if isinstance(value, str):
+        return _seconds(value, value)
+    if isinstance(value, str) and len(value) <= _MAX_DIGITS + 4:
         match = _DURATION_RE.match(value)
         if match:
-            return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
-    raise ValueError(f"expected a duration such as '30m', '1h', '24h' or '7d', got {value!r}")
+            return _seconds(float(match.group(1)) * _UNIT_SECONDS[match.group(2)], value)
+    raise ValueError(f"expected a duration such as '30m', '1h', '24h' or '7d', got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    """A short repr of ``value`` (a huge int has no repr past 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return "a number of more than 30 digits"
+    text = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40] + "...")
+    return text
+
+
+def _seconds(seconds: float, value: Any) -> timedelta:
+    if isinstance(seconds, float) and not math.isfinite(seconds):
+        raise ValueError(f"a duration must be finite, got {_show(value)}")
+    if abs(seconds) > MAX_DURATION.total_seconds():
+        raise ValueError(f"duration {_show(value)} is too long: at most {format_duration(MAX_DURATION)}")
+    return timedelta(seconds=seconds)
+
+
+def _bounded(parsed: timedelta, value: Any) -> timedelta:
+    if abs(parsed) > MAX_DURATION:
+        raise ValueError(f"duration {_show(value)} is too long: at most {format_duration(MAX_DURATION)}")
+    return parsed
 
 
 def format_duration(value: timedelta) -> str:
@@ -55,14 +82,14 @@ def duration_default(text: str) -> Any:
 def _positive(value: Any) -> timedelta:
     parsed = parse_duration(value)
     if parsed <= timedelta(0):
-        raise ValueError(f"duration must be positive, got {value!r}")
+        raise ValueError(f"duration must be positive, got {_show(value)}")
     return parsed
 
 
 def _non_negative(value: Any) -> timedelta:
     parsed = parse_duration(value)
     if parsed < timedelta(0):
-        raise ValueError(f"duration must not be negative, got {value!r}")
+        raise ValueError(f"duration must not be negative, got {_show(value)}")
     return parsed
 
 

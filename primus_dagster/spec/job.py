@@ -9,7 +9,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -17,34 +18,53 @@ from primus_dagster.spec.automation import AutomationSpec
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.dataset import DatasetSpec
 from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default
+from primus_dagster.spec.names import job_asset_names
 from primus_dagster.spec.sources import KafkaSourceSpec
+
+MAX_REPLICAS = 4096
+MAX_HASH_BUCKETS = 2**31 - 1
+MAX_EMBEDDING_BYTES = 1 << 40
+_QUANTITY = r"^\d{1,15}(\.\d{1,9})?(Ki|Mi|Gi|Ti)?$"
+
+LayerSize = Annotated[int, Field(ge=1, le=1_048_576)]
+"""Width of one hidden layer."""
 
 
 class PoolSpec(StrictModel):
     """One executor pool (data executors or training executors)."""
 
-    replicas: int = Field(default=1, ge=0, description="Initial number of executors.")
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=4, ge=1)
-    cpu: float = Field(default=1.0, gt=0, description="CPU cores per executor.")
-    memory: str = Field(default="2Gi", pattern=r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti)?$", description="Memory per executor.")
-    task_runners: int = Field(default=2, ge=1, description="Concurrent task runners per executor (data pool).")
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="Initial number of executors.")
+    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS)
+    cpu: float = Field(default=1.0, gt=0, le=1024, description="CPU cores per executor.")
+    memory: str = Field(default="2Gi", pattern=_QUANTITY, max_length=32, description="Memory per executor.")
+    task_runners: int = Field(default=2, ge=1, le=256, description="Concurrent task runners per executor (data pool).")
     restart: Literal["always", "on_failure", "never"] = Field(
         default="on_failure",
         description="When a finished executor is started again: always, after a failure or OOM kill, or never.",
     )
-    max_restarts: int = Field(default=3, ge=0, description="Restarts per executor; one more failure fails the job.")
+    max_restarts: int = Field(
+        default=3, ge=0, le=10_000, description="Restarts per executor; one more failure fails the job."
+    )
     blacklist_after: int = Field(
-        default=2, ge=1, description="Failures on one node after which no executor is placed there again."
+        default=2, ge=1, le=10_000, description="Failures on one node after which no executor is placed there again."
     )
     oom_memory_factor: float = Field(
-        default=1.5, ge=1, description="An OOM-killed executor restarts with its memory times this factor."
+        default=1.5, ge=1, le=100, description="An OOM-killed executor restarts with its memory times this factor."
     )
     max_memory: str | None = Field(
         default=None,
-        pattern=r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti)?$",
+        pattern=_QUANTITY,
+        max_length=32,
         description="Cap for memory raised after OOM kills and by vertical scaling (default: 4 x memory).",
     )
+
+    @field_validator("memory", "max_memory")
+    @classmethod
+    def _some_memory(cls, value: str | None) -> str | None:
+        if value is not None and float(re.match(r"[\d.]+", value).group()) <= 0:  # type: ignore[union-attr]
+            raise ValueError(f"memory must be more than 0, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
@@ -111,7 +131,7 @@ class MetricSpec(StrictModel):
     """One utilisation signal u_k of the horizontal load metric L_u = sum_k w_k * u_k (Primus: MetricCRD)."""
 
     name: Literal["buffer_fill", "cpu", "memory", "io"]
-    weight: float = Field(ge=0)
+    weight: float = Field(ge=0, le=1e6)
     aggregation: Literal["mean", "max"] = "mean"
 
 
@@ -126,7 +146,7 @@ class HorizontalScalingSpec(StrictModel):
     )
     scale_up_threshold: float = Field(default=0.8, gt=0, le=1)
     scale_down_threshold: float = Field(default=0.3, ge=0, lt=1)
-    step: int = Field(default=1, ge=1)
+    step: int = Field(default=1, ge=1, le=MAX_REPLICAS)
 
     @model_validator(mode="after")
     def _order(self) -> HorizontalScalingSpec:
@@ -142,8 +162,10 @@ class VerticalScalingSpec(StrictModel):
 
     enabled: bool = True
     history_decay: float = Field(default=0.7, gt=0, lt=1, description="Weight ratio between consecutive samples.")
-    headroom: float = Field(default=0.2, ge=0, description="Fraction added on top of predicted demand.")
-    min_change: float = Field(default=0.1, ge=0, description="R_theta: relative change below which nothing is done.")
+    headroom: float = Field(default=0.2, ge=0, le=100, description="Fraction added on top of predicted demand.")
+    min_change: float = Field(
+        default=0.1, ge=0, le=100, description="R_theta: relative change below which nothing is done."
+    )
 
 
 class ScalingSpec(StrictModel):
@@ -159,15 +181,16 @@ class DataPlaneSpec(StrictModel):
     """Task planning and hand-out (DTGG, data driver)."""
 
     planner_threads: int = Field(default=4, ge=1, le=256)
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=3, ge=1, le=1000)
     failed_task_threshold: float = Field(default=0.05, ge=0, le=1, description="Fail the job past this share.")
     lease: PositiveDuration = Field(
         default=duration_default("60s"), description="A running task's executor must report within it."
     )
-    buffer_batches: int = Field(default=8, ge=1, description="Per-executor buffer before backpressure.")
+    buffer_batches: int = Field(default=8, ge=1, le=1_000_000, description="Per-executor buffer before backpressure.")
     backup_after: float = Field(
         default=0.0,
         ge=0,
+        le=1e6,
         description="An idle executor gets a backup copy of a task running longer than this many times the "
         "median task time; the first copy to finish is delivered (0, the default: no backup copies -- a "
         "task also runs long while its batches wait for a slow trainer, and copying those only re-reads).",
@@ -178,15 +201,32 @@ class ModelSpec(StrictModel):
     """Model shape: hashed sparse embeddings + dense features into one or two towers."""
 
     type: Literal["mtrm", "single"] = "mtrm"
-    embedding_dim: int = Field(default=16, ge=1)
-    hash_buckets: int = Field(default=100_000, ge=16)
-    memory_hidden: list[int] = Field(default_factory=lambda: [64, 32])
-    adapt_hidden: list[int] = Field(default_factory=lambda: [128, 64])
+    embedding_dim: int = Field(default=16, ge=1, le=65_536)
+    hash_buckets: int = Field(
+        default=100_000,
+        ge=16,
+        le=MAX_HASH_BUCKETS,
+        description="Rows of the shared embedding table (ids hash modulo 2^31-1, so more rows are never used).",
+    )
+    memory_hidden: list[LayerSize] = Field(default_factory=lambda: [64, 32], max_length=64)
+    adapt_hidden: list[LayerSize] = Field(default_factory=lambda: [128, 64], max_length=64)
     sparse_embeddings: bool = Field(
         default=True,
         description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the "
         "rows its batch touches (about 2x faster on CPU). DDP training uses dense gradients either way.",
     )
+
+    @model_validator(mode="after")
+    def _table_fits(self) -> ModelSpec:
+        # The table and Adam's two moments, float32: past this no machine the suite runs on holds it.
+        size = self.hash_buckets * self.embedding_dim * 4 * 3
+        if size > MAX_EMBEDDING_BYTES:
+            raise ValueError(
+                f"hash_buckets x embedding_dim = {self.hash_buckets:,} x {self.embedding_dim} needs about "
+                f"{size / 2**30:,.0f} GiB for the embedding table and its optimizer state "
+                f"(at most {MAX_EMBEDDING_BYTES // 2**30} GiB): use fewer buckets or a smaller embedding_dim"
+            )
+        return self
 
 
 def _equal_priority_weights() -> dict[Literal["batch", "stream"], float]:
@@ -198,23 +238,34 @@ class TrainingSpec(StrictModel):
 
     mode: Literal["batch", "stream", "batch_then_stream", "mixed"] = "batch_then_stream"
     model: ModelSpec = Field(default_factory=ModelSpec)
-    batch_size: int = Field(default=1024, ge=1)
-    learning_rate: float = Field(default=1e-3, gt=0)
-    checkpoint_every_steps: int = Field(default=500, ge=1)
-    priority_weights: dict[Literal["batch", "stream"], float] = Field(
+    batch_size: int = Field(default=1024, ge=1, le=2**24)
+    learning_rate: float = Field(default=1e-3, gt=0, le=1e3, description="Adam's step size (finite, > 0).")
+    checkpoint_every_steps: int = Field(default=500, ge=1, le=2**40)
+    priority_weights: dict[Literal["batch", "stream"], Annotated[float, Field(ge=0, le=1e6)]] = Field(
         default_factory=_equal_priority_weights,
         description="w_i of the mixture data prioritisation p_i = w_i * sigmoid(q_i) (mode mixed).",
     )
-    auc_tolerance: float = Field(default=0.005, ge=0, description="Max AUC drop vs the previous partition.")
+    auc_tolerance: float = Field(default=0.005, ge=0, le=1, description="Max AUC drop vs the previous partition.")
     batch_lag: NonNegativeDuration = Field(
         default=duration_default("0h"),
         description="Batch data of a training window comes from the window shifted back by this "
         "(MTRM: the batch sources' label delay, e.g. 24h: the stream of today with the complete batch of yesterday).",
     )
     partition: Literal["hour", "day"] = Field(default="day", description="Granularity of the training asset.")
-    eval_hours: int = Field(default=1, ge=1, description="Held-out hours after the window for next-hour AUC.")
-    threads: int = Field(default=1, ge=1, description="torch intra-op threads per training executor.")
-    seed: int = Field(default=0, ge=0, description="Seeds model initialisation and the prioritisation's sampling.")
+    eval_hours: int = Field(
+        default=1, ge=1, le=24 * 366, description="Held-out hours after the window for next-hour AUC."
+    )
+    threads: int = Field(default=1, ge=1, le=1024, description="torch intra-op threads per training executor.")
+    seed: int = Field(
+        default=0, ge=0, le=2**32 - 1, description="Seeds model initialisation and the prioritisation's sampling."
+    )
+
+    @field_validator("priority_weights")
+    @classmethod
+    def _some_weight(cls, value: dict[str, float]) -> dict[str, float]:
+        if value and not any(weight > 0 for weight in value.values()):
+            raise ValueError(f"at least one priority weight must be positive, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _mtrm_needs_both_kinds(self) -> TrainingSpec:
@@ -250,6 +301,18 @@ class JobSpec(StrictModel):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     automation: AutomationSpec = Field(default_factory=AutomationSpec)
+
+    @model_validator(mode="after")
+    def _source_names_free(self) -> JobSpec:
+        # A source's asset key must not be one the job's own assets take: Dagster refuses duplicate keys.
+        taken = {name: what for what, name in job_asset_names(self.name).items()}
+        for _, source in self.dataset.all_sources():
+            if source.name in taken:
+                raise ValueError(
+                    f"source name {source.name!r} is the name of job {self.name!r}'s {taken[source.name]} in "
+                    "Dagster: rename the source"
+                )
+        return self
 
     def live_stream_sources(self) -> tuple[list[tuple[str, KafkaSourceSpec]], str]:
         """The ``(stream name, source)`` pairs a live increment follows -- the Kafka sources of kind

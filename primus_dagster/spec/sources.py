@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.durations import NonNegativeDuration, duration_default
+from primus_dagster.spec.names import dagster_name_problem
 
 SOURCE_TYPES = ("parquet", "delta", "iceberg", "kafka")
 _NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -62,7 +63,7 @@ class ColumnMapping(StrictModel):
 
 
 class _SourceBase(StrictModel):
-    name: str = Field(pattern=_NAME_RE, description="Unique source name; also the Dagster asset name.")
+    name: str = Field(pattern=_NAME_RE, max_length=128, description="Unique source name; also the Dagster asset name.")
     kind: Literal["batch", "stream"] = Field(default="batch", description="Which training queue it feeds.")
     granularity: Literal["hour", "day"] = Field(default="hour", description="Time partitioning of the source.")
     label_delay: NonNegativeDuration = Field(
@@ -71,6 +72,14 @@ class _SourceBase(StrictModel):
     columns: ColumnMapping
     allow_empty: bool = Field(default=False, description="An empty ready partition is valid (otherwise an error).")
     batch_rows: int = Field(default=65536, gt=0, le=4_194_304, description="Rows per Arrow record batch on read.")
+
+    @field_validator("name")
+    @classmethod
+    def _dagster_accepts(cls, value: str) -> str:
+        problem = dagster_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class ParquetSourceSpec(_SourceBase):
@@ -90,7 +99,7 @@ class ParquetSourceSpec(_SourceBase):
     split_row_groups: bool = Field(
         default=False, description="Split files into row-group ranges of about target_task_bytes (reads footers)."
     )
-    target_task_bytes: int = Field(default=128 * 2**20, gt=0)
+    target_task_bytes: int = Field(default=128 * 2**20, gt=0, le=2**40)
     storage_options: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -156,8 +165,12 @@ class KafkaSourceSpec(_SourceBase):
     bootstrap_servers: str | None = Field(
         default=None, description="host:port list; default: the Kafka resource (or the embedded broker)."
     )
-    max_records_per_task: int = Field(default=200_000, gt=0, description="Offset ranges are split to this size.")
-    poll_max_bytes: int = Field(default=16 * 2**20, gt=0, description="fetch_max_bytes for the consumer.")
+    max_records_per_task: int = Field(
+        default=200_000, gt=0, le=2**40, description="Offset ranges are split to this size."
+    )
+    poll_max_bytes: int = Field(
+        default=16 * 2**20, gt=0, le=2**31 - 1, description="fetch_max_bytes for the consumer (a Kafka int32)."
+    )
     fetcher: Literal["native", "kafka-python"] = Field(
         default="native",
         description="native: the suite's Fetch v4-10 client (PLAINTEXT; about 2x kafka-python's speed per core, "

@@ -27,6 +27,9 @@ Example::
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 from torch import nn
 
@@ -61,6 +64,48 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _one_limb(ids: torch.Tensor) -> bool:
+    """Every id in [0, 2^22): its limbs 1 and 2 are 0 (ids of up to 4 M values -- most vocabularies; one
+    ``aminmax`` decides; the hash is the same either way, ~half the time of the 3-limb path)."""
+    low, high = torch.aminmax(ids)
+    return int(low) >= 0 and int(high) < (1 << _LIMBS[0][1])
+
+
+_HUGE_PAGE = 2 << 20
+
+
+def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Zeros of ``shape`` in memory that Linux is asked to back with transparent huge pages
+    (``MADV_HUGEPAGE``: used where THP is in ``madvise`` or ``always`` mode), or plain zeros (below
+    2 MB, or where that is not available).
+
+    For embedding tables and their optimiser state, far larger than the caches: a training step reads
+    and writes ~50 000 random rows of each, and with 4 KB pages nearly every one of those also misses
+    the TLB. 2 MB pages made the row gathers and writes of a step ~25 % cheaper (issue 11). The values
+    are the same; only the memory under them differs (an anonymous mapping, 2 MB-aligned).
+    """
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
+    if nbytes < _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.zeros(shape, dtype=dtype)
+    try:
+        region = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError, AttributeError):
+        return torch.zeros(shape, dtype=dtype)
+    offset = -torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr() % _HUGE_PAGE
+    # a storage of exactly the table (what torch.save writes); it keeps the mapping alive; anonymous memory is 0
+    return torch.frombuffer(region, dtype=dtype, count=count, offset=offset).view(shape)
+
+
+def huge_page_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of a CPU ``tensor`` in :func:`huge_page_zeros` memory (the tensor itself when it is
+    smaller than 2 MB or not on the CPU)."""
+    if tensor.device.type != "cpu" or tensor.numel() * tensor.element_size() < _HUGE_PAGE:
+        return tensor
+    return huge_page_zeros(tuple(tensor.shape), tensor.dtype).copy_(tensor)
+
+
 def _salt(feature: int, k: int) -> int:
     """A fixed salt in [1, P-1] for coefficient ``k`` of feature ``feature`` (no RNG involved)."""
     return 1 + _splitmix64(feature * 8 + k) % (_P - 1)
@@ -89,6 +134,7 @@ class HashedEmbedding(nn.Module):
         self.n_features, self.buckets, self.dim = n_features, buckets, dim
         self.table = nn.Embedding(buckets, dim, sparse=sparse)  # sparse: gradients of the touched rows only
         nn.init.normal_(self.table.weight, mean=0.0, std=0.01)
+        self.table.weight.data = huge_page_copy(self.table.weight.data)  # the same values, on 2 MB pages
         salts = torch.tensor([[_salt(f, k) for f in range(n_features)] for k in range(4)], dtype=torch.int64)
         self.register_buffer("salts", salts.reshape(4, n_features), persistent=False)  # rows: a0, a1, a2, b
 
@@ -97,10 +143,13 @@ class HashedEmbedding(nn.Module):
         if sparse.dim() != 2 or sparse.shape[1] != self.n_features:
             raise ValueError(f"sparse ids must be [B, {self.n_features}], got {list(sparse.shape)}")
         ids = sparse.to(torch.int64)
-        h = self.salts[3].expand_as(ids)
-        for k, (shift, bits) in enumerate(_LIMBS):
-            limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
-            h = h + limb * self.salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
+        if ids.numel() and _one_limb(ids):
+            h = ids * self.salts[0] + self.salts[3]  # the upper limbs are 0: the same sum, 2 ops instead of 12
+        else:
+            h = self.salts[3].expand_as(ids)
+            for k, (shift, bits) in enumerate(_LIMBS):
+                limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
+                h = h + limb * self.salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
         return torch.remainder(torch.remainder(h, _P), self.buckets)
 
     def forward(self, sparse: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,10 @@ different stores can live in one process. The one exception is ``mlflow.pytorch.
 which resolves its store from MLflow's global tracking URI: :func:`use_tracking_uri` sets it for
 that call only (under a lock) and restores the previous value and ``$MLFLOW_TRACKING_URI``.
 
+Trained models are registered in MLflow's model registry (:meth:`MlflowTracker.register_model`,
+one version per trained partition or live increment, under the registered model named after the
+job) and promoted with aliases (:meth:`MlflowTracker.set_alias`): the Dagster assets decide when.
+
 A run is identified by a ``run_key`` (tag ``primus.run_key``): restarting a job with the same key
 resumes its unfinished run -- a process killed mid-run leaves it RUNNING -- and
 :meth:`MlflowTracker.latest_checkpoint` fetches the checkpoint to continue from.
@@ -17,6 +21,8 @@ alone; the ``primus-dagster`` command line and the Makefile set it to ``true`` (
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import logging
 import math
 import os
@@ -27,17 +33,29 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import mlflow
 import mlflow.pytorch
+import numpy as np
 import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.models.signature import ModelSignature
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.types import Schema, TensorSpec
 
 from primus_dagster.paths import primus_home
 from primus_dagster.training.checkpoint import checkpoint_name, checkpoint_step
 
-__all__ = ["RUN_KEY_TAG", "MlflowTracker", "default_tracking_uri", "use_tracking_uri"]
+__all__ = [
+    "RUN_KEY_TAG",
+    "MlflowTracker",
+    "default_tracking_uri",
+    "model_requirements",
+    "model_signature",
+    "use_tracking_uri",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +65,8 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 CHECKPOINTS = "checkpoints"
 _MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _GLOBAL = threading.RLock()  # guards MLflow's process-global tracking URI
+_MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # on a logged model: its registered versions (as mlflow.register_model)
+_DISTRIBUTION = "primus_dagster"
 
 
 def default_tracking_uri() -> str:
@@ -92,6 +112,31 @@ def use_tracking_uri(uri: str) -> Iterator[None]:
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             else:
                 os.environ["MLFLOW_TRACKING_URI"] = previous_env
+
+
+def model_signature(n_dense: int, n_sparse: int) -> ModelSignature:
+    """The signature of the project's models: tensor inputs ``dense`` ``[-1, n_dense]`` float32 and
+    ``sparse`` ``[-1, n_sparse]`` int64, output ``[-1]`` float32 logits (``forward(dense, sparse, kind)``;
+    ``kind``, ``"batch"`` or ``"stream"``, is a plain argument and not part of it)."""
+    return ModelSignature(
+        inputs=Schema(
+            [
+                TensorSpec(np.dtype(np.float32), (-1, int(n_dense)), "dense"),
+                TensorSpec(np.dtype(np.int64), (-1, int(n_sparse)), "sparse"),
+            ]
+        ),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1,), "logit")]),
+    )
+
+
+def model_requirements() -> list[str]:
+    """The pip requirements a logged model needs to load: ``torch`` and this package at its installed
+    version (the pickled model's classes live in :mod:`primus_dagster.training.models`); only
+    ``torch`` when the package is not installed as a distribution (a source checkout on ``sys.path``)."""
+    try:
+        return ["torch", f"{_DISTRIBUTION}=={importlib.metadata.version(_DISTRIBUTION)}"]
+    except importlib.metadata.PackageNotFoundError:
+        return ["torch"]
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -292,19 +337,31 @@ class MlflowTracker:
 
     # ------------------------------------------------------------------ the model
     def log_model(
-        self, model: torch.nn.Module, *, name: str = "model", input_example: dict[str, Any] | None = None
+        self,
+        model: torch.nn.Module,
+        *,
+        name: str = "model",
+        input_example: dict[str, Any] | None = None,
+        signature: ModelSignature | bool | None = None,
     ) -> str:
         """Log ``model`` with ``mlflow.pytorch`` into the current run; its ``models:/<id>`` URI.
 
         Saved as a (cloud)pickle -- MLflow's ``pt2`` format needs tensor-only inputs and our
-        models take ``(dense, sparse, kind)`` -- with ``pip_requirements=["torch"]`` (no slow
-        environment inference) and no signature. ``input_example`` (JSON-able) is stored in the
-        ``MLmodel`` metadata rather than as an MLflow input example, which MLflow would try (and
-        fail) to validate against pyfunc serving. Load it with ``mlflow.pytorch.load_model``
-        inside :func:`use_tracking_uri`.
+        models take ``(dense, sparse, kind)`` -- with the pip requirements of
+        :func:`model_requirements` (``torch`` and ``primus_dagster==<version>``: no slow environment
+        inference). ``signature`` None: :func:`model_signature` from the model's ``n_dense`` /
+        ``n_sparse`` when it has them (the project's models do), else none; False: none; or a
+        given :class:`~mlflow.models.signature.ModelSignature`. The signature documents the tensor
+        inputs; MLflow's pyfunc serving cannot call the model (it needs ``kind``), so MLflow does
+        not validate it. ``input_example`` (JSON-able) is stored in the ``MLmodel`` metadata rather
+        than as an MLflow input example, which MLflow would try (and fail) to validate against pyfunc
+        serving. Load it with ``mlflow.pytorch.load_model`` inside :func:`use_tracking_uri`.
         """
         run_id = self.require_run_id()
         params = self.client.get_run(run_id).data.params
+        if signature is None:
+            n_dense, n_sparse = getattr(model, "n_dense", None), getattr(model, "n_sparse", None)
+            signature = model_signature(n_dense, n_sparse) if n_dense is not None and n_sparse is not None else False
         # Created here rather than by log_model: without an active fluent run MLflow would put the
         # model into the default experiment, whose artifacts go to ./mlruns of the working dir.
         logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)
@@ -316,11 +373,68 @@ class MlflowTracker:
                 run_id=run_id,
                 model_id=logged.model_id,
                 serialization_format="pickle",
-                pip_requirements=["torch"],
-                signature=False,
+                pip_requirements=model_requirements(),
+                signature=signature,
                 metadata=metadata,
             )
         return info.model_uri
+
+    # ------------------------------------------------------------------ the model registry
+    def register_model(self, model_uri: str, name: str, tags: Mapping[str, Any] | None = None) -> str:
+        """Register the logged model ``model_uri`` (``models:/<model id>`` from :meth:`log_model`) as a
+        new version of the registered model ``name`` (created when missing) with ``tags`` (values
+        stringified); the version number (``models:/<name>/<version>`` loads it).
+
+        The version records the logged model's source run (default: the current run), and the
+        logged model lists the version (tag ``mlflow.modelVersions``, as ``mlflow.register_model``
+        does), so the MLflow UI links them both ways.
+        """
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as error:
+            if error.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+        tail = model_uri.removeprefix("models:/")
+        # a logged model's models:/<id>; not a run's path or a registry URI (models:/<name>/<version>, @alias)
+        model_id = tail if model_uri.startswith("models:/") and not any(c in tail for c in "/@") else None
+        logged = self.client.get_logged_model(model_id) if model_id is not None else None
+        run_id = logged.source_run_id if logged is not None and logged.source_run_id else self.run_id
+        # MLflow's SQL registry store looks the logged model up through the global tracking URI.
+        with use_tracking_uri(self.tracking_uri):
+            version = self.client.create_model_version(
+                name,
+                source=model_uri,
+                run_id=run_id,
+                tags={str(k): str(v) for k, v in (tags or {}).items()},
+                model_id=model_id,
+            )
+        if logged is not None:
+            listed = json.loads(logged.tags.get(_MODEL_VERSIONS_TAG) or "[]")
+            listed.append({"name": version.name, "version": version.version})
+            self.client.set_logged_model_tags(logged.model_id, {_MODEL_VERSIONS_TAG: json.dumps(listed)})
+        log.info("registered %s as version %s of model %s", model_uri, version.version, name)
+        return str(version.version)
+
+    def set_alias(self, name: str, alias: str, version: str | int) -> None:
+        """Point the alias ``alias`` of registered model ``name`` at ``version`` (``models:/<name>@<alias>``
+        loads it); an alias names one version, so this moves it from the one it named before."""
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def alias_version(self, name: str, alias: str) -> str | None:
+        """The version ``models:/<name>@<alias>`` names, or None (no such model or alias)."""
+        try:
+            return str(self.client.get_model_version_by_alias(name, alias).version)
+        except MlflowException:
+            return None
+
+    def model_version_url(self, name: str, version: str | int) -> str:
+        """Where the MLflow UI shows a model version: ``<tracking uri>/#/models/<name>/versions/<version>``
+        for an MLflow server (http/https), the same ``<tracking uri>#/models/...`` locator otherwise
+        (as :attr:`run_url`)."""
+        base = self.tracking_uri
+        if base.startswith(("http://", "https://")):
+            base = base.rstrip("/") + "/"
+        return f"{base}#/models/{quote(name, safe='')}/versions/{version}"
 
     def finish(self, status: str = "FINISHED") -> None:
         """End the run with ``status`` (FINISHED, FAILED or KILLED)."""

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.models import RecModel, model_inputs
+from primus_dagster.training.models import RecModel, huge_page_copy, huge_page_zeros, model_inputs
 
 _ALLOCATOR_TUNED = False
 
@@ -56,22 +57,28 @@ def keep_freed_memory() -> None:
 
 
 class LazyAdam(torch.optim.SparseAdam):
-    """:class:`torch.optim.SparseAdam` (same update, same state and ``state_dict``), with the sparse
-    bookkeeping done by gathers and index writes.
+    """:class:`torch.optim.SparseAdam` -- the same update to the last bit, the same state and
+    ``state_dict`` -- with the row bookkeeping done by gathers and row writes.
 
-    torch's implementation coalesces the gradient with a generic sparse ``coalesce`` and then
-    reads and writes the moments and the parameter through ``sparse_mask`` and dense += sparse
-    additions: about 30 ms a step for the ~48 000 rows that a batch of 2048 rows x 26 features
-    touches in a 260 000 x 16 table, 2/3 of the whole step (profiled: issue 11). Here the duplicate
-    ids are summed with one ``unique`` + ``index_add_`` (in the input order, as ``coalesce``'s stable
-    sort does), the touched rows of both moments and of the parameter are gathered with
-    ``index_select``, updated with SparseAdam's exact arithmetic and written back with
-    ``index_copy_`` -- the same floats, about 5x faster. Parameters whose gradient is not a sparse
-    gradient of a 2-D table's rows (``sparse_dim() != 1``) take torch's path.
+    torch's version coalesces the gradient with the generic sparse ``coalesce``, then reads the moments
+    through ``sparse_mask`` and writes them and the parameter with dense += sparse additions: ~30 ms
+    of a ~45 ms step when a batch of 2048 rows x 26 features touches ~44 000 rows of a 260 000 x 16
+    table (profiled for issue 11, ``bench/train_throughput.py --only-torchrec``); here ~12 ms:
+
+    * the duplicate ids' rows are summed by ``coalesce``'s own sort and an ``embedding_bag`` segment
+      sum -- in the sorted order, as ``coalesce`` (that sort, then a running sum) adds them;
+    * the touched rows of both moments are gathered with ``index_select``, updated with SparseAdam's
+      arithmetic op for op, and written back as 16-byte words (:func:`_copy_rows`);
+    * the parameter gets one ``index_add_`` of the (unique) rows;
+    * the moments live on 2 MB pages (:func:`~primus_dagster.training.models.huge_page_zeros`), as
+      the tables do.
+
+    tests/training/test_model_speed_equivalence.py checks parameters and moments bit for bit against
+    ``torch.optim.SparseAdam``. A parameter that is not a 2-D table takes torch's path.
     """
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -87,12 +94,12 @@ class LazyAdam(torch.optim.SparseAdam):
                 state = self.state[param]
                 if len(state) == 0:
                     state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg"] = _zeros_like(param)
+                    state["exp_avg_sq"] = _zeros_like(param)
                 state["step"] += 1
                 grad = -param.grad if maximize else param.grad
                 args = (state["exp_avg"], state["exp_avg_sq"], state["step"], lr, beta1, beta2, eps)
-                if grad.sparse_dim() == 1 and param.dim() >= 1 and grad.dense_dim() == param.dim() - 1:
+                if param.dim() == 2 and grad.sparse_dim() == 1 and grad.dense_dim() == 1:
                     _lazy_adam_rows(param, grad, *args)
                 else:
                     torch.optim._functional.sparse_adam(
@@ -109,6 +116,45 @@ class LazyAdam(torch.optim.SparseAdam):
                     )
         return loss
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for state in self.state.values():  # the moments of a restored table back on 2 MB pages
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = huge_page_copy(state[key])
+
+
+def _zeros_like(param: torch.Tensor) -> torch.Tensor:
+    """SparseAdam's zero moments; a large CPU table's on 2 MB pages."""
+    if param.device.type == "cpu" and param.is_contiguous():
+        return huge_page_zeros(tuple(param.shape), param.dtype)
+    return torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
+def _coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unique row ids ascending, summed rows) of a row-sparse gradient: what ``grad.coalesce()`` holds."""
+    if grad.is_coalesced():
+        return grad._indices()[0], grad._values()
+    ids, values = grad._indices()[0], grad._values()
+    ordered, order = torch.sort(ids)  # coalesce's own sort (not stable=True: the order of ties must match)
+    rows, counts = torch.unique_consecutive(ordered, return_counts=True)
+    # a segment sum of the sorted rows: embedding_bag adds each bag's rows in order, from 0
+    return rows, F.embedding_bag(order, values, torch.cumsum(counts, 0) - counts, mode="sum")
+
+
+def _copy_rows(dst: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[rows] = src`` for 2-D tables. ``index_copy_`` moves element by element; viewed as 16-byte
+    complex values, the same bytes move in 4x fewer elements (a copy: no arithmetic, no rounding)."""
+    if dst.dtype == torch.float32 and src.dtype == torch.float32 and dst.shape[1] % 4 == 0:
+        try:  # views only: a layout they refuse (strides, offset) takes the plain copy
+            wide_dst, wide_src = dst.view(torch.complex128), src.view(torch.complex128)
+        except RuntimeError:
+            pass
+        else:
+            wide_dst.index_copy_(0, rows, wide_src)
+            return
+    dst.index_copy_(0, rows, src)
+
 
 def _lazy_adam_rows(
     param: torch.Tensor,
@@ -121,26 +167,19 @@ def _lazy_adam_rows(
     beta2: float,
     eps: float,
 ) -> None:
-    """SparseAdam's update of the rows of ``param`` that the row-sparse ``grad`` names (in place)."""
-    if grad.is_coalesced():
-        rows, values = grad._indices()[0], grad._values()
-    else:
-        ids, values = grad._indices()[0], grad._values()
-        rows, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        values = values.new_zeros((rows.numel(), *values.shape[1:])).index_add_(0, inverse, values)
+    """SparseAdam's update of the rows of the 2-D ``param`` that the row-sparse ``grad`` names (in place)."""
+    rows, values = _coalesced_rows(grad)
     if values.numel() == 0:
         return
-    # old <- old + (1 - b) * (new - old), then numer / denom: torch.optim's SparseAdam, op by op
-    old = exp_avg.index_select(0, rows)
-    numer = values.sub(old).mul_(1 - beta1).add_(old)
-    exp_avg.index_copy_(0, rows, numer)
-    old = exp_avg_sq.index_select(0, rows)
-    second = values.pow(2).sub_(old).mul_(1 - beta2).add_(old)
-    exp_avg_sq.index_copy_(0, rows, second)
-    denom = second.sqrt_().add_(eps)
+    # torch.optim's SparseAdam, op by op: old <- old + (1 - b) * (new - old); param += -step_size * m / (sqrt(v) + eps)
+    m = exp_avg.index_select(0, rows)
+    m.add_(values.sub(m).mul_(1 - beta1))
+    _copy_rows(exp_avg, rows, m)
+    v = exp_avg_sq.index_select(0, rows)
+    v.add_(values.pow(2).sub_(v).mul_(1 - beta2))
+    _copy_rows(exp_avg_sq, rows, v)
     step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
-    update = numer.div_(denom).mul_(-step_size)
-    param.index_copy_(0, rows, param.index_select(0, rows).add_(update))
+    param.index_add_(0, rows, m.div_(v.sqrt_().add_(eps)).mul_(-step_size))
 
 
 class RecOptimizer:

@@ -1,14 +1,18 @@
-"""The training asset in-process: lagged partition mappings, metadata, and the AUC check across
-two partitions (real data plane processes and MLflow on SQLite)."""
+"""The training asset in-process: lagged partition mappings, typed metadata, the AUC check across
+partitions, and the model registry (a version per partition; ``champion`` only on a checked one) --
+real data plane processes and MLflow on SQLite."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import mlflow
+import mlflow.pytorch
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+import torch
+from dagster import AssetCheckResult, AssetKey, DagsterInstance, MetadataValue, materialize
 
 from primus_dagster.dagster_defs import (
     ExecutorPoolResource,
@@ -16,12 +20,27 @@ from primus_dagster.dagster_defs import (
     PrimusStorageResource,
     build_training_asset,
 )
-from primus_dagster.dagster_defs.training_asset import auc_check, source_deps, training_partitions_def
+from primus_dagster.dagster_defs import training_asset as training_asset_module
+from primus_dagster.dagster_defs.training_asset import (
+    auc_check,
+    promotes,
+    source_deps,
+    training_partitions_def,
+    typed_metadata,
+    url_or_text,
+)
+from primus_dagster.training.tracking import use_tracking_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from jobkit import make_job
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+pytestmark = [
+    # SQLAlchemy 2 deprecates a loader strategy MLflow's sqlite store still configures
+    pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated"),
+    pytest.mark.filterwarnings("ignore:.*Any type hint is inferred as AnyType:UserWarning"),
+]
 
 
 def test_partitions_start_where_lagged_batch_data_exists_and_batch_deps_are_shifted(tmp_path: Path) -> None:
@@ -45,10 +64,46 @@ def test_auc_check_passes_within_tolerance_and_fails_past_it(tmp_path: Path) -> 
     assert not auc_check(job, None, 0.7).passed
 
 
+def test_only_a_passed_check_promotes_and_metadata_is_typed(tmp_path: Path) -> None:
+    job = make_job(tmp_path, hours=0)["job"]
+    assert promotes(auc_check(job, 0.70, None)) and promotes(auc_check(job, 0.697, 0.70))
+    assert not promotes(auc_check(job, 0.69, 0.70))  # a regression
+    assert not promotes(auc_check(job, None, 0.70))  # no evaluation: not a checked model either
+    assert not promotes(AssetCheckResult(check_name="auc_not_regressed", passed=False))
+    assert url_or_text("http://mlflow:5000/#/experiments/1/runs/r") == MetadataValue.url(
+        "http://mlflow:5000/#/experiments/1/runs/r"
+    )
+    assert url_or_text("sqlite:////tmp/m.db#/experiments/1/runs/r") == MetadataValue.text(
+        "sqlite:////tmp/m.db#/experiments/1/runs/r"
+    )
+    meta = typed_metadata(
+        {"samples": 1200, "samples_per_s": 5.5, "mlflow_run_url": "https://m/#/x", "source_versions": {"imp": 3}}
+        | {"model_uri": "models:/m-1", "resumed_from_step": None, "eval_auc": 0.7, "window_start": "2026-11-01"}
+    )
+    assert meta == {
+        "samples": MetadataValue.int(1200),
+        "dagster/row_count": MetadataValue.int(1200),
+        "samples_per_s": MetadataValue.float(5.5),
+        "mlflow_run_url": MetadataValue.url("https://m/#/x"),
+        "source_versions": MetadataValue.json({"imp": 3}),
+        "model_uri": MetadataValue.text("models:/m-1"),
+        "eval_auc": MetadataValue.float(0.7),
+        "window_start": MetadataValue.text("2026-11-01"),
+    }
+    description = training_asset_module.build_training_asset(
+        make_job(tmp_path / "lag", hours=0, extra_training="partition: hour\nbatch_lag: 24h")["job"], "job.yaml"
+    ).descriptions_by_key
+    assert "batch lag 1d" in next(iter(description.values()))  # not "1 day, 0:00:00"
+
+
 @pytest.mark.integration
-def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_the_previous(tmp_path: Path) -> None:
+def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_the_previous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "data").mkdir()
-    env = make_job(tmp_path / "data", mode="mixed", hours=4, extra_training="partition: hour\nbatch_lag: 1h")
+    # a wide tolerance: the first two partitions pass their check; the third is forced to regress
+    training = "partition: hour\nbatch_lag: 1h\nauc_tolerance: 0.5"
+    env = make_job(tmp_path / "data", mode="mixed", hours=4, extra_training=training)
     asset = build_training_asset(env["job"], env["job_path"])
     resources = {
         "storage": PrimusStorageResource(data_root=str(env["root"])),
@@ -57,7 +112,8 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     }
     instance = DagsterInstance.ephemeral()
     key = AssetKey("train_test_model")
-    for partition in ("2026-11-01-01:00", "2026-11-01-02:00"):  # the first two: partitions train in order
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    for version, partition in enumerate(("2026-11-01-01:00", "2026-11-01-02:00"), 1):  # partitions train in order
         result = materialize([asset], partition_key=partition, instance=instance, resources=resources, run_config=QUIET)
         assert result.success
         (event,) = result.get_asset_materialization_events()
@@ -65,13 +121,31 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
         assert meta["samples"] > 0 and meta["mlflow_run_id"] and meta["model_uri"].startswith("models:/")
         assert meta["window_start"].startswith(partition[:10]) and 0.0 <= meta["eval_auc"] <= 1.0
         (check,) = result.get_asset_check_evaluations()
-        assert check.asset_key == key
+        assert check.asset_key == key and check.passed
+        # a version per partition, tagged with what it was trained on and by whom; champion: the checked one
+        assert (meta["registered_model"], meta["model_version"], meta["champion"]) == ("train-test", version, True)
+        assert meta["model_version_uri"] == f"models:/train-test/{version}"
+        registered = client.get_model_version("train-test", str(version))
+        assert registered.run_id == meta["mlflow_run_id"] and registered.source == meta["model_uri"]
+        assert registered.tags["primus.partition"] == registered.tags["dagster.partition"] == partition
+        assert registered.tags["dagster.run_id"] == result.run_id and registered.tags["primus.check"] == "passed"
+        assert registered.tags["primus.window"] == f"{meta['window_start']}/{meta['window_end']}"
+        assert json.loads(registered.tags["primus.source_versions"]) == meta["source_versions"]
+        assert str(client.get_model_version_by_alias("train-test", "champion").version) == str(version)
         if partition.endswith("01:00"):
             first_run = meta["mlflow_run_id"]
             assert "warm_started_from" not in meta  # None: nothing before the first partition
     assert meta["warm_started_from"] == first_run  # continuous training: day 2 goes on from day 1's model
+    champion_uri = meta["model_uri"]
+    # Typed values, read back through the instance.
+    stored = instance.fetch_materializations(key, limit=1).records[0].asset_materialization.metadata
+    assert stored["dagster/row_count"] == MetadataValue.int(meta["samples"])
+    assert isinstance(stored["samples"], type(MetadataValue.int(0)))
+    assert isinstance(stored["samples_per_s"], type(MetadataValue.float(0.0)))
+    assert isinstance(stored["source_versions"], type(MetadataValue.json({})))
+    assert stored["mlflow_run_url"] == MetadataValue.text(meta["mlflow_run_url"])  # sqlite: no clickable URL
+    assert stored["model_version"] == MetadataValue.int(2) and stored["champion"] == MetadataValue.bool(True)
     # The MLflow run leads back to the Dagster run, asset and partition; its experiment opens on models.
-    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
     run = client.get_run(meta["mlflow_run_id"])
     assert run.data.tags["dagster.run_id"] == result.run_id and run.data.tags["dagster.asset"] == "train_test_model"
     assert run.data.tags["dagster.partition"] == "2026-11-01-02:00"
@@ -80,3 +154,32 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     assert check.metadata["previous_auc"].value == pytest.approx(
         instance.fetch_materializations(key, limit=2).records[1].asset_materialization.metadata["eval_auc"].value
     )
+
+    # A forced regression: the previous partition "had" an AUC the next one cannot come near.
+    monkeypatch.setattr(training_asset_module, "previous_auc", lambda *args: 2.0)
+    failed = materialize(
+        [asset],
+        partition_key="2026-11-01-03:00",
+        instance=instance,
+        resources=resources,
+        run_config=QUIET,
+        raise_on_error=False,
+    )
+    assert not failed.success  # blocking: the failed check fails the step (downstream does not run)
+    (check,) = failed.get_asset_check_evaluations()
+    assert not check.passed and check.blocking
+    (event,) = failed.get_asset_materialization_events()  # materialised and registered all the same
+    assert event.materialization.metadata["model_version"] == MetadataValue.int(3)
+    assert event.materialization.metadata["champion"] == MetadataValue.bool(False)
+    assert client.get_model_version("train-test", "3").tags["primus.check"] == "failed"
+    assert str(client.get_model_version_by_alias("train-test", "champion").version) == "2"  # did not move
+
+    # The champion loads by its alias (the package's classes and torch are its requirements).
+    with use_tracking_uri(env["job"].tracking.tracking_uri):
+        champion = mlflow.pytorch.load_model("models:/train-test@champion")
+        same = mlflow.pytorch.load_model(champion_uri)
+        signature = mlflow.models.Model.load("models:/train-test@champion").signature
+    dense, sparse = torch.randn(4, champion.n_dense), torch.randint(0, 100, (4, champion.n_sparse))
+    with torch.no_grad():
+        assert torch.allclose(champion(dense, sparse, "batch"), same(dense, sparse, "batch"))
+    assert [spec.name for spec in signature.inputs.inputs] == ["dense", "sparse"]

@@ -62,7 +62,7 @@ def metadata(result) -> dict:
 
 
 def test_the_training_asset_depends_on_its_previous_partition(tmp_path: Path) -> None:
-    env = make_job(tmp_path, hours=0, extra_training="partition: hour\nbatch_lag: 1h")
+    env = make_job(tmp_path, hours=0, extra_training="partition: hour\nbatch_lag: 1h\nauc_tolerance: 1")
     asset = build_training_asset(env["job"], env["job_path"])
     mapping = asset.get_partition_mapping(KEY)
     assert isinstance(mapping, TimeWindowPartitionMapping)
@@ -73,7 +73,9 @@ def test_partitions_train_in_order_and_a_missing_predecessor_is_never_silent(
     tmp_path: Path, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PRIMUS_HOME", str(tmp_path / "home"))
-    env = make_job(tmp_path / "data", hours=4, rows_per_hour=600, extra_training="partition: hour\nbatch_lag: 1h")
+    env = make_job(
+        tmp_path / "data", hours=4, rows_per_hour=600, extra_training="partition: hour\nbatch_lag: 1h\nauc_tolerance: 1"
+    )
     runs = []
     for partition in ("2026-11-01-01:00", "2026-11-01-02:00", "2026-11-01-03:00"):
         result = train(env, instance, partition)
@@ -150,7 +152,9 @@ def graphql(port: int, query: str, variables: dict) -> dict:
 def test_a_backfill_through_the_daemon_trains_partitions_in_order(tmp_path: Path) -> None:
     """`dagster dev` (webserver + daemon): a backfill of three training partitions, launched over GraphQL,
     runs them one after the other (the self-dependency), each warm-started from the one before."""
-    env = make_job(tmp_path / "data", hours=4, rows_per_hour=600, extra_training="partition: hour\nbatch_lag: 1h")
+    env = make_job(
+        tmp_path / "data", hours=4, rows_per_hour=600, extra_training="partition: hour\nbatch_lag: 1h\nauc_tolerance: 1"
+    )
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")

@@ -1,18 +1,28 @@
-"""MLflow tracking: runs, resume by run key, checkpoints as artifacts, the logged model."""
+"""MLflow tracking: runs, resume by run key, checkpoints as artifacts, the logged and registered model."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import time
 from pathlib import Path
 
 import mlflow
 import mlflow.pytorch
+import numpy as np
 import pytest
 import torch
 
 from primus_dagster.training.checkpoint import Checkpoint, checkpoint_name, load_checkpoint, save_checkpoint
-from primus_dagster.training.tracking import RUN_KEY_TAG, MlflowTracker, default_tracking_uri, use_tracking_uri
+from primus_dagster.training.tracking import (
+    RUN_KEY_TAG,
+    MlflowTracker,
+    default_tracking_uri,
+    model_requirements,
+    model_signature,
+    use_tracking_uri,
+)
 
 pytestmark = [
     # SQLAlchemy 2 deprecates a loader strategy MLflow's sqlite store still configures
@@ -209,3 +219,51 @@ def test_use_tracking_uri_restores_the_environment(monkeypatch: pytest.MonkeyPat
         assert mlflow.get_tracking_uri() == inner
     assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///from-env.db"
     assert mlflow.get_tracking_uri() == "sqlite:///from-env.db"
+
+
+class SizedModel(TwoInputModel):
+    """Like the project's models, it knows its input widths (``n_dense`` / ``n_sparse``)."""
+
+    n_dense, n_sparse = 3, 2
+
+
+@pytest.mark.integration
+def test_registered_versions_aliases_signature_and_requirements(uri: str, exp: str) -> None:
+    tracker = MlflowTracker(uri, exp)
+    run_id = tracker.start("job-7", {})
+    name = f"{exp}-model"
+    assert tracker.alias_version(name, "champion") is None  # no registered model yet
+    model = SizedModel().eval()
+    first = tracker.register_model(tracker.log_model(model), name, {"primus.partition": "p1", "samples": 10})
+    second_uri = tracker.log_model(model)
+    second = tracker.register_model(second_uri, name, {"primus.partition": "p2"})
+    assert (first, second) == ("1", "2")  # one registered model, created once
+    version = tracker.client.get_model_version(name, second)
+    assert version.run_id == run_id and version.tags == {"primus.partition": "p2"}
+    assert tracker.client.get_model_version(name, first).tags == {"primus.partition": "p1", "samples": "10"}
+    logged = tracker.client.get_logged_model(second_uri.removeprefix("models:/"))
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": name, "version": 2}]
+
+    tracker.set_alias(name, "champion", first)
+    assert tracker.alias_version(name, "champion") == "1" and tracker.alias_version(name, "live") is None
+    tracker.set_alias(name, "champion", second)  # an alias moves
+    assert tracker.alias_version(name, "champion") == "2"
+    assert tracker.model_version_url(name, 2) == f"{uri}#/models/{name}/versions/2"
+
+    with use_tracking_uri(tracker.tracking_uri):
+        loaded = mlflow.pytorch.load_model(f"models:/{name}@champion")
+        info = mlflow.models.Model.load(f"models:/{name}/{second}")
+        requirements = Path(
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{logged.artifact_location}/requirements.txt")
+        ).read_text()
+    dense, sparse = torch.randn(4, 3), torch.randint(0, 10, (4, 2))
+    with torch.no_grad():
+        assert torch.allclose(loaded(dense, sparse, "batch"), model(dense, sparse, "batch"))
+    assert info.signature == model_signature(3, 2)
+    assert [(s.name, s.type, s.shape) for s in info.signature.inputs.inputs] == [
+        ("dense", np.dtype("float32"), (-1, 3)),
+        ("sparse", np.dtype("int64"), (-1, 2)),
+    ]
+    assert f"primus_dagster=={importlib.metadata.version('primus_dagster')}" in requirements.split()
+    assert model_requirements()[0] == "torch" and "torch" in requirements.split()
+    tracker.finish()

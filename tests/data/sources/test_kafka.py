@@ -273,7 +273,7 @@ def test_missing_topic_and_missing_bootstrap(kafka_broker: EmbeddedBroker, monke
         assert not part.ready and "does not exist" in (part.reason or "")
     monkeypatch.delenv("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setenv("PRIMUS_HOME", str(tmp_path))  # no embedded broker recorded there
-    with pytest.raises(KafkaConfigError, match="no Kafka bootstrap servers.*PRIMUS_KAFKA_BOOTSTRAP_SERVERS"):
+    with pytest.raises(KafkaConfigError, match=r"no Kafka bootstrap servers.*PRIMUS_KAFKA_BOOTSTRAP_SERVERS"):
         KafkaSource(make_spec("t"), SourceContext()).partitions(TimeWindow.hours_from(H0, 1))
     # Every entry point resolves the same way: the environment when neither the source nor the caller says.
     monkeypatch.setenv("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", kafka_broker.bootstrap_servers)
