@@ -21,7 +21,7 @@ from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration,
 from primus_dagster.spec.names import job_asset_names
 from primus_dagster.spec.sources import KafkaSourceSpec
 
-MAX_REPLICAS = 4096
+MAX_REPLICAS = 10_000_000  # executors per pool: the scaling simulator replays pools of 1.25 M
 MAX_HASH_BUCKETS = 2**31 - 1
 MAX_EMBEDDING_BYTES = 1 << 40
 _QUANTITY = r"^\d{1,15}(\.\d{1,9})?(Ki|Mi|Gi|Ti)?$"

@@ -503,23 +503,8 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
         evaluation = evaluate_and_log(cfg, context, run.trainer.model, tracker, run.trainer.step)
         model_uri = tracker.log_model(run.trainer.model)
         status = "FINISHED"
-        return TrainingResult(
-            run_id=tracker.require_run_id(),
-            run_url=tracker.run_url,
-            model_uri=model_uri,
-            window=cfg.window,
-            stats=run.trainer.stats(),
-            evaluation=evaluation,
-            source_versions=run.versions,
-            checkpoints=run.checkpoints,
-            resumed_from_step=None if resume is None else resume.step,
-            warm_started_from=warm_from,
-            cold_start=cold_start,
-            wall_s=time.perf_counter() - started,
-            data_pools=run.data_pools,
-            skipped_partitions=[
-                {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
-            ],
+        return training_result(
+            run, model_uri, run.trainer.stats(), evaluation, resume, warm_from, cold_start, started, skipped
         )
     except KeyboardInterrupt:  # a cancelled run (SIGINT / SIGTERM through the CLI): MLflow says KILLED
         status = "KILLED"
@@ -527,6 +512,38 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
     finally:
         tracker.finish(status)
         shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def training_result(
+    run: TrainingRun,
+    model_uri: str | None,
+    stats: dict[str, Any],
+    evaluation: NextHourEvaluation | None,
+    resume: Checkpoint | None,
+    warm_from: str | None,
+    cold_start: str | None,
+    started: float,
+    skipped: list[NotReady],
+) -> TrainingResult:
+    """The result of a finished run (``started``: its ``time.perf_counter()`` at the start)."""
+    return TrainingResult(
+        run_id=run.tracker.require_run_id(),
+        run_url=run.tracker.run_url,
+        model_uri=model_uri,
+        window=run.cfg.window,
+        stats=stats,
+        evaluation=evaluation,
+        source_versions=run.versions,
+        checkpoints=run.checkpoints,
+        resumed_from_step=None if resume is None else resume.step,
+        warm_started_from=warm_from,
+        cold_start=cold_start,
+        wall_s=time.perf_counter() - started,
+        data_pools=run.data_pools,
+        skipped_partitions=[
+            {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
+        ],
+    )
 
 
 def evaluate_and_log(

@@ -81,6 +81,7 @@ from primus_dagster.training.job import (
     load_resume,
     load_warm_start,
     plan_training_tasks,
+    training_result,
 )
 from primus_dagster.training.models import build_model
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
@@ -539,24 +540,7 @@ def run_multi_trainer_job(
             "ranks": state.ranks or final.extra.get("ranks", []),
         }
         status = "FINISHED"
-        return TrainingResult(
-            run_id=tracker.require_run_id(),
-            run_url=tracker.run_url,
-            model_uri=model_uri,
-            window=cfg.window,
-            stats=stats,
-            evaluation=evaluation,
-            source_versions=run.versions,
-            checkpoints=run.checkpoints,
-            resumed_from_step=None if resume is None else resume.step,
-            warm_started_from=warm_from,
-            cold_start=cold_start,
-            wall_s=time.perf_counter() - started,
-            data_pools=run.data_pools,
-            skipped_partitions=[
-                {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
-            ],
-        )
+        return training_result(run, model_uri, stats, evaluation, resume, warm_from, cold_start, started, skipped)
     except KeyboardInterrupt:  # a cancelled run (SIGINT / SIGTERM through the CLI): MLflow says KILLED
         status = "KILLED"
         raise

@@ -125,7 +125,7 @@ BAD = [
     (
         "absurd replicas",
         "max_replicas: 4, task_runners: 2}",
-        "max_replicas: 1000000, task_runners: 2}",
+        "max_replicas: 100000000, task_runners: 2}",
         "pools.data.max_replicas",
         "<=",
     ),
