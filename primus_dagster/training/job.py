@@ -361,11 +361,13 @@ class TrainingRun:
         self._last_progress = now
         stats = self.trainer.stats()
         metrics = {
-            "loss": stats["loss"],
             "samples_per_s": stats["samples_per_s"],
             "samples": stats["samples"],
             "train_auc": self.trainer.recent_auc(),
         }
+        # Every step's loss (sent in one batch every 2 s), the slower-moving figures at the current step.
+        losses, self.trainer.step_losses = self.trainer.step_losses, []
+        self.tracker.log_metric_points([("loss", loss, step) for step, loss in losses])
         self.tracker.log_metrics(metrics, self.trainer.step)
         if self.cfg.progress is not None:
             self.cfg.progress({"phase": phase.name, **stats, "train_auc": metrics["train_auc"]})

@@ -261,6 +261,7 @@ class Trainer:
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.counters = TrainerStats()
         self._last_loss = float("nan")
+        self.step_losses: list[tuple[int, float]] = []  # (step, loss) since the owner last took them
         self._recent: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=50)  # (logits, labels) of steps
 
     @property
@@ -306,7 +307,8 @@ class Trainer:
         size = self.spec.batch_size
         steps = 0
         for start in range(0, batch.rows, size):
-            self.train_step(batch.slice(start, start + size))
+            loss = self.train_step(batch.slice(start, start + size))
+            self.step_losses.append((self.counters.step, loss))
             steps += 1
         return steps
 

@@ -62,6 +62,8 @@ def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     assert {"loss", "samples_per_s", "eval_auc"} <= set(run.data.metrics)
+    losses = client.get_metric_history(result.run_id, "loss")  # every step's loss, not a timer's samples
+    assert sorted(m.step for m in losses) == list(range(1, result.stats["step"] + 1))
     assert [a.path for a in client.list_artifacts(result.run_id, "checkpoints")]
     with use_tracking_uri(env["job"].tracking.tracking_uri):
         model = mlflow.pytorch.load_model(result.model_uri)
