@@ -136,7 +136,7 @@ def _log_to_stderr() -> None:
 def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
     """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
     from primus_dagster.data.sources import TimeWindow
-    from primus_dagster.training.job import TrainingJob, run_training_job
+    from primus_dagster.training.job import TrainingJob, progress_line, run_training_job
     from primus_dagster.training.tracking import MlflowTracker
 
     _log_to_stderr()
@@ -144,12 +144,7 @@ def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> in
     start = _parse_time(args.start) if args.start else job.dataset.start
 
     def progress(p: dict) -> None:
-        print(
-            f"[{p['phase']}] step {p['step']:,}  samples {p['samples']:,}  loss {p['loss']:.4f}  "
-            f"train-AUC {p['train_auc']:.4f}  {p['samples_per_s']:,.0f} samples/s",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(progress_line(p), file=sys.stderr, flush=True)
 
     tracker = MlflowTracker(args.tracking_uri or job.tracking.tracking_uri, job.tracking.experiment)
     result = run_training_job(

@@ -95,16 +95,13 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import JobHooks
+        from primus_dagster.training.job import JobHooks, progress_line
         from primus_dagster.training.live import LiveIncrement, run_live_increment
 
         source_context = storage.source_context(source for _, source in sources)
 
         def log_progress(progress: dict) -> None:
-            context.log.info(
-                f"[live] step {progress['step']} samples {progress['samples']} loss {progress['loss']:.4f} "
-                f"train-AUC {progress['train_auc']:.4f} {progress['samples_per_s']:.0f} samples/s"
-            )
+            context.log.info(f"[live] {progress_line(progress)}")
 
         tracker = mlflow.tracker(job)
         run_tags = dagster_run_tags(context)

@@ -268,18 +268,14 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+        from primus_dagster.training.job import JobHooks, TrainingJob, progress_line, run_training_job
 
         source_context = storage.source_context(source for _, source in job.dataset.all_sources())
         partition_window = context.partition_time_window
         window = TimeWindow(partition_window.start, partition_window.end)
 
         def log_progress(progress: dict) -> None:
-            context.log.info(
-                f"[{progress['phase']}] step {progress['step']} samples {progress['samples']} "
-                f"loss {progress['loss']:.4f} train-AUC {progress['train_auc']:.4f} "
-                f"{progress['samples_per_s']:.0f} samples/s"
-            )
+            context.log.info(progress_line(progress))
 
         # Continuous training: the model of the previous partition goes on learning (automation.cold_start
         # decides when it is missing); the first partition has none and starts fresh.

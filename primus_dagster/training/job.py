@@ -169,6 +169,15 @@ class TrainingResult:
         return out
 
 
+def progress_line(progress: dict[str, Any]) -> str:
+    """One line of a run's progress (what ``TrainingJob.progress`` receives), for logs and terminals."""
+    return (
+        f"[{progress['phase']}] step {progress['step']:,}  samples {progress['samples']:,}  "
+        f"loss {progress['loss']:.4f}  train-AUC {progress['train_auc']:.4f}  "
+        f"{progress['samples_per_s']:,.0f} samples/s"
+    )
+
+
 def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) -> list[NotReady]:
     """The batch partitions among ``tasks`` whose labels are not complete by the end of ``window``:
     a partition ``[start, end)`` of a source counts as complete at ``end + label_delay``, and the

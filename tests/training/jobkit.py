@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from datetime import timedelta
@@ -98,3 +99,15 @@ def expected_ids(env: dict, tasks: Iterable[DataTask] | None = None) -> Counter:
             for batch in adapter.read(task.read):
                 out.update(batch.column("sample_id").to_pylist())
     return out
+
+
+def dev_train_command(env: dict, samples_log: Path, slow_executors_ms: int) -> list[str]:
+    """``primus-dagster-dev train`` on the job's 3-hour window (2 executors, no evaluation, JSON result),
+    logging the trained sample ids to ``samples_log`` and slowing executors so that a test can kill it
+    mid-run (the SIGKILL/resume tests)."""
+    command = [sys.executable, "-m", "primus_dagster.devtools.cli", "train", str(env["job_path"]), "--hours", "3"]
+    command += ["--data-root", str(env["root"]), "--executors", "2", "--record-samples", str(samples_log)]
+    command += ["--no-eval", "--json", "--slow-executors-ms", str(slow_executors_ms)]
+    if env.get("kafka"):
+        command += ["--kafka-bootstrap", env["kafka"]]
+    return command

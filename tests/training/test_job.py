@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from jobkit import expected_ids, make_job
+from jobkit import dev_train_command, expected_ids, make_job
 
 from primus_dagster.data import Batch
 from primus_dagster.data.graph import Planner
@@ -99,30 +98,6 @@ def test_batch_then_stream_pretrains_on_the_batch_window_then_follows_the_stream
     assert len(result.checkpoints) == 2  # the end of each phase
 
 
-def _train_cmd(env: dict, log: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "primus_dagster.devtools.cli",
-        "train",
-        str(env["job_path"]),
-        "--hours",
-        "3",
-        "--data-root",
-        str(env["root"]),
-        "--kafka-bootstrap",
-        env["kafka"],
-        "--executors",
-        "2",
-        "--record-samples",
-        str(log),
-        "--no-eval",
-        "--json",
-        "--slow-executors-ms",
-        "40",
-    ]
-
-
 def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_path: Path, kafka_broker) -> None:
     env = make_job(
         tmp_path,
@@ -134,7 +109,7 @@ def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_
         rows_per_hour=6000,
     )
     first = subprocess.Popen(
-        _train_cmd(env, tmp_path / "run1.bin"),
+        dev_train_command(env, tmp_path / "run1.bin", slow_executors_ms=40),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -151,7 +126,9 @@ def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_
     first.wait(30)
     assert killed_after is not None and first.returncode == -signal.SIGKILL
 
-    second = subprocess.run(_train_cmd(env, tmp_path / "run2.bin"), capture_output=True, text=True, timeout=240)
+    second = subprocess.run(
+        dev_train_command(env, tmp_path / "run2.bin", slow_executors_ms=40), capture_output=True, text=True, timeout=240
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     meta = json.loads(second.stdout.strip().splitlines()[-1])
     resumed = meta["resumed_from_step"]

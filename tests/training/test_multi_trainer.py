@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
-from jobkit import expected_ids, make_job
+from jobkit import dev_train_command, expected_ids, make_job
 
 from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
 from primus_dagster.spec import load_job_spec
@@ -69,32 +68,10 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(tmp_path: Path) -
     assert client.get_run(result.run_id).data.params["trainers"] == "2"
 
 
-def _train_cmd(env: dict, log: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "primus_dagster.devtools.cli",
-        "train",
-        str(env["job_path"]),
-        "--hours",
-        "3",
-        "--data-root",
-        str(env["root"]),
-        "--executors",
-        "2",
-        "--record-samples",
-        str(log),
-        "--no-eval",
-        "--json",
-        "--slow-executors-ms",
-        "30",
-    ]
-
-
 def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path: Path) -> None:
     env = _two_trainers(make_job(tmp_path, mode="mixed", model="mtrm", every=6))
     first = subprocess.Popen(
-        _train_cmd(env, tmp_path / "run1.bin"),
+        dev_train_command(env, tmp_path / "run1.bin", slow_executors_ms=30),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -109,7 +86,9 @@ def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path:
     first.wait(30)
     assert killed_after is not None and first.returncode == -signal.SIGKILL
 
-    second = subprocess.run(_train_cmd(env, tmp_path / "run2.bin"), capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        dev_train_command(env, tmp_path / "run2.bin", slow_executors_ms=30), capture_output=True, text=True, timeout=300
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     meta = json.loads(second.stdout.strip().splitlines()[-1])
     resumed = meta["resumed_from_step"]
