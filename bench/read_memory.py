@@ -22,22 +22,23 @@ anonymous growth every 16 batches. Streaming means growth does not follow the pa
 the goal is ``growth_ratio_4m_1m`` = growth(4 M) / growth(1 M) <= 1.2. ``arrow_bytes`` is the
 partition's canonical Arrow size (what a whole-table load would hold at least), for scale.
 
-What it finds (see the JSON): the **anonymous** growth is bounded (Parquet ~72 MiB at 1 M rows,
-a plateau of ~85 MiB from ~2 M rows on; the Arrow pool's peak is the same at both sizes, the
-rest is allocator retention that saturates), but local Parquet and Delta files are
-**memory-mapped** (``open_parquet``), and every page of the file that decoding touches stays
-in the process's RSS until the file is closed: the file-backed part of the peak is the whole
-file (~285 MiB at 4 M rows, one file; Delta writes ~1 M-row files, so it holds one file's
-~100 MiB). Those pages are clean page cache (reclaimable, and a cgroup is charged for the page
-cache of ``read()`` calls as well), but they are RSS, so RSS growth follows the file size.
-Iceberg reads through a buffered stream and stays flat. The what-if ``parquet+buffered`` (this
-bench only: the Parquet adapter with ``memory_map=False, buffer_size=1 MiB``, the branch
-``open_parquet`` already takes for remote files) shows the trade: flat RSS, more read CPU
-(``buffered_read_cpu_ratio_4m``; ~1.1x in interleaved repeats of the bare read).
+How the adapters keep it flat (``open_parquet``, ``StreamingParquetFile``): a local file is
+memory-mapped and read zero-copy, but the pages decoding touched are dropped from the process
+after every batch (``MADV_DONTNEED``; they stay in the page cache, clean and reclaimable), so
+the file-backed part of the peak is a batch's pages, not the file; files are read one row group
+at a time and the Arrow pool's freed pages go back to the OS between groups (without that,
+allocator retention grows the anonymous part by ~15-25 MiB from 1 M to 4 M rows). Remote files
+(and Iceberg's) go through a 1 MiB buffered stream, read the same way.
+
+The what-if ``parquet+wholemap`` (this bench only: the previous ``open_parquet``, a plain
+``ParquetFile(path, memory_map=True)`` whose pages stay mapped until the file is closed,
+batches across row groups) is measured next to it: ``wholemap_*`` keys, and
+``read_cpu_ratio_vs_wholemap_4m`` (read CPU of the adapter / of the what-if; one run, noisy at
+this size: ``bench/source_scan.py`` and ``bench/serve.py`` measure the read speed).
 
 Last line: {"bench": "read_memory", "rss_growth_1m_bytes", "rss_growth_4m_bytes",
 "growth_ratio_4m_1m" (Parquet, VmHWM), "anon_growth_*" (Parquet, anonymous only),
-"delta_growth_ratio_4m_1m", "iceberg_growth_ratio_4m_1m", "buffered_*" (the what-if),
+"delta_growth_ratio_4m_1m", "iceberg_growth_ratio_4m_1m", "wholemap_*" (the what-if),
 "peak_rss_bytes", "arrow_bytes", "ratio" (peak RSS / Arrow size at 1 M, the old figure, with
 the interpreter), "detail": {size: {kind: ...}}}.
 """
@@ -59,7 +60,7 @@ from _common import bench_dir, emit, one_source_job, vm_hwm
 
 KINDS = ("parquet", "delta", "iceberg")
 WARMUP_ROWS = 20_000
-BUFFERED = "parquet+buffered"  # the what-if: Parquet without memory-mapping (see buffered_reads)
+WHOLEMAP = "parquet+wholemap"  # the what-if: the whole file stays mapped (see whole_map_reads)
 
 
 def proc_status(*keys: str) -> dict[str, int]:
@@ -83,17 +84,17 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def buffered_reads() -> None:
-    """What-if (this process only): local Parquet files read through a 1 MiB buffered stream
-    instead of memory-mapped, i.e. ``open_parquet``'s branch for remote files."""
+def whole_map_reads() -> None:
+    """What-if (this process only): local Parquet files opened as before the streaming reads --
+    one memory map per file, resident until the file is closed, batches across row groups."""
     import pyarrow.parquet as pq
 
     from primus_dagster.data.sources import delta, parquet
 
-    def open_buffered(source: Any) -> pq.ParquetFile:
-        return pq.ParquetFile(source, memory_map=False, buffer_size=1 << 20, pre_buffer=False)
+    def open_whole(source: Any) -> pq.ParquetFile:
+        return pq.ParquetFile(source, memory_map=isinstance(source, str), pre_buffer=False)
 
-    parquet.open_parquet = delta.open_parquet = open_buffered
+    parquet.open_parquet = delta.open_parquet = open_whole
 
 
 def child(kind: str, root: str) -> None:
@@ -101,9 +102,9 @@ def child(kind: str, root: str) -> None:
 
     from primus_dagster.data import SourceContext, make_adapter
 
-    if kind.endswith("+buffered"):
-        kind = kind.removesuffix("+buffered")
-        buffered_reads()
+    if kind.endswith("+wholemap"):
+        kind = kind.removesuffix("+wholemap")
+        whole_map_reads()
 
     job = one_source_job(kind)
     adapter = make_adapter(job.dataset.source(f"src_{kind}"), SourceContext(root))
@@ -193,7 +194,7 @@ def main() -> None:
         root.mkdir(parents=True)
         for kind in KINDS:
             write_partition(root, kind, rows)
-        for kind in (*KINDS, BUFFERED):
+        for kind in (*KINDS, WHOLEMAP):
             out = subprocess.run(
                 [sys.executable, __file__, "--child", kind, str(root)], check=True, capture_output=True, text=True
             )
@@ -234,9 +235,11 @@ def main() -> None:
                 if kind != "parquet"
                 for label in (small, large)
             },
-            f"buffered_growth_ratio_{large}_{small}": ratio(BUFFERED),
-            f"buffered_rss_growth_{large}_bytes": detail[large][BUFFERED]["rss_growth_bytes"],
-            f"buffered_read_cpu_ratio_{large}": round(detail[large][BUFFERED]["read_cpu_s"] / p_large["read_cpu_s"], 3),
+            f"wholemap_growth_ratio_{large}_{small}": ratio(WHOLEMAP),
+            f"wholemap_rss_growth_{large}_bytes": detail[large][WHOLEMAP]["rss_growth_bytes"],
+            f"read_cpu_ratio_vs_wholemap_{large}": round(
+                p_large["read_cpu_s"] / detail[large][WHOLEMAP]["read_cpu_s"], 3
+            ),
             "peak_rss_bytes": p_small["peak_rss_bytes"],
             "arrow_bytes": p_small["arrow_bytes"],
             "ratio": p_small["ratio"],

@@ -25,16 +25,26 @@ its 1-rank figure is below part 1's.
    ``pipeline_ratio`` = pipeline / in_memory, **both per CPU-second**; the wall-clock figures
    (``pipeline_wall_samples_per_s``, ``in_memory_wall_samples_per_s``) are reported beside them.
 3. ``ddp_speedup``: aggregate samples per wall-second of 2 ranks x 1 thread over 1 rank x 1 thread
-   (gloo group of world_size 2 vs 1, :func:`run_ddp_in_memory`: the round protocol of
-   ``primus_dagster.training.distributed`` that multi-trainer jobs run) with the **row-sparse
-   gradient exchange** (sparse embedding gradients, the touched rows all-gathered, SparseAdam; a
-   group of 1 exchanges nothing: it is a single trainer), each rank training from in-memory
-   tensors: MTRM on the micro-batches of part 1, dealt to the ranks in (batch, stream) pairs so both
-   ranks train the same tower in a round; same total rows. Only the training loop after 5 warm-up
-   rounds is timed (not process start). ``ddp_exchange_bytes_per_step``: bytes one rank puts into
-   the exchange's collectives per round. ``ddp_cpu_per_sample_ratio``: CPU-seconds per sample of
-   the 2 ranks (every thread) over 1 rank's -- what the group adds; on this 2-core machine the
-   speedup cannot exceed ``2 / ratio``, and less when other processes run.
+   (world_size 2 vs 1, :func:`run_ddp_in_memory`: the round protocol of
+   ``primus_dagster.training.distributed`` that multi-trainer jobs run; ``--ddp-pin`` binds each rank
+   to a core of its own: it helps on a quiet machine, and hurts a lot while other jobs load the cores
+   -- measured at load 6: speedup 0.5 pinned, 1.37 unpinned), with the **row-sparse gradient exchange** (sparse embedding gradients; each rank coalesces
+   its touched rows once and sends one message a round -- status, rows, dense gradients -- over
+   direct sockets between the ranks (``PeerMesh``: no gloo collective, no padding); every rank sums
+   them into one coalesced gradient for the lazy SparseAdam; a group of 1 exchanges nothing: it is a
+   single trainer), each rank training from in-memory tensors: MTRM on the micro-batches of part 1,
+   dealt to the ranks in (batch, stream) pairs so both ranks train the same tower in a round; same
+   total rows. Only the training loop after 5 warm-up rounds is timed (not process start).
+   ``ddp_exchange_bytes_per_step``: bytes of one rank's message per round (mean of the ranks).
+   ``ddp_cpu_per_sample_ratio``: CPU-seconds per sample of the 2 ranks (every thread) over 1 rank's
+   -- what the group adds; on this 2-core machine the speedup cannot exceed ``2 / ratio``, and less
+   when other processes run. "detail.ddp.ws2" has the exchange's seconds per round: ``pack_s``
+   (coalescing, the message), ``gather_s`` (sending and receiving, *waiting for the peer included*:
+   mostly the other rank's compute imbalance) and ``apply_s`` (merging the rows, summing).
+   Measured side by side while other jobs loaded the 2 cores (load average 6-7, unpinned): ratio
+   1.12-1.21 and speedup 1.37 against 1.47-1.68 and 0.49-1.34 with the former exchange (two gloo
+   all-gathers a round, the second padded: gloo's threads took ~1 ms of CPU per collective on this
+   VM whatever its size). The wall-clock speedup is only meaningful on a quiet machine.
    ``ddp_speedup_dense_allreduce``: the same with DDP's dense all-reduce of the trained tower
    (its dense 100000 x 16 embedding gradient: 6.4 MB a step; ``ddp_dense_allreduce_bytes_per_step``),
    the exchange before the row-sparse one. The load average at start and end is in "detail":
@@ -197,16 +207,20 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
     }
 
 
-def run_ddp_part(micro: list[Batch], spec: TrainingSpec, directory: Path, world_size: int, exchange: Exchange) -> dict:
-    """``world_size`` ranks, the (batch, stream) pairs of ``micro`` dealt round-robin."""
+def run_ddp_part(
+    micro: list[Batch], spec: TrainingSpec, directory: Path, world_size: int, exchange: Exchange, pin: bool = False
+) -> dict:
+    """``world_size`` ranks, the (batch, stream) pairs of ``micro`` dealt round-robin; ``pin``: a core each."""
     pairs = [micro[i : i + 2] for i in range(0, len(micro), 2)]
     paths = []
     for rank in range(world_size):
         shard = [batch for pair in pairs[rank::world_size] for batch in pair]
         paths.append(str(directory / f"shard-{world_size}-{rank}.pkl"))
         Path(paths[-1]).write_bytes(pickle.dumps(shard))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = [[cpus[r]] for r in range(world_size)] if pin and len(cpus) >= world_size else None
     results: list[RankResult] = run_ddp_in_memory(
-        paths, spec, threads_per_rank=1, warmup_steps=5, exchange=exchange, timeout_s=600
+        paths, spec, threads_per_rank=1, warmup_steps=5, exchange=exchange, timeout_s=600, cores=cores
     )
     samples = sum(r.samples for r in results)
     wall = max(r.wall_s for r in results)
@@ -223,16 +237,22 @@ def run_ddp_part(micro: list[Batch], spec: TrainingSpec, directory: Path, world_
         "step_s": round(wall / rounds, 5),
         "cpu_s": round(sum(r.cpu_s for r in results), 3),
         "exchange_s_per_step": round(results[0].extra["exchange_s"] / rounds, 5),
-        "exchange_bytes_per_step": int(results[0].extra["exchange_bytes_per_step"]),
+        **{
+            f"{k}_per_step": round(sum(r.extra[k] for r in results) / len(results) / rounds, 5)
+            for k in ("pack_s", "gather_s", "apply_s")
+            if k in results[0].extra
+        },
+        "cores": cores,
+        "exchange_bytes_per_step": int(sum(r.extra["exchange_bytes_per_step"] for r in results) / len(results)),
         "allreduce_probe_s": round(results[0].extra["allreduce_probe_s"], 5),
     }
 
 
 def ddp_speedup(
-    micro: list[Batch], spec: TrainingSpec, directory: Path, exchange: Exchange
+    micro: list[Batch], spec: TrainingSpec, directory: Path, exchange: Exchange, pin: bool = False
 ) -> tuple[float, dict, dict]:
-    one = run_ddp_part(micro, spec, directory, 1, exchange)
-    two = run_ddp_part(micro, spec, directory, 2, exchange)
+    one = run_ddp_part(micro, spec, directory, 1, exchange, pin)
+    two = run_ddp_part(micro, spec, directory, 2, exchange, pin)
     return two["samples_per_s"] / one["samples_per_s"], one, two
 
 
@@ -526,6 +546,7 @@ def main() -> None:
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--skip-dense-ddp", action="store_true", help="skip the dense all-reduce baseline")
     parser.add_argument("--skip-ddp", action="store_true")
+    parser.add_argument("--ddp-pin", action="store_true", help="bind each DDP rank to a core of its own")
     parser.add_argument("--only-torchrec", action="store_true", help="run only part 4 (single tower vs TorchRec)")
     parser.add_argument("--skip-torchrec", action="store_true")
     parser.add_argument("--torchrec-batch-size", type=int, default=2048)
@@ -597,7 +618,7 @@ def main() -> None:
         "pipeline_model": "single",
     }
     if not args.skip_ddp:
-        speedup, one, two = ddp_speedup(micro, mtrm, root, "row_sparse")
+        speedup, one, two = ddp_speedup(micro, mtrm, root, "row_sparse", args.ddp_pin)
         dense, d_one, d_two = (None, None, None) if args.skip_dense_ddp else ddp_speedup(micro, mtrm, root, "ddp_dense")
         for d in (one, two, d_one, d_two):
             if d is not None:

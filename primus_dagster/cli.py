@@ -131,6 +131,9 @@ def _log_to_stderr() -> None:
         handler.primus_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # Printed once, here: mlflow.pytorch calls logging.basicConfig() when imported, and a root handler
+    # would print every line a second time.
+    logger.propagate = False
 
 
 def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
@@ -165,10 +168,11 @@ def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> in
     )
     meta = result.metadata()
     if args.json:
-        print(json.dumps(meta, default=str))
+        print(json.dumps(meta, default=str), flush=True)
     else:
         for key, value in meta.items():
             print(f"{key:>20}: {value}")
+        sys.stdout.flush()
     return 0
 
 

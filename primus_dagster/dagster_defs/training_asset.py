@@ -51,6 +51,7 @@ from dagster import (
 from primus_dagster.dagster_defs.lineage import dagster_run_tags
 from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
+from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.data import TimeWindow
 from primus_dagster.spec import JobSpec, granularity_step
 from primus_dagster.spec.durations import format_duration
@@ -284,22 +285,23 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
             context.log.info(f"{context.partition_key} is the first training partition: the model starts fresh")
         tracker = mlflow.tracker(job)
         run_tags = dagster_run_tags(context)
-        result = run_training_job(
-            TrainingJob(
-                job,
-                job_path,
-                storage.data_root,
-                window,
-                kafka_bootstrap=source_context.kafka_bootstrap_servers,
-                executors=executor_pool.executors(job),
-                run_key=f"{job.name}/{context.partition_key}",
-                tracker=tracker,
-                tags=run_tags,
-                progress=log_progress,
-                warm_start=f"{job.name}/{previous_key}" if previous_key else None,
-            ),
-            JobHooks(data_plane=executor_pool.data_plane_factory(job)),
-        )
+        with engine_logs_to(context.log):  # planning, executors, phases, checkpoints, heartbeats
+            result = run_training_job(
+                TrainingJob(
+                    job,
+                    job_path,
+                    storage.data_root,
+                    window,
+                    kafka_bootstrap=source_context.kafka_bootstrap_servers,
+                    executors=executor_pool.executors(job),
+                    run_key=f"{job.name}/{context.partition_key}",
+                    tracker=tracker,
+                    tags=run_tags,
+                    progress=log_progress,
+                    warm_start=f"{job.name}/{previous_key}" if previous_key else None,
+                ),
+                JobHooks(data_plane=executor_pool.data_plane_factory(job)),
+            )
         result_metadata = result.metadata()
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
         metadata = typed_metadata(result_metadata)

@@ -23,6 +23,7 @@ from primus_dagster.data.canonical import (
     SchemaMismatchError,
     canonical_schema,
     native_columns,
+    quality_summary,
     schema_hash,
 )
 from primus_dagster.data.driver import (
@@ -96,6 +97,7 @@ __all__ = [
     "make_adapter",
     "native_columns",
     "plan_report",
+    "quality_summary",
     "read_batches",
     "reader_for",
     "render_plan",

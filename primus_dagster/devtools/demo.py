@@ -1,12 +1,17 @@
 """``make demo``: the reference job on embedded defaults, end to end, leaving nothing running.
 
 Start the embedded Kafka-compatible broker; write two days (and two hours) of the synthetic
-world to every source of the spec; materialise each source asset for the hours of the first day
-into the project's Dagster instance (visible in ``dagster dev`` afterwards); then materialise the
-training asset for the second day -- MTRM in ``batch_then_stream`` mode: pre-trained on the first
-day's complete batch data (``batch_lag: 24h``), then following the second day's Kafka stream,
-checkpointed to MLflow -- and print the AUC table and the MLflow run; stop the broker if the demo
-started it. Source partitions go through the assets' blocking checks; the table counts those passed.
+world to every source of the spec; serve the reference code location (``workspace.yaml``) with
+``dagster-webserver`` on the project's Dagster instance and launch, through it, runs of the location's
+own jobs: the source jobs (the ones the sensors launch) for the hours of the first day, then the
+training job for the second day -- MTRM in ``batch_then_stream`` mode: pre-trained on the first day's
+complete batch data (``batch_lag: 24h``), then following the second day's Kafka stream, checkpointed to
+MLflow. Print the AUC table and the MLflow run; stop the webserver, and the broker if the demo started
+it. Source partitions go through the assets' blocking checks; the table counts those passed.
+
+The runs belong to the code location (job, repository and location recorded on each run), so ``dagster
+dev`` shows them on the Overview timeline and re-executes them. They are launched at once (the
+instance's run launcher, no queue) and no daemon runs meanwhile, so the location's sensors stay idle.
 
 Example::
 
@@ -17,30 +22,228 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
-from dagster import ConfigurableResource, DagsterInstance, materialize
+import yaml
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from rich.console import Console
 from rich.table import Table
 
 from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV
-from primus_dagster.dagster_defs import (
-    ExecutorPoolResource,
-    KafkaResource,
-    MlflowResource,
-    PrimusStorageResource,
-    build_source_assets,
-    build_training_asset,
-    live_asset_name,
-)
+from primus_dagster.dagster_defs import live_asset_name, training_asset_job, training_asset_name
+from primus_dagster.dagster_defs.sensors import source_asset_jobs
 from primus_dagster.data import SourceContext
+from primus_dagster.devtools.freshness import FreshnessError, graphql
+from primus_dagster.ports import free_port
 from primus_dagster.spec import JobSpec, load_job_spec
 from primus_dagster.training.tracking import default_tracking_uri
 
-# Dagster's console logger prints every step event; the demo prints its own progress instead.
-_QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+REPO = Path(__file__).resolve().parents[2]
+_BIN = Path(sys.executable).parent
+
+# A local run executes its steps in its own process: the demo's runs are small, and a process per step would
+# cost more than the step. Kubernetes deployments keep their executor's own configuration.
+_IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+_DONE = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+# Source runs side by side: those of one hour (files job + Kafka job) on 2 cores, a few hours on more.
+_CONCURRENT_RUNS = max(2, min(8, (os.cpu_count() or 2) // 2))
+
+WORKSPACE_QUERY = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on RepositoryLocation { repositories { name } }
+  ... on PythonError { message } } } } } }"""
+
+
+class DemoError(RuntimeError):
+    """The demo could not serve the code location or a run of it failed (with what was seen)."""
+
+
+@dataclass
+class LaunchedRun:
+    """A run the demo launched: its job, partition, id and final status (None while it runs)."""
+
+    job_name: str
+    partition_key: str
+    run_id: str = ""
+    status: DagsterRunStatus | None = None
+
+
+def launch_at_once_config(dagster_home: Path) -> dict[str, Any]:
+    """``dagster_home``'s instance configuration with its storages, artifacts and compute logs pinned to
+    ``dagster_home`` (explicitly, so that it can live in another directory) and the default run coordinator,
+    which hands each submitted run to the run launcher at once instead of queueing it for a daemon."""
+    config_file = dagster_home / "dagster.yaml"
+    config = (yaml.safe_load(config_file.read_text()) if config_file.exists() else None) or {}
+    if not {"storage", "run_storage", "event_log_storage", "schedule_storage"} & set(config):
+        config["storage"] = {"sqlite": {"base_dir": str(dagster_home)}}
+    config.setdefault(
+        "local_artifact_storage",
+        {
+            "module": "dagster._core.storage.root",
+            "class": "LocalArtifactStorage",
+            "config": {"base_dir": str(dagster_home)},
+        },
+    )
+    config.setdefault(
+        "compute_logs",
+        {
+            "module": "dagster._core.storage.local_compute_log_manager",
+            "class": "LocalComputeLogManager",
+            "config": {"base_dir": str(dagster_home / "storage")},
+        },
+    )
+    config.pop("run_queue", None)
+    config["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}
+    return config
+
+
+class ReferenceLocation:
+    """The reference code location (``workspace.yaml``) served by ``dagster-webserver`` on the Dagster instance
+    in ``dagster_home``, its runs launched at once (:func:`launch_at_once_config`) and no daemon running, so
+    that the location's sensors stay idle. Its UI is the one ``dagster dev`` serves, on :attr:`url`.
+
+    Example::
+
+        with ReferenceLocation(paths.dagster_home(), env, log_path=Path("webserver.log")) as location:
+            runs = location.run_all([LaunchedRun("ctr_demo_training_job", "2026-11-02")])
+            runs[0].status                                        # DagsterRunStatus.SUCCESS
+    """
+
+    def __init__(
+        self, dagster_home: Path, env: dict[str, str], log_path: Path, workspace: Path = REPO / "workspace.yaml"
+    ) -> None:
+        if not workspace.exists():
+            raise DemoError(f"no {workspace}: the demo serves the reference code location of a source checkout")
+        self.dagster_home, self.env, self.log_path, self.workspace = dagster_home, env, log_path, workspace
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.location_name = self.repository_name = ""
+        self._launcher_home = tempfile.TemporaryDirectory(prefix="primus-launch-at-once-")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.instance = DagsterInstance.from_config(str(dagster_home))  # where the runs are recorded
+
+    def __enter__(self) -> ReferenceLocation:
+        home = Path(self._launcher_home.name)
+        (home / "dagster.yaml").write_text(yaml.safe_dump(launch_at_once_config(self.dagster_home)))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [str(_BIN / "dagster-webserver"), "-w", str(self.workspace), "-h", "127.0.0.1", "-p", str(self.port)],
+                cwd=self.workspace.parent,
+                env={**self.env, "DAGSTER_HOME": str(home)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its code server and run workers in its process group
+            )
+        try:
+            self._wait_loaded(timeout_s=180)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_loaded(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        seen: object = "no answer"
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise DemoError(
+                    f"dagster-webserver exited ({self._proc.returncode}); log {self.log_path}:\n{self._tail()}"
+                )
+            try:
+                found = graphql(self.port, WORKSPACE_QUERY, {})["workspaceOrError"]
+            except (OSError, FreshnessError) as exc:
+                seen = exc
+                time.sleep(0.5)
+                continue
+            entries = found.get("locationEntries") or []
+            if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+                (entry,) = entries
+                loaded = entry["locationOrLoadError"]
+                if loaded["__typename"] == "PythonError":
+                    raise DemoError(f"code location {entry['name']!r} failed to load: {loaded['message']}")
+                self.location_name = entry["name"]
+                (repository,) = loaded["repositories"]
+                self.repository_name = repository["name"]
+                return
+            seen = found
+            time.sleep(0.5)
+        raise DemoError(f"the code location did not load within {timeout_s:g}s (last: {seen}); log:\n{self._tail()}")
+
+    def _tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                self._proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+            self._proc = None
+        self._launcher_home.cleanup()
+
+    def launch(self, run: LaunchedRun, run_config: dict[str, Any] | None = None) -> LaunchedRun:
+        """Launch ``run.job_name`` of the location for ``run.partition_key``; ``run`` with its id."""
+        from dagster_graphql import DagsterGraphQLClient
+
+        client = DagsterGraphQLClient("127.0.0.1", port_number=self.port, timeout=120)
+        run.run_id = client.submit_job_execution(
+            run.job_name,
+            repository_location_name=self.location_name,
+            repository_name=self.repository_name,
+            run_config=run_config if run_config is not None else _default_run_config(),
+            tags={"dagster/partition": run.partition_key, "primus/trigger": "demo"},
+        )
+        return run
+
+    def run_all(
+        self,
+        runs: Sequence[LaunchedRun],
+        concurrent: int = 1,
+        on_done: Callable[[LaunchedRun], None] | None = None,
+        timeout_s: float = 1800,
+    ) -> list[LaunchedRun]:
+        """Launch ``runs``, at most ``concurrent`` at a time, in order; wait for all. ``on_done(run)`` after each."""
+        from dagster_graphql import DagsterGraphQLClient
+
+        client = DagsterGraphQLClient("127.0.0.1", port_number=self.port, timeout=120)
+        pending, running = list(runs), []
+        deadline = time.monotonic() + timeout_s
+        while pending or running:
+            while pending and len(running) < concurrent:
+                running.append(self.launch(pending.pop(0)))
+            time.sleep(0.5)
+            for run in list(running):
+                status = client.get_run_status(run.run_id)
+                if status in _DONE:
+                    run.status = status
+                    running.remove(run)
+                    if on_done is not None:
+                        on_done(run)
+            if time.monotonic() > deadline:
+                raise DemoError(f"runs not done within {timeout_s:g}s: {[(r.job_name, r.run_id) for r in running]}")
+        return list(runs)
+
+
+def _default_run_config() -> dict[str, Any]:
+    deployment = os.environ.get("PRIMUS_DEPLOYMENT") or "local"
+    return _IN_PROCESS if deployment == "local" else {}
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -48,8 +251,10 @@ def run_demo(args: argparse.Namespace) -> int:
     from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
     console = Console()
-    os.environ["DAGSTER_HOME"] = str(paths.dagster_home())
-    job = load_job_spec(args.spec)
+    dagster_home = paths.dagster_home()
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    spec_path = Path(args.spec).resolve()
+    job = load_job_spec(spec_path)
     data_root = str(paths.data_root())
     state_file = str(paths.broker_state_file())
     bootstrap = os.environ.get(KAFKA_ENV)
@@ -62,25 +267,40 @@ def run_demo(args: argparse.Namespace) -> int:
         bootstrap = str(broker_state["bootstrap_servers"])
     console.print(
         f"[bold]primus-dagster demo[/]: job {job.name!r}, data root {data_root}, Kafka {bootstrap}, "
-        f"DAGSTER_HOME {os.environ['DAGSTER_HOME']}"
+        f"DAGSTER_HOME {dagster_home}"
     )
+    # The code location resolves the same home, data root and Kafka (its resources fall back to the broker's
+    # state file when no bootstrap servers are set), and serves the demo's spec.
+    env = {**os.environ, "PRIMUS_HOME": str(paths.primus_home()), "PRIMUS_JOB_SPEC": str(spec_path)}
+    env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    failed: list[LaunchedRun] = []
+    instance = DagsterInstance.from_config(str(dagster_home))
     try:
         context = SourceContext(data_root, bootstrap)
         world = SyntheticWorld(WorldConfig(rows_per_hour=args.rows_per_hour), job.dataset.start)
         # Two days, the evaluation hour after them, and one more (so Kafka's last hour is complete).
         write_world(job, context, world, range(max(args.hours, 48) + 2))
-        resources = _demo_resources(data_root, bootstrap)
-        console.print(_materialize_hours(job, resources, args.hours, console))
-        if not args.no_train:
-            console.print(_train_day(job, args.spec, resources, console))
+        console.print("serving the reference code location (dagster-webserver) ...")
+        with ReferenceLocation(dagster_home, env, paths.primus_home() / "demo_webserver.log") as location:
+            console.print(f"code location {location.location_name!r} loaded; launching its jobs' runs")
+            table, failed = materialize_hours(job, location, args.hours, console)
+            console.print(table)
+            if not args.no_train and not failed:
+                table, failed = train_day(job, location, console)
+                console.print(table)
     finally:
         if started_broker:
             EmbeddedBroker.stop_detached(state_file)
+    if failed:
+        for run in failed:
+            console.print(f"[red]run {run.run_id} of {run.job_name} [{run.partition_key}]: {run.status}[/]")
+            console.print(failure_message(instance, run.run_id))
+        console.print("[red]the demo's runs failed[/]: open them in the UI (below) for their logs")
     console.print(
-        "Browse the runs: [bold]DAGSTER_HOME=.primus/dagster_home .venv/bin/dagster dev[/] "
-        "(workspace.yaml), or materialise one partition: [bold].venv/bin/dagster asset materialize "
-        "-m definitions --select impressions_parquet --partition "
-        f"{job.dataset.start:%Y-%m-%d-%H:%M}[/] (needs the broker for Kafka assets)."
+        "Browse the runs (re-execute them from the UI): [bold]make dev[/] (or DAGSTER_HOME=.primus/dagster_home "
+        ".venv/bin/dagster dev, workspace.yaml), or materialise one partition: [bold].venv/bin/dg launch -m "
+        f"definitions --assets impressions_parquet --partition {job.dataset.start:%Y-%m-%d-%H:%M}[/]"
+        " (needs the broker for Kafka assets)."
     )
     next_day = job.dataset.start + timedelta(days=2)
     console.print(
@@ -90,36 +310,65 @@ def run_demo(args: argparse.Namespace) -> int:
         f"source partitions are scanned, the live model ({live_asset_name(job)}) follows the new Kafka records "
         "within seconds, and the training partitions materialise by themselves, in order."
     )
-    return 0
+    return 1 if failed else 0
 
 
-def _demo_resources(data_root: str, bootstrap: str) -> dict[str, ConfigurableResource]:
-    """The embedded defaults with the demo's own broker (the spec's MLflow, else SQLite under the home)."""
-    return {
-        "storage": PrimusStorageResource(data_root=data_root, kafka=KafkaResource(bootstrap_servers=bootstrap)),
-        "mlflow": MlflowResource(),
-        "executor_pool": ExecutorPoolResource(),
-    }
+def source_jobs(job: JobSpec, hours: int) -> list[LaunchedRun]:
+    """The runs of the reference location's source jobs (those the sensors launch: one for the file and table
+    sources, one per Kafka source, per granularity) covering the first ``hours`` hours, hour by hour."""
+    batch = [source for _, source in job.dataset.all_sources() if source.type != "kafka"]
+    jobs = [(g, j.name) for g, j in source_asset_jobs(job, batch, "files").items()] if batch else []
+    for _, source in job.dataset.all_sources():
+        if source.type == "kafka":
+            jobs += [(g, j.name) for g, j in source_asset_jobs(job, [source], source.name).items()]
+    runs: list[LaunchedRun] = []
+    seen: set[tuple[str, str]] = set()
+    for hour in range(hours):
+        start = job.dataset.start + timedelta(hours=hour)
+        for granularity, name in jobs:
+            key = start.strftime("%Y-%m-%d-%H:%M" if granularity == "hour" else "%Y-%m-%d")
+            if (name, key) not in seen:
+                seen.add((name, key))
+                runs.append(LaunchedRun(name, key))
+    return runs
 
 
-def _train_day(job: JobSpec, spec_path: str, resources: dict[str, ConfigurableResource], console: Console) -> Table:
-    """Materialise the training asset's partition of the second day; the AUC table."""
+def _events(instance: DagsterInstance, run_id: str, event_type: DagsterEventType) -> list[Any]:
+    """The run's event log records of ``event_type``."""
+    return [record for record in instance.all_logs(run_id, of_type=event_type) if record.dagster_event]
+
+
+def failure_message(instance: DagsterInstance, run_id: str) -> str:
+    """The first step (else run) failure of the run: its error and the error that caused it."""
+    for event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE):
+        for record in _events(instance, run_id, event_type):
+            error = getattr(record.dagster_event.event_specific_data, "error", None)
+            if error is not None:
+                lines = [error.message.strip()]
+                while error.cause is not None:
+                    error = error.cause
+                    lines.append(f"caused by {error.message.strip()}")
+                return "\n".join(f"  {line}" for line in lines)
+    return "  (no failure event recorded)"
+
+
+def train_day(job: JobSpec, location: ReferenceLocation, console: Console) -> tuple[Table, list[LaunchedRun]]:
+    """Run the training job for the partition of the second day; the AUC table (and the run if it failed)."""
     partition = (job.dataset.start + timedelta(days=1)).strftime("%Y-%m-%d")
-    console.print(f"training {job.training.model.type} ({job.training.mode}) on partition {partition} ...")
+    job_name = training_asset_job(job).name
+    console.print(f"training {job.training.model.type} ({job.training.mode}) on partition {partition}: {job_name} ...")
     began = time.perf_counter()
-    result = materialize(
-        [build_training_asset(job, spec_path)],
-        partition_key=partition,
-        instance=DagsterInstance.get(),
-        resources=resources,
-        run_config=_QUIET,
-    )
-    (event,) = result.get_asset_materialization_events()
-    meta = {name: getattr(value, "value", value) for name, value in event.materialization.metadata.items()}
-    auc_check_passed = any(check.passed for check in result.get_asset_check_evaluations())
-    table = Table(
-        title=f"training asset {event.asset_key.to_user_string()} [{partition}] in {time.perf_counter() - began:.1f}s"
-    )
+    (run,) = location.run_all([LaunchedRun(job_name, partition)])
+    name = training_asset_name(job)
+    table = Table(title=f"training asset {name} [{partition}] in {time.perf_counter() - began:.1f}s, run {run.run_id}")
+    if run.status != DagsterRunStatus.SUCCESS:
+        return table, [run]
+    (record,) = _events(location.instance, run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
+    meta = {label: getattr(value, "value", value) for label, value in record.asset_materialization.metadata.items()}
+    checks = [
+        r.dagster_event.event_specific_data
+        for r in _events(location.instance, run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)
+    ]
     for column in ("model", "mode", "next-hour AUC", "log loss", "samples", "samples/s", "checkpoints", "AUC check"):
         table.add_column(column)
     table.add_row(
@@ -130,45 +379,36 @@ def _train_day(job: JobSpec, spec_path: str, resources: dict[str, ConfigurableRe
         f"{meta['samples']:,}",
         f"{meta['samples_per_s']:,.0f}",
         str(meta["checkpoints"]),
-        "passed" if auc_check_passed else "failed",
+        "passed" if any(check.passed for check in checks) else "failed",
     )
     table.caption = (
         f"MLflow run {meta['mlflow_run_id']} ({meta['mlflow_run_url']}); model {meta['model_uri']}; "
         f"browse: .venv/bin/mlflow ui --backend-store-uri {default_tracking_uri()}"
     )
-    return table
+    return table, []
 
 
-def _materialize_hours(job: JobSpec, resources: dict[str, ConfigurableResource], hours: int, console: Console) -> Table:
-    """Materialise every source asset for the first ``hours`` hours; rows, bytes, versions and checks per asset."""
-    source_assets = build_source_assets(job)
-    instance = DagsterInstance.get()
-    totals_by_asset: dict[str, dict[str, object]] = {}
+def materialize_hours(
+    job: JobSpec, location: ReferenceLocation, hours: int, console: Console
+) -> tuple[Table, list[LaunchedRun]]:
+    """Run the source jobs for the first ``hours`` hours; rows, bytes, versions and checks per asset (and the
+    runs that failed)."""
+    runs = source_jobs(job, hours)
+    per_key: dict[str, list[LaunchedRun]] = {}
+    for run in runs:
+        per_key.setdefault(run.partition_key, []).append(run)
+    keys = list(per_key)
+    reported = [0]
+
+    def report(_: LaunchedRun) -> None:  # partitions in order, each once all its runs are done
+        while reported[0] < len(keys) and all(r.status is not None for r in per_key[keys[reported[0]]]):
+            reported[0] += 1
+            console.print(f"materialised partition {keys[reported[0] - 1]} ({reported[0]}/{len(keys)})")
+
     began = time.perf_counter()
-    for hour in range(hours):
-        partition_key = (job.dataset.start + timedelta(hours=hour)).strftime("%Y-%m-%d-%H:%M")
-        result = materialize(
-            source_assets, partition_key=partition_key, instance=instance, resources=resources, run_config=_QUIET
-        )
-        for event in result.get_asset_materialization_events():
-            metadata = event.materialization.metadata
-            totals = totals_by_asset.setdefault(
-                event.asset_key.to_user_string(),
-                {"partitions": 0, "rows": 0, "bytes": 0, "version": "-", "checks_passed": 0, "checks": 0},
-            )
-            totals["partitions"] = int(totals["partitions"]) + 1
-            totals["rows"] = int(totals["rows"]) + metadata["rows"].value
-            totals["bytes"] = int(totals["bytes"]) + metadata["arrow_bytes"].value
-            if "version" in metadata:
-                totals["version"] = metadata["version"].value
-            if "kafka_offsets" in metadata:
-                totals["version"] = f"offsets up to hour {partition_key}"
-        for evaluation in result.get_asset_check_evaluations():
-            totals = totals_by_asset[evaluation.asset_key.to_user_string()]
-            totals["checks"] = int(totals["checks"]) + 1
-            totals["checks_passed"] = int(totals["checks_passed"]) + int(evaluation.passed)
-        console.print(f"materialised partition {partition_key} ({hour + 1}/{hours})")
-    table = Table(title=f"source assets materialised in {time.perf_counter() - began:.1f}s")
+    location.run_all(runs, concurrent=_CONCURRENT_RUNS, on_done=report)
+    totals_by_asset = _totals(location.instance, runs)
+    table = Table(title=f"source assets materialised in {time.perf_counter() - began:.1f}s, {len(runs)} runs")
     for column in ("asset", "partitions", "rows", "arrow MB", "version / offsets", "checks passed"):
         table.add_column(column)
     for name, totals in totals_by_asset.items():
@@ -180,4 +420,32 @@ def _materialize_hours(job: JobSpec, resources: dict[str, ConfigurableResource],
             str(totals["version"]),
             f"{totals['checks_passed']}/{totals['checks']}",
         )
-    return table
+    return table, [run for run in runs if run.status != DagsterRunStatus.SUCCESS]
+
+
+def _totals(instance: DagsterInstance, runs: Iterable[LaunchedRun]) -> dict[str, dict[str, Any]]:
+    totals_by_asset: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for record in _events(instance, run.run_id, DagsterEventType.ASSET_MATERIALIZATION):
+            materialization = record.asset_materialization
+            metadata = materialization.metadata
+            totals = totals_by_asset.setdefault(
+                materialization.asset_key.to_user_string(),
+                {"partitions": 0, "rows": 0, "bytes": 0, "version": "-", "checks_passed": 0, "checks": 0},
+            )
+            totals["partitions"] += 1
+            totals["rows"] += metadata["rows"].value
+            totals["bytes"] += metadata["arrow_bytes"].value
+            if "version" in metadata:
+                totals["version"] = metadata["version"].value
+            if "kafka_offsets" in metadata:
+                totals["version"] = f"offsets up to hour {run.partition_key}"
+        for record in _events(instance, run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION):
+            evaluation = record.dagster_event.event_specific_data
+            totals = totals_by_asset.setdefault(
+                evaluation.asset_key.to_user_string(),
+                {"partitions": 0, "rows": 0, "bytes": 0, "version": "-", "checks_passed": 0, "checks": 0},
+            )
+            totals["checks"] += 1
+            totals["checks_passed"] += int(evaluation.passed)
+    return totals_by_asset

@@ -198,6 +198,7 @@ class EmbeddedBroker:
         self.stop_grace_s = stop_grace_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner_pid = os.getpid()
+        self._temp_log = log_path is None  # a log it creates in the temp directory goes when it stops
 
     @property
     def bootstrap_servers(self) -> str:
@@ -279,6 +280,8 @@ class EmbeddedBroker:
             except subprocess.TimeoutExpired:
                 _signal(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        if self._temp_log and self.log_path is not None:
+            Path(self.log_path).unlink(missing_ok=True)  # start-up errors carry its tail already
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

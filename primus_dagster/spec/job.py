@@ -229,10 +229,6 @@ class ModelSpec(StrictModel):
         return self
 
 
-def _equal_priority_weights() -> dict[Literal["batch", "stream"], float]:
-    return {"batch": 1.0, "stream": 1.0}
-
-
 class TrainingSpec(StrictModel):
     """How the model learns from the batch and stream queues."""
 
@@ -241,9 +237,11 @@ class TrainingSpec(StrictModel):
     batch_size: int = Field(default=1024, ge=1, le=2**24)
     learning_rate: float = Field(default=1e-3, gt=0, le=1e3, description="Adam's step size (finite, > 0).")
     checkpoint_every_steps: int = Field(default=500, ge=1, le=2**40)
-    priority_weights: dict[Literal["batch", "stream"], Annotated[float, Field(ge=0, le=1e6)]] = Field(
-        default_factory=_equal_priority_weights,
-        description="w_i of the mixture data prioritisation p_i = w_i * sigmoid(q_i) (mode mixed).",
+    checkpoint_keep_last: int = Field(
+        default=3,
+        ge=1,
+        le=2**20,
+        description="Checkpoints kept in MLflow per run (the newest; the final one always among them); older ones are deleted.",
     )
     auc_tolerance: float = Field(default=0.005, ge=0, le=1, description="Max AUC drop vs the previous partition.")
     batch_lag: NonNegativeDuration = Field(
@@ -260,12 +258,16 @@ class TrainingSpec(StrictModel):
         default=0, ge=0, le=2**32 - 1, description="Seeds model initialisation and the prioritisation's sampling."
     )
 
-    @field_validator("priority_weights")
+    @model_validator(mode="before")
     @classmethod
-    def _some_weight(cls, value: dict[str, float]) -> dict[str, float]:
-        if value and not any(weight > 0 for weight in value.values()):
-            raise ValueError(f"at least one priority weight must be positive, got {value}")
-        return value
+    def _priority_weights_removed(cls, data: object) -> object:
+        # One source of truth for w_i: the streams' ``weight``. The old key is an error, not ignored.
+        if isinstance(data, dict) and "priority_weights" in data:
+            raise ValueError(
+                "priority_weights was removed: w_i of the mixture prioritisation is dataset.streams[].weight "
+                "(set the weight on each batch and stream stream instead)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _mtrm_needs_both_kinds(self) -> TrainingSpec:
@@ -313,6 +315,19 @@ class JobSpec(StrictModel):
                     "Dagster: rename the source"
                 )
         return self
+
+    def kind_weights(self) -> dict[str, float]:
+        """``w_i`` of the mixture prioritisation per data kind (``batch`` / ``stream``): the mean
+        ``weight`` of the streams feeding that kind, one count per source of the kind (a kind with no
+        source is absent).
+
+        Example: streams ``history`` (weight 1, batch) and ``clicks`` (weight 3, stream) ->
+        ``{"batch": 1.0, "stream": 3.0}``.
+        """
+        found: dict[str, list[float]] = {}
+        for stream, source in self.dataset.all_sources():
+            found.setdefault(source.kind, []).append(stream.weight)
+        return {kind: sum(ws) / len(ws) for kind, ws in sorted(found.items())}
 
     def live_stream_sources(self) -> tuple[list[tuple[str, KafkaSourceSpec]], str]:
         """The ``(stream name, source)`` pairs a live increment follows -- the Kafka sources of kind

@@ -14,10 +14,17 @@ Example (YAML)::
     path: data/parquet/impressions
     layout: hive
     columns: {ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}
+    quality: {dense_invalid: repair, null_label: drop, ts_outside_partition: fail}
+
+``quality`` (see :class:`QualityPolicy`) says, per rule, what happens to a row that breaks it:
+``repair`` (the repair is named in :data:`REPAIRS`), ``drop`` or ``fail`` (the read task fails at
+once, naming file and column; not retried). Whatever the action, every row touched is counted
+per rule and per read task.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Literal
 
@@ -62,6 +69,75 @@ class ColumnMapping(StrictModel):
         return [(name, name) for name in self.sparse]
 
 
+QualityAction = Literal["repair", "drop", "fail"]
+
+#: What ``repair`` does, per data-quality rule (also the text the run log and metadata show).
+REPAIRS: dict[str, str] = {
+    "dense_invalid": "NaN, +-inf or null dense values -> 0.0",
+    "null_label": "null label -> 0.0 (a negative, until a correction arrives)",
+    "null_ts": "null event time -> the start of the partition read",
+    "ts_outside_partition": "row kept in the partition it was read for (event time unchanged)",
+    "bad_id": "sparse id -> 0, sample id -> null",
+    "missing_field": "the field's repair: dense -> 0.0, sparse id -> 0, sample id -> null",
+}
+
+
+class QualityPolicy(StrictModel):
+    """What happens to rows that break a data-quality rule: ``repair`` (see :data:`REPAIRS`), ``drop``
+    or ``fail`` (the read task fails at once, naming file and column; never retried).
+
+    Rules: ``dense_invalid`` (a dense value is NaN, +-inf or null), ``null_label`` (only with a
+    mapped label column; default: ``drop`` for a batch source, ``repair`` for a stream source, whose
+    rows may not be clicked yet), ``null_ts``, ``ts_outside_partition`` (the event time lies outside
+    the partition the row was read for; not checked for live Kafka tails), ``bad_id`` (a sparse or
+    sample id that does not convert to int64: null, NaN, not whole, out of range). Rows are counted
+    per rule whatever the action (a row breaking two rules counts under both).
+
+    Example (YAML)::
+
+        quality: {dense_invalid: fail, null_label: repair, ts_outside_partition: drop}
+    """
+
+    dense_invalid: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['dense_invalid']}.")
+    null_label: QualityAction | None = Field(
+        default=None, description=f"repair: {REPAIRS['null_label']}; default: drop (batch), repair (stream)."
+    )
+    null_ts: QualityAction = Field(default="drop", description=f"repair: {REPAIRS['null_ts']}.")
+    ts_outside_partition: QualityAction = Field(
+        default="repair", description=f"repair: {REPAIRS['ts_outside_partition']}."
+    )
+    bad_id: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['bad_id']}.")
+
+    def actions(self, kind: str) -> dict[str, QualityAction]:
+        """Every rule's action for a source of ``kind`` (``batch``/``stream``), defaults filled in.
+
+        >>> QualityPolicy().actions("batch")["null_label"]
+        'drop'
+        """
+        out: dict[str, QualityAction] = {k: v for k, v in self.model_dump().items() if v is not None}
+        out.setdefault("null_label", "drop" if kind == "batch" else "repair")
+        return out
+
+
+class KafkaQualityPolicy(QualityPolicy):
+    """:class:`QualityPolicy` plus ``missing_field``: a JSON record without (or with null) a mapped dense,
+    sparse or id field (a missing label is ``null_label``; a missing ``ts`` takes the record timestamp)."""
+
+    missing_field: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['missing_field']}.")
+
+
+def _inside_root(location: str) -> str:
+    """``location`` unless it is a relative path that leaves the data root (``..``): absolute paths and
+    URLs are allowed as they are."""
+    if "://" in location or location.startswith("/"):
+        return location
+    if posixpath.normpath(location).split("/")[0] == "..":
+        raise ValueError(
+            f"relative path {location!r} leaves the data root; use a path inside it, or an absolute path / URL"
+        )
+    return location
+
+
 class _SourceBase(StrictModel):
     name: str = Field(pattern=_NAME_RE, max_length=128, description="Unique source name; also the Dagster asset name.")
     kind: Literal["batch", "stream"] = Field(default="batch", description="Which training queue it feeds.")
@@ -72,6 +148,9 @@ class _SourceBase(StrictModel):
     columns: ColumnMapping
     allow_empty: bool = Field(default=False, description="An empty ready partition is valid (otherwise an error).")
     batch_rows: int = Field(default=65536, gt=0, le=4_194_304, description="Rows per Arrow record batch on read.")
+    quality: QualityPolicy = Field(
+        default_factory=QualityPolicy, description="Data-quality policy: repair, drop or fail, per rule."
+    )
 
     @field_validator("name")
     @classmethod
@@ -86,7 +165,10 @@ class ParquetSourceSpec(_SourceBase):
     """Parquet files on any fsspec filesystem, one directory per hour or day."""
 
     type: Literal["parquet"]
-    path: str = Field(description="Root directory or fsspec URL (relative paths resolve against the data root).")
+    path: str = Field(
+        description="Root directory or fsspec URL; a relative path resolves inside the data root (no `..` out of "
+        "it); absolute paths and URLs are used as they are."
+    )
     layout: Literal["hive", "template"] = Field(
         default="hive", description="hive: dt=YYYY-MM-DD/hour=HH; template: see `template`."
     )
@@ -101,6 +183,11 @@ class ParquetSourceSpec(_SourceBase):
     )
     target_task_bytes: int = Field(default=128 * 2**20, gt=0, le=2**40)
     storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("path")
+    @classmethod
+    def _path_inside_root(cls, value: str) -> str:
+        return _inside_root(value)
 
     @model_validator(mode="after")
     def _check_template(self) -> ParquetSourceSpec:
@@ -124,10 +211,17 @@ class DeltaSourceSpec(_SourceBase):
     """A Delta Lake table partitioned by a date column (and an hour column for hourly data)."""
 
     type: Literal["delta"]
-    uri: str = Field(description="Table location (path or object-store URI).")
+    uri: str = Field(
+        description="Table location: object-store URI, absolute path, or a path inside the data root (no `..`)."
+    )
     date_column: str = Field(default="dt", description="Partition column holding YYYY-MM-DD.")
     hour_column: str | None = Field(default="hour", description="Partition column holding the hour (0-23).")
     storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_inside_root(cls, value: str) -> str:
+        return _inside_root(value)
 
     @model_validator(mode="after")
     def _check_hour(self) -> DeltaSourceSpec:
@@ -142,11 +236,18 @@ class IcebergCatalogSpec(StrictModel):
     name: str = "primus"
     uri: str | None = Field(default=None, description="Catalog URI; default sqlite:///<data root>/iceberg/catalog.db.")
     warehouse: str | None = Field(
-        default=None, description="Warehouse location; default <data root>/iceberg/warehouse."
+        default=None,
+        description="Warehouse location (URL, absolute path or a path inside the data root); "
+        "default <data root>/iceberg/warehouse.",
     )
     properties: dict[str, str] = Field(
         default_factory=dict, description="Extra catalog properties (type, credentials)."
     )
+
+    @field_validator("warehouse")
+    @classmethod
+    def _warehouse_inside_root(cls, value: str | None) -> str | None:
+        return None if value is None else _inside_root(value)
 
 
 class IcebergSourceSpec(_SourceBase):
@@ -162,6 +263,9 @@ class KafkaSourceSpec(_SourceBase):
 
     type: Literal["kafka"]
     topic: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    quality: KafkaQualityPolicy = Field(
+        default_factory=KafkaQualityPolicy, description="Data-quality policy (with missing_field), per rule."
+    )
     bootstrap_servers: str | None = Field(
         default=None, description="host:port list; default: the Kafka resource (or the embedded broker)."
     )

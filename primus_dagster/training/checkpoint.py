@@ -6,14 +6,20 @@ A checkpoint is one directory holding
 * ``progress.json`` -- everything else, human-readable: ``format``, ``step``, ``samples``,
   ``phase``, the data driver's barrier snapshot, the source versions (Delta version, Iceberg
   snapshot, Kafka offsets) and ``extra`` (window, metrics, mode, ...)
+* ``manifest.json`` -- the size and sha256 of the two files above, written (and uploaded) last
 
 :func:`save_checkpoint` writes a temp sibling directory and renames it into place, so a reader
-never sees a half-written checkpoint. Uploading / finding checkpoints in MLflow lives in
+never sees a half-written checkpoint on local disk. An upload can still be cut (the process killed
+while MLflow copies the files): :func:`load_checkpoint` verifies every file against the manifest and
+refuses a checkpoint whose manifest is missing or does not match, naming the file (a torn checkpoint
+is never loaded; :meth:`~primus_dagster.training.tracking.MlflowTracker.latest_checkpoint` then falls
+back to the previous complete one). Uploading / finding checkpoints in MLflow lives in
 :mod:`primus_dagster.training.tracking`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,17 +33,21 @@ import torch
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "MANIFEST_FILE",
     "Checkpoint",
     "CheckpointError",
+    "checkpoint_files",
     "checkpoint_name",
     "checkpoint_step",
     "load_checkpoint",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 CHECKPOINT_FORMAT = 1
 MODEL_FILE = "model.pt"
 PROGRESS_FILE = "progress.json"
+MANIFEST_FILE = "manifest.json"
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -96,6 +106,57 @@ def _progress(ckpt: Checkpoint) -> dict[str, Any]:
     }
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "files": {
+            name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
+            for name in (MODEL_FILE, PROGRESS_FILE)
+        },
+    }
+
+
+def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The files of the checkpoint in ``directory`` in upload order: the manifest comes last, so an
+    upload cut anywhere leaves a checkpoint that :func:`load_checkpoint` refuses."""
+    root = Path(directory)
+    return [root / MODEL_FILE, root / PROGRESS_FILE, root / MANIFEST_FILE]
+
+
+def verify_checkpoint(directory: str | os.PathLike[str]) -> None:
+    """Raise :class:`CheckpointError` naming the file unless ``directory`` holds a complete checkpoint:
+    a manifest, and every file it lists with its size and sha256 (a torn write or upload fails here)."""
+    root = Path(directory)
+    path = root / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        expected = {str(name): (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing: an incomplete checkpoint (a torn write or upload?)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: corrupt manifest: {type(exc).__name__}: {exc}") from exc
+    for name, (size, sha256) in sorted(expected.items()):
+        file = root / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing (listed in {MANIFEST_FILE}): an incomplete checkpoint")
+        found = file.stat().st_size
+        if found != size:
+            raise CheckpointError(
+                f"{file}: {found} bytes, {MANIFEST_FILE} says {size}: an incomplete checkpoint (a torn write or upload?)"
+            )
+        if _sha256(file) != sha256:
+            raise CheckpointError(f"{file}: sha256 differs from {MANIFEST_FILE}: a corrupt checkpoint")
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -112,7 +173,7 @@ def _fsync_dir(path: Path) -> None:
 def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path:
     """Write ``ckpt`` to ``directory`` atomically and return it (as an absolute :class:`Path`).
 
-    Both files are written and fsynced in a temp sibling directory, which is then renamed to
+    The files (the manifest last) are written and fsynced in a temp sibling directory, which is then renamed to
     ``directory``. An existing checkpoint there is first renamed aside and removed after the
     swap; a crash between the two renames leaves it as ``.<name>.old-*`` next to the target.
     """
@@ -133,6 +194,10 @@ def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path
             os.fsync(fh.fileno())
         with open(tmp / PROGRESS_FILE, "w", encoding="utf-8") as fh:
             fh.write(progress + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(_manifest(tmp), indent=2, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_dir(tmp)
@@ -190,10 +255,12 @@ def _read_model(path: Path) -> dict[str, Any]:
 
 def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     """The :class:`Checkpoint` saved in ``directory``; :class:`CheckpointError` naming the file
-    when ``progress.json`` or ``model.pt`` is missing or corrupt. Tensors are loaded on the CPU."""
+    when ``progress.json`` or ``model.pt`` is missing, corrupt or does not match ``manifest.json``
+    (:func:`verify_checkpoint`: a torn checkpoint is never loaded). Tensors are loaded on the CPU."""
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"{root}: no such checkpoint directory")
+    verify_checkpoint(root)
     progress = _read_progress(root / PROGRESS_FILE)
     states = _read_model(root / MODEL_FILE)
     return Checkpoint(

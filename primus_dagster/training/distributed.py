@@ -6,7 +6,8 @@ identical. The training job runs such groups with checkpoints (``multi_trainer.p
 and :func:`run_ddp_in_memory` run one without (tests, benchmarks).
 
 **Rounds, not** ``Join``. Each optimiser step is a *round*: every rank polls its reader without
-waiting and the ranks all-gather ``(ready, ended, kind, n_dense, n_sparse, label sum, label count)``.
+waiting and the ranks all-gather ``(ready, ended, kind, n_dense, n_sparse, label sum, label count)``
+(with ``row_sparse`` in the same message as the gradients: one exchange a round).
 Nobody ready: stop once all ended, else wait briefly and poll again. Otherwise *every* rank steps: a
 ready rank trains its micro-batch, the others take a *null step* (no data, zero gradient). ``Join``
 covers ranks whose data *ended*, not a rank waiting for data that depends on the others: an executor
@@ -18,19 +19,21 @@ ready rank's widths (same seed): a rank without any batch still takes part. MTRM
 counts are added from the gathered label sums of every ready rank, in rank order, so every replica
 holds the group's counts.
 
-**Averaging, MTRM.** Each gradient is divided by the number of ranks that trained it in the round
-(MTRM: ranks of kind ``batch`` for the memory tower, ``stream`` for the adapt tower), then summed; a
+**Averaging, MTRM.** Each gradient is averaged over the ranks that trained it in the round
+(MTRM: ranks of kind ``batch`` for the memory tower, ``stream`` for the adapt tower); a
 tower no rank trained is not sent and keeps ``grad=None`` (Adam skips it); a parameter of a tower
 some rank trained gets the group's gradient on every rank (zeros from the others). The stream loss
 gives the memory tower no gradient (``MTRM.memory_state`` is detached). Two exchanges do this:
 
 * ``row_sparse`` (default, :class:`RowSparseExchange`): embedding tables keep sparse gradients; each
-  rank coalesces its table gradient to the rows its step touched, the ranks all-gather those (row
-  index + gradient row, padded to the longest) and every rank sums them into the same coalesced
-  sparse gradient for :class:`~primus_dagster.training.trainer.RecOptimizer`'s lazy SparseAdam, as a
-  single trainer does; dense parameters go in one flat all-reduce. 1024 x 5 ids touch at most 5120
-  of 100 000 rows: ~0.4 MB a rank a step instead of the 6.4 MB dense table. A null step only joins
-  the exchange (no forward).
+  rank coalesces its table gradient to the rows its step touched (once) and sends one message a
+  round -- its status row, those rows, the dense gradients of the towers its kind trains -- to every
+  other rank over direct sockets (:class:`PeerMesh`; gloo as a fallback across hosts); every rank
+  sums the messages in rank order, divides, and hands
+  :class:`~primus_dagster.training.trainer.RecOptimizer`'s lazy SparseAdam one *coalesced* sparse
+  gradient, as a single trainer does. 1024 x 5 ids touch at most 5120 of 100 000 rows: ~0.17 MB a
+  rank a round (measured) instead of the 6.4 MB dense table. A null step sends its status only (no
+  forward) and applies the group's gradients.
 * ``ddp_dense``: the model in ``DistributedDataParallel`` with dense embedding gradients, a comm hook
   (:func:`_average_hook`) doing the division and all-reducing each trained tower's flat buckets; a
   null step runs a zero-row forward of a kind some ready rank trains (DDP needs its backward).
@@ -45,11 +48,16 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
 import pickle
 import queue as queue_mod
+import secrets
+import selectors
+import socket
+import struct
 import time
 import traceback
 from collections import deque
@@ -69,12 +77,13 @@ from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.models import MTRM, build_model, model_inputs
 from primus_dagster.training.priority import MixturePriority
-from primus_dagster.training.trainer import Trainer, TrainerStats
+from primus_dagster.training.trainer import Trainer, TrainerStats, _coalesced_rows
 
 Exchange = Literal["row_sparse", "ddp_dense"]
 _KINDS = ("batch", "stream")
 # a round's status row: ready, ended, kind, n_dense, n_sparse, label sum, rows; then rows touched per table
 _STATUS, _MAX_TABLES = 7, 8
+_HEADER_BYTES = 8 * (_STATUS + _MAX_TABLES)  # the status row at the head of a round's message (float64)
 
 
 @dataclass
@@ -109,89 +118,303 @@ def parameter_groups(model: nn.Module) -> dict[int, str]:
     return {id(p): (name.split(".")[0] if mtrm else "all") for name, p in model.named_parameters()}
 
 
-class RowSparseExchange:
-    """The ``row_sparse`` gradient exchange of a round (module docstring), in two calls: after
-    backward, :meth:`touched` coalesces this rank's sparse table gradients and returns the rows
-    touched per table (they ride in the round's status all-gather); then :meth:`__call__` with
-    ``divisor[group]`` = the ranks that trained the group this round and every rank's row counts.
+class PeerMesh:
+    """All-gather of byte messages of any length over direct TCP connections between the ranks of the
+    default group (ranks on one host; :meth:`connect` falls back to :class:`GlooBytes` otherwise).
 
-    One all-gather of one float32 payload per rank, padded to the longest: ``grad / divisor`` of
-    every dense parameter of a trained group (zeros where this rank has none), then for every
-    sparse table (``nn.Embedding(sparse=True)``) of a trained group its touched rows as ``[row index
-    as 2 float32 words, grad row / divisor]``. Every rank sums the dense parts in rank order and
-    coalesces the rows into one sparse gradient: the same on every rank. ``sent``: bytes this rank
-    put into the collective; ``comm_s``: seconds spent in :meth:`__call__`.
+    Why not gloo: a gloo collective hands the work to its own threads (the caller's, a worker's, the
+    TCP loop's) and costs ~0.5-1 ms of CPU per call on this 2-core VM whatever its size (measured:
+    64 bytes or 160 kB alike), and its buffers have one size for all, so a round needed a status
+    all-gather, then the payload padded to the longest. Here the calling thread sends its frame
+    (8-byte length + message) to every peer and reads theirs, non-blocking, in one ``select`` loop:
+    one exchange per round, nothing padded, no other thread (~0.05 ms of CPU). Setup: every rank
+    listens on loopback, the ports and rank 0's random token go round in one gloo all-gather, rank ``r``
+    connects to the lower ranks and accepts the higher ones (which must present the token). A peer
+    that exits closes its sockets: the others raise ConnectionError naming it; no message within
+    ``timeout_s``: TimeoutError.
+
+    Example::
+
+        mesh = PeerMesh.connect(timeout_s=300)          # every rank, after init_process_group
+        messages = mesh.all_gather(torch.tensor([1, 2, 3], dtype=torch.uint8))   # in rank order
+    """
+
+    def __init__(self, socks: Mapping[int, socket.socket], rank: int, timeout_s: float):
+        self.socks, self.rank, self.timeout_s = dict(socks), rank, timeout_s
+        self._selector = selectors.DefaultSelector()
+        for sock in self.socks.values():
+            sock.setblocking(False)
+
+    @staticmethod
+    def connect(timeout_s: float, *, same_host: bool | None = None) -> PeerMesh | GlooBytes:
+        """Connect every rank of the default group to every other (collective); ``same_host=False``
+        forces the gloo fallback (tests)."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with socket.create_server(("127.0.0.1", 0), backlog=max(1, world)) as listener:
+            listener.settimeout(timeout_s)
+            info: list[Any] = [None] * world
+            dist.all_gather_object(info, (socket.gethostname(), listener.getsockname()[1], secrets.token_hex(16)))
+            if same_host is None:
+                same_host = len({host for host, _, _ in info}) == 1
+            if not same_host:
+                return GlooBytes()
+            key = info[0][2].encode()
+            socks: dict[int, socket.socket] = {}
+            for peer in range(rank):
+                sock = socket.create_connection(("127.0.0.1", info[peer][1]), timeout=timeout_s)
+                sock.sendall(key + struct.pack("<q", rank))
+                socks[peer] = sock
+            while len(socks) < world - 1:
+                sock, _ = listener.accept()
+                sock.settimeout(timeout_s)
+                hello = _recv_exact(sock, len(key) + 8)
+                peer = struct.unpack("<q", hello[len(key) :])[0]
+                if hello[: len(key)] != key or not rank < peer < world or peer in socks:
+                    sock.close()  # not one of this group's ranks
+                    continue
+                socks[peer] = sock
+        for sock in socks.values():
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return PeerMesh(socks, rank, timeout_s)
+
+    def all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``message`` (1-D uint8, contiguous; lengths may differ), in rank order; this
+        rank's is ``message`` itself."""
+        body = message.numpy().data
+        prefix = struct.pack("<q", len(body))
+        sent = dict.fromkeys(self.socks, 0)
+        heads = {peer: bytearray(8) for peer in self.socks}
+        got = dict.fromkeys(self.socks, 0)
+        bodies: dict[int, torch.Tensor] = {}
+        out: dict[int, torch.Tensor] = {self.rank: message}
+        for peer, sock in self.socks.items():  # a frame usually fits the socket buffer: no select for it
+            sent[peer] = self._send(peer, sock, prefix, body, 0)
+        selector, frame = self._selector, 8 + len(body)
+        for peer, sock in self.socks.items():
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if sent[peer] < frame else 0)
+            selector.register(sock, events, peer)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while selector.get_map():
+                ready = selector.select(max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    missing = sorted(p for p in self.socks if p not in out or sent[p] < frame)
+                    raise TimeoutError(
+                        f"rank {self.rank}: ranks {missing} exchanged nothing within {self.timeout_s:g}s"
+                    )
+                for key, mask in ready:
+                    peer = key.data
+                    sock = self.socks[peer]
+                    if mask & selectors.EVENT_WRITE:
+                        sent[peer] = self._send(peer, sock, prefix, body, sent[peer])
+                    if mask & selectors.EVENT_READ:
+                        got[peer] = self._receive(peer, sock, heads[peer], got[peer], bodies, out)
+                    events = (selectors.EVENT_READ if peer not in out else 0) | (
+                        selectors.EVENT_WRITE if sent[peer] < frame else 0
+                    )
+                    if not events:
+                        selector.unregister(sock)
+                    elif events != key.events:
+                        selector.modify(sock, events, peer)
+        finally:
+            for registered in list(selector.get_map().values()):
+                selector.unregister(registered.fileobj)
+        return [out[r] for r in range(len(self.socks) + 1)]
+
+    def _send(self, peer: int, sock: Any, prefix: bytes, body: memoryview, sent: int) -> int:
+        views = [prefix[sent:], body] if sent < 8 else [body[sent - 8 :]]
+        try:
+            return sent + sock.sendmsg(views)
+        except BlockingIOError:
+            return sent
+        except OSError as exc:
+            raise ConnectionError(f"rank {self.rank}: rank {peer} is gone (it failed or exited): {exc}") from exc
+
+    def _receive(
+        self, peer: int, sock: Any, head: bytearray, got: int, bodies: dict[int, torch.Tensor], out: dict[int, Any]
+    ) -> int:
+        """Read what is there of ``peer``'s frame (``got`` bytes of it read so far); into ``out`` once whole."""
+        while peer not in out:
+            if got < 8:
+                view, offset = memoryview(head), got
+            else:
+                if peer not in bodies:
+                    bodies[peer] = torch.empty(struct.unpack("<q", head)[0], dtype=torch.uint8)
+                view, offset = bodies[peer].numpy().data, got - 8
+                if offset == len(view):
+                    out[peer] = bodies.pop(peer)
+                    break
+            try:
+                n = sock.recv_into(view[offset:])
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                raise ConnectionError(f"rank {self.rank}: rank {peer} is gone (it failed or exited): {exc}") from exc
+            if n == 0:
+                raise ConnectionError(f"rank {self.rank}: rank {peer} is gone (it failed or exited): connection closed")
+            got += n
+        return got
+
+    def close(self) -> None:
+        self._selector.close()
+        for sock in self.socks.values():
+            sock.close()
+
+
+class GlooBytes:
+    """:class:`PeerMesh`'s fallback for ranks on different hosts: two gloo all-gathers, the lengths,
+    then the messages padded to the longest."""
+
+    def all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
+        world = dist.get_world_size()
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([message.numel()], dtype=torch.int64))
+        padded = torch.zeros(max(int(n) for n in sizes), dtype=torch.uint8)
+        padded[: message.numel()] = message
+        gathered = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(gathered, padded)
+        return [g[: int(n)] for g, n in zip(gathered, sizes, strict=True)]
+
+    def close(self) -> None:
+        pass
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("a peer closed its connection during the handshake")
+        data += chunk
+    return data
+
+
+def _groups_of(kind: int) -> tuple[str, ...]:
+    """The parameter groups a micro-batch of kind ``_KINDS[kind]`` trains (the divisor's rule)."""
+    return ("all", "memory") if _KINDS[kind] == "batch" else ("all", "adapt")
+
+
+class RowSparseExchange:
+    """The ``row_sparse`` gradient exchange (module docstring): after backward, :meth:`pack` makes
+    this rank's message of the round -- the status row, then its gradients -- and after the round's
+    :meth:`PeerMesh.all_gather`, :meth:`apply` sums every rank's gradients into the group's.
+
+    A message (bytes): the status row (float64 ``[_STATUS + _MAX_TABLES]``: ready, ended, kind,
+    n_dense, n_sparse, label sum, rows, then the rows touched per table), then, from a ready rank, for
+    every sparse table (``nn.Embedding(sparse=True)``) of the groups its kind trains its touched rows
+    (int64, coalesced here, ascending: the lazy SparseAdam's own sort and segment sum), then the flat
+    dense gradients of those groups (float32, zeros where this rank has none), then the tables' gradient
+    rows (float32). :meth:`apply`: every group ``g`` that ``divisor[g]`` ranks trained gets the sum of
+    their gradients in rank order divided by ``divisor[g]`` -- dense parameters as dense tensors, tables
+    as one *coalesced* sparse gradient (the ranks' rows merged by the same sort and segment sum), which
+    the optimizer takes as it is; the other groups ``grad=None``. The same bytes on every rank give the
+    same gradients. ``sent``: bytes of this rank's messages; ``pack_s`` / ``gather_s`` / ``apply_s``:
+    seconds spent making them, exchanging them (waiting for the peers included), applying them.
 
     Example::
 
         exchange = RowSparseExchange(model)
         loss = trainer.backward(micro_batch)
-        counts = gather_counts(exchange.touched())                 # [world, tables]
-        exchange({"memory": 1, "adapt": 1, "all": 2}, counts)
+        messages = mesh.all_gather(exchange.pack(status, kind=0))  # status: float64 [_STATUS + _MAX_TABLES]
+        exchange.apply(messages, {"memory": 2, "adapt": 0, "all": 2})
         trainer.apply(micro_batch, loss, started)
     """
 
     def __init__(self, model: nn.Module):
         self.group = parameter_groups(model)
         sparse = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
-        self.dense = [p for p in model.parameters() if id(p) not in sparse]
         self.tables = [p for p in model.parameters() if id(p) in sparse]
-        self._rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # this rank's (rows, grad rows) per table
-        self.sent, self.comm_s = 0, 0.0
+        self.dense: dict[str, list[nn.Parameter]] = {}
+        for p in model.parameters():
+            if id(p) not in sparse:
+                self.dense.setdefault(self.group[id(p)], []).append(p)
+        self.sent, self.pack_s, self.gather_s, self.apply_s = 0, 0.0, 0.0, 0.0
 
-    def touched(self) -> list[int]:
-        """Coalesce this rank's table gradients (None: no rows); the rows touched per table."""
-        self._rows = []
-        for p in self.tables:
-            grad = p.grad
-            if grad is None:
-                self._rows.append((torch.empty(0, dtype=torch.int64), p.new_empty(0, p.shape[1])))
-            else:
-                grad = grad.coalesce()
-                self._rows.append((grad.indices()[0].contiguous(), grad.values()))
-        return [rows.numel() for rows, _ in self._rows]
+    @property
+    def comm_s(self) -> float:
+        return self.pack_s + self.gather_s + self.apply_s
 
-    def __call__(self, divisor: Mapping[str, int], counts: torch.Tensor) -> None:
-        """Average the round's gradients; ``counts[r, i]``: rows of table ``i`` touched by rank ``r``
-        (:meth:`touched`; zeros for a rank without data, which must hold no gradients)."""
+    def _tables_of(self, kind: int) -> list[int]:
+        groups = _groups_of(kind)
+        return [i for i, p in enumerate(self.tables) if self.group[id(p)] in groups]
+
+    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor:
+        """This ready rank's message (uint8): ``status`` (float64; the rows touched per table are
+        written into it) and the gradients of what ``kind`` trains."""
         started = time.perf_counter()
-        dense = [(p, d) for p in self.dense if (d := divisor[self.group[id(p)]])]
-        tables = [(i, p, d) for i, p in enumerate(self.tables) if (d := divisor[self.group[id(p)]])]
-        rows_of = self._rows or [(torch.empty(0, dtype=torch.int64), p.new_empty(0, p.shape[1])) for p in self.tables]
-        parts = [p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) / d for p, d in dense]
-        for i, _, d in tables:
-            rows, values = rows_of[i]
-            parts.append(torch.cat([rows.view(torch.float32).reshape(-1, 2), values / d], 1).reshape(-1))
-        n_dense = sum(p.numel() for p, _ in dense)
-        widths = [(i, p.shape[1] + 2) for i, p, _ in tables]
-        longest = n_dense + max(sum(int(c[i]) * w for i, w in widths) for c in counts)
-        mine = torch.cat(parts) if parts else torch.empty(0)
-        padded = torch.cat([mine, mine.new_zeros(longest - mine.numel())])
-        gathered = [torch.empty_like(padded) for _ in range(len(counts))]
-        dist.all_gather(gathered, padded)
-        self.sent += padded.numel() * padded.element_size()
-        if dense:
-            total = torch.stack([g[:n_dense] for g in gathered]).sum(0)  # rank order: the same sum everywhere
+        rows, values = [], []
+        for i in self._tables_of(kind):
+            p = self.tables[i]
+            if p.grad is None:
+                r, v = torch.empty(0, dtype=torch.int64), p.new_empty(0, p.shape[1])
+            else:
+                r, v = _coalesced_rows(p.grad)
+            status[_STATUS + i] = r.numel()
+            rows.append(r)
+            values.append(v.contiguous())
+        dense = [
+            p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
+            for g in _groups_of(kind)
+            for p in self.dense.get(g, [])
+        ]
+        parts = [status, *rows, *dense, *values]
+        message = torch.cat([t.reshape(-1).view(torch.uint8) for t in parts])
+        self.sent += message.numel()
+        self.pack_s += time.perf_counter() - started
+        return message
+
+    def apply(self, messages: Sequence[torch.Tensor], divisor: Mapping[str, int]) -> None:
+        """Set every parameter's gradient to the group's from the round's ``messages`` (rank order)."""
+        started = time.perf_counter()
+        dense: dict[str, list[torch.Tensor]] = {}
+        rows: dict[int, list[torch.Tensor]] = {}
+        values: dict[int, list[torch.Tensor]] = {}
+        for message in messages:
+            status = message[:_HEADER_BYTES].view(torch.float64)
+            if status[0] != 1:
+                continue
+            kind, offset = int(status[2]), _HEADER_BYTES
+            tables = [(i, int(status[_STATUS + i])) for i in self._tables_of(kind)]
+            for i, n in tables:
+                rows.setdefault(i, []).append(message[offset : offset + 8 * n].view(torch.int64))
+                offset += 8 * n
+            for g in _groups_of(kind):
+                n = 4 * sum(p.numel() for p in self.dense.get(g, []))
+                dense.setdefault(g, []).append(message[offset : offset + n].view(torch.float32))
+                offset += n
+            for i, n in tables:
+                width = self.tables[i].shape[1]
+                values.setdefault(i, []).append(message[offset : offset + 4 * n * width].view(torch.float32))
+                values[i][-1] = values[i][-1].view(n, width)
+                offset += 4 * n * width
+            if offset != message.numel():
+                raise ValueError(f"a round's message of {message.numel()} bytes; its status describes {offset}")
+        for g, params in self.dense.items():
+            if not divisor[g]:
+                for p in params:
+                    p.grad = None
+                continue
+            total = functools.reduce(torch.add, dense[g]) / divisor[g]  # rank order: the same everywhere
             offset = 0
-            for p, _ in dense:
+            for p in params:
                 p.grad = total[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
-        chunks: dict[int, list[torch.Tensor]] = {i: [] for i, _ in widths}
-        for c, data in zip(counts, gathered, strict=True):
-            offset = n_dense
-            for i, width in widths:
-                n = int(c[i])
-                chunks[i].append(data[offset : offset + n * width].view(n, width))
-                offset += n * width
-        for i, p, _ in tables:
-            block = torch.cat(chunks[i])
-            if not len(block):
+        for i, p in enumerate(self.tables):
+            d = divisor[self.group[id(p)]]
+            if not d or not sum(r.numel() for r in rows.get(i, [])):
                 p.grad = None
                 continue
-            rows = block[:, :2].contiguous().view(torch.int64).reshape(1, -1)
-            p.grad = torch.sparse_coo_tensor(rows, block[:, 2:], p.shape, check_invariants=False).coalesce()
-        self._rows = []
-        self.comm_s += time.perf_counter() - started
+            if len(rows[i]) == 1:
+                r, v = rows[i][0], values[i][0]
+            else:  # rows of several ranks: merged, each row's values summed in rank order
+                merged = torch.sparse_coo_tensor(
+                    torch.cat(rows[i]).reshape(1, -1), torch.cat(values[i]), p.shape, check_invariants=False
+                )
+                r, v = _coalesced_rows(merged)
+            p.grad = torch.sparse_coo_tensor(
+                r.reshape(1, -1), v / d, p.shape, is_coalesced=True, check_invariants=False
+            )
+        self.apply_s += time.perf_counter() - started
 
 
 def _average_hook(state: RankLoop, bucket):  # DDP rejects string annotations
@@ -243,8 +466,13 @@ class RankLoop:
         *,
         exchange: Exchange = "row_sparse",
         record_ids: bool = False,
+        timeout_s: float = 300.0,
+        transport: Literal["auto", "gloo"] = "auto",
     ):
         self.spec, self.pull, self.exchange = spec, pull, exchange
+        self.timeout_s, self.transport = timeout_s, transport
+        self.mesh: PeerMesh | GlooBytes | None = None  # row_sparse, world > 1: the rounds' messages go through it
+        self.mesh_s = 0.0  # seconds in mesh.all_gather (waiting for the peers included)
         self.pending, self.ended = deque[Batch](), False
         self.current: Batch | None = None  # the reader batch whose micro-batches are pending
         self.trainer: Trainer | None = None
@@ -267,8 +495,22 @@ class RankLoop:
 
     @property
     def exchange_s(self) -> float:
-        """Seconds of the gradient exchange so far."""
-        return self.sparse.comm_s if self.sparse is not None else self.comm_s
+        """Seconds of the gradient exchange so far (row_sparse: packing, the round's all-gather, applying)."""
+        return self.sparse.pack_s + self.mesh_s + self.sparse.apply_s if self.sparse is not None else self.comm_s
+
+    def reset_counters(self) -> None:
+        """Zero the trainer's counters and the exchange's bytes and seconds (after a warm-up)."""
+        if self.trainer is not None:
+            self.trainer.counters = TrainerStats()
+        self.comm_s, self.sent, self.null_steps, self.mesh_s = 0.0, 0, 0, 0.0
+        if self.sparse is not None:
+            self.sparse.sent, self.sparse.pack_s, self.sparse.apply_s = 0, 0.0, 0.0
+
+    def close(self) -> None:
+        """Close the peer connections (also closed when the process exits)."""
+        if self.mesh is not None:
+            self.mesh.close()
+            self.mesh = None
 
     def _head(self, wait_s: float, pull: bool) -> Batch | None:
         if not self.pending and not self.ended and pull:
@@ -306,13 +548,13 @@ class RankLoop:
             self.on_build(self.trainer)
         return self.trainer
 
-    def _null_step(self, trainer: Trainer, kind: str, counts: torch.Tensor) -> None:
+    def _null_step(self, trainer: Trainer, kind: str, messages: list[torch.Tensor] | None) -> None:
         trainer.optimizer.zero_grad(set_to_none=True)
         if self.exchange == "ddp_dense":
             dense, sparse = torch.zeros(0, self.widths[0]), torch.zeros(0, self.widths[1], dtype=torch.int64)
             (trainer.module(dense, sparse, kind).sum() * 0.0).backward()
-        elif self.sparse is not None:
-            self.sparse(self.divisor, counts)
+        elif self.sparse is not None and messages is not None:
+            self.sparse.apply(messages, self.divisor)
         trainer.optimizer.step()
         self.null_steps += 1
 
@@ -327,9 +569,25 @@ class RankLoop:
     def _checkpoint_due(self) -> bool:
         return self.every > 0 and self.rounds >= self.next_checkpoint
 
+    def _gather(
+        self, mine: torch.Tensor, message: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The round's status table ``[world, _STATUS + _MAX_TABLES]`` and, through the mesh, every
+        rank's message (``message``: this rank's; None: its status alone)."""
+        if self.mesh is None:
+            rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(rows, mine)
+            return torch.stack(rows), None
+        started = time.perf_counter()
+        messages = self.mesh.all_gather(mine.view(torch.uint8) if message is None else message)
+        self.mesh_s += time.perf_counter() - started
+        return torch.stack([m[:_HEADER_BYTES].view(torch.float64) for m in messages]), messages
+
     def run(self, max_rounds: int | None = None) -> None:
         """Rounds until every rank's data ended (or ``max_rounds`` training rounds)."""
         wait_s, done = 0.0, 0
+        if self.mesh is None and self.exchange == "row_sparse" and dist.get_world_size() > 1:
+            self.mesh = PeerMesh.connect(self.timeout_s, same_host=False if self.transport == "gloo" else None)
         while max_rounds is None or done < max_rounds:
             if self.before_round is not None:
                 self.before_round(self.rounds)
@@ -337,7 +595,7 @@ class RankLoop:
             head = self._head(wait_s, pull=not draining)
             mine = torch.zeros(_STATUS + _MAX_TABLES, dtype=torch.float64)
             mine[1] = float(self.ended)
-            loss, started = None, time.perf_counter()
+            loss, started, message = None, time.perf_counter(), None
             if head is not None:
                 label_sum = float(model_inputs(head)[2].sum())
                 shape = (head.dense.shape[1], head.sparse.shape[1])
@@ -346,11 +604,8 @@ class RankLoop:
                     trainer = self.trainer or self.build(*shape)
                     loss = trainer.backward(head)
                     if self.sparse is not None:
-                        touched = self.sparse.touched()
-                        mine[_STATUS : _STATUS + len(touched)] = torch.tensor(touched, dtype=torch.float64)
-            rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-            dist.all_gather(rows, mine)
-            table = torch.stack(rows)
+                        message = self.sparse.pack(mine, int(mine[2]))
+            table, messages = self._gather(mine, message)
             ready = table[table[:, 0] == 1]
             if not len(ready):
                 all_ended = bool((table[:, 1] == 1).all())
@@ -369,16 +624,15 @@ class RankLoop:
             n_batch, n_stream = int((ready[:, 2] == 0).sum()), int((ready[:, 2] == 1).sum())
             self.divisor.update(memory=n_batch, adapt=n_stream, all=len(ready))
             self._observe(trainer.model, ready)
-            counts = table[:, _STATUS:].to(torch.int64)
             if head is None:
-                self._null_step(trainer, "batch" if n_batch else "stream", counts)
+                self._null_step(trainer, "batch" if n_batch else "stream", messages)
                 continue
             micro = self.pending.popleft()
             if loss is None:  # ddp_dense: DDP exchanges inside backward
                 trainer.train_step(micro)
             else:
-                if self.sparse is not None:
-                    self.sparse(self.divisor, counts)
+                if self.sparse is not None and messages is not None:
+                    self.sparse.apply(messages, self.divisor)
                 trainer.apply(micro, loss, started)
             if self.sample_ids is not None and head.sample_id is not None:
                 self.sample_ids.extend(head.sample_id.tolist())
@@ -448,24 +702,31 @@ def ddp_worker(
     out_queue: Any,
     record_ids: bool,
     exchange: Exchange = "row_sparse",
+    kind_weights: dict[str, float] | None = None,
+    timeout_s: float = 600.0,
 ) -> None:
     """One rank of :func:`run_ddp`: reads trainer ``rank``'s batches from the data plane and trains."""
 
     def body() -> RankResult:
         spec = TrainingSpec.model_validate_json(training_spec_json)
         started, cpu0 = time.perf_counter(), time.process_time()
-        chooser = MixturePriority(spec.priority_weights, seed=spec.seed + rank) if spec.mode == "mixed" else None
+        chooser = MixturePriority(kind_weights or {}, seed=spec.seed + rank) if spec.mode == "mixed" else None
         with (
             DriverClient(driver_location, token=token) as client,
             RemoteReader(client, rank, token=token, choose_queue=chooser) as reader,
         ):
             loop = RankLoop(
-                spec, lambda wait_s: reader.next_batch(timeout=wait_s), exchange=exchange, record_ids=record_ids
+                spec,
+                lambda wait_s: reader.next_batch(timeout=wait_s),
+                exchange=exchange,
+                record_ids=record_ids,
+                timeout_s=timeout_s,
             )
             loop.run()
+            loop.close()
         return loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
 
-    serve_rank(rank, world_size, init_method, n_threads, out_queue, body)
+    serve_rank(rank, world_size, init_method, n_threads, out_queue, body, timeout_s=timeout_s)
 
 
 def ddp_in_memory_worker(
@@ -478,23 +739,28 @@ def ddp_in_memory_worker(
     shard_paths: list[str],
     warmup_steps: int,
     exchange: Exchange = "row_sparse",
+    cores: list[list[int] | None] | None = None,
+    transport: Literal["auto", "gloo"] = "auto",
+    timeout_s: float = 600.0,
 ) -> None:
-    """One rank on in-memory micro-batches (a pickled list of :class:`Batch` at ``shard_paths[rank]``):
-    ``warmup_steps`` rounds, then the timed loop over the whole shard. ``extra``: seconds in the
-    gradient exchange (``exchange_s``), bytes this rank put into its collectives per round
-    (``exchange_bytes_per_step``), seconds of one all-reduce of that many bytes (``allreduce_probe_s``)."""
+    """One rank on in-memory micro-batches (a pickled list of :class:`Batch` at ``shard_paths[rank]``),
+    bound to ``cores[rank]``: ``warmup_steps`` rounds, then the timed loop over the whole shard.
+    ``extra``: seconds in the gradient exchange (``exchange_s``; row_sparse: of which ``pack_s``
+    making this rank's messages, ``gather_s`` exchanging them, waiting for the peer included,
+    ``apply_s`` summing the gradients), bytes this rank put into its collectives per round
+    (``exchange_bytes_per_step``), seconds of one gloo all-reduce of that many bytes
+    (``allreduce_probe_s``)."""
 
     def body() -> RankResult:
+        pin_cores(cores[rank] if cores else None)
         with open(shard_paths[rank], "rb") as file:
             shard: list[Batch] = pickle.load(file)  # written by the caller (bench/train_throughput.py)
         warm = itertools.cycle(shard)
         spec = TrainingSpec.model_validate_json(training_spec_json)
-        loop = RankLoop(spec, lambda _: next(warm), exchange=exchange)
+        loop = RankLoop(spec, lambda _: next(warm), exchange=exchange, timeout_s=timeout_s, transport=transport)
         loop.run(max_rounds=warmup_steps)
         assert loop.trainer is not None
-        loop.trainer.counters, loop.comm_s, loop.sent, loop.null_steps = TrainerStats(), 0.0, 0, 0
-        if loop.sparse is not None:
-            loop.sparse.sent, loop.sparse.comm_s = 0, 0.0
+        loop.reset_counters()
         timed = iter(shard)
         loop.pull, loop.pending = (lambda _: next(timed, None)), deque()
         dist.barrier()
@@ -503,7 +769,9 @@ def ddp_in_memory_worker(
         dist.barrier()
         result = loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
         per_step = loop.bytes_sent / max(1, result.steps + result.null_steps)
-        flat, probe0 = torch.zeros(int(per_step) // 4), time.perf_counter()
+        longest = torch.tensor([per_step])  # the ranks' messages differ in size: probe the largest
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        flat, probe0 = torch.zeros(int(longest) // 4), time.perf_counter()
         for _ in range(5):
             dist.all_reduce(flat)
         result.extra = {
@@ -511,9 +779,12 @@ def ddp_in_memory_worker(
             "exchange_bytes_per_step": per_step,
             "allreduce_probe_s": (time.perf_counter() - probe0) / 5,
         }
+        if loop.sparse is not None:
+            result.extra.update(pack_s=loop.sparse.pack_s, gather_s=loop.mesh_s, apply_s=loop.sparse.apply_s)
+        loop.close()
         return result
 
-    serve_rank(rank, world_size, init_method, n_threads, out_queue, body)
+    serve_rank(rank, world_size, init_method, n_threads, out_queue, body, timeout_s=timeout_s)
 
 
 def _launch(
@@ -588,6 +859,8 @@ def run_ddp(
             out,
             record_ids,
             exchange,
+            plane.job.kind_weights(),
+            timeout_s,
         ),
         timeout_s,
     )
@@ -601,8 +874,12 @@ def run_ddp_in_memory(
     warmup_steps: int = 5,
     exchange: Exchange = "row_sparse",
     timeout_s: float = 600,
+    cores: list[list[int] | None] | None = None,
+    transport: Literal["auto", "gloo"] = "auto",
 ) -> list[RankResult]:
-    """:func:`ddp_in_memory_worker` on ``len(shard_paths)`` ranks (benchmarks: a group without a data plane)."""
+    """:func:`ddp_in_memory_worker` on ``len(shard_paths)`` ranks (benchmarks: a group without a data
+    plane); rank ``r`` bound to ``cores[r]`` (None: unbound); ``transport="gloo"``: the row-sparse
+    exchange over gloo (:class:`GlooBytes`) instead of the peer sockets."""
     return _launch(
         ddp_in_memory_worker,
         len(shard_paths),
@@ -616,6 +893,9 @@ def run_ddp_in_memory(
             list(shard_paths),
             warmup_steps,
             exchange,
+            cores,
+            transport,
+            timeout_s,
         ),
         timeout_s,
     )

@@ -48,6 +48,7 @@ from primus_dagster.data import (
     Planner,
     SourceContext,
     TimeWindow,
+    quality_summary,
     source_versions,
 )
 from primus_dagster.paths import primus_home
@@ -56,7 +57,8 @@ from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.models import RecModel, build_model, model_summary
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
-from primus_dagster.training.priority import MixturePriority
+from primus_dagster.training.priority import LoadingPriority, MixturePriority
+from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.tracking import MlflowTracker
 from primus_dagster.training.trainer import Trainer
 
@@ -142,6 +144,8 @@ class TrainingResult:
     wall_s: float = 0.0
     data_pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # phase -> executors, restarts, scaling
     skipped_partitions: list[dict[str, Any]] = field(default_factory=list)  # not ready inside the window
+    consumed: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source: see consumed_sources
+    data_quality: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> quality rule -> rows touched
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -161,6 +165,9 @@ class TrainingResult:
             "source_versions": self.source_versions,
             "data_pools": self.data_pools,
             "skipped_partitions": self.skipped_partitions,
+            "consumed_partitions": {name: entry["partitions"] for name, entry in self.consumed.items()},
+            "data_quality": self.data_quality,
+            "data_quality_rows": sum(n for counts in self.data_quality.values() for n in counts.values()),
         }
         if self.evaluation is not None:
             out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
@@ -271,12 +278,33 @@ def job_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, An
         "batch_size": t.batch_size,
         "learning_rate": t.learning_rate,
         "seed": t.seed,
-        "priority_weights": t.priority_weights,
+        "priority_weights": job.kind_weights(),
         "batch_lag": str(t.batch_lag),
         "window_start": window.start.isoformat(),
         "window_end": window.end.isoformat(),
         "data_executors": executors,
     }
+
+
+def consumed_sources(job: JobSpec, tasks: list[DataTask]) -> dict[str, dict[str, Any]]:
+    """What a run reads, per source: its ``type``, ``kind``, ``location`` (path, table URI or topic),
+    the partitions (ISO times), the number of tasks and, from :func:`source_versions`, the table
+    ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata."""
+    versions = source_versions(tasks)
+    out: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        for read in (task.read, *task.right_reads):
+            if read.source not in out:
+                spec = job.dataset.source(read.source)
+                location = next((getattr(spec, a) for a in ("path", "uri", "table", "topic") if hasattr(spec, a)), "")
+                out[read.source] = {"type": spec.type, "kind": spec.kind, "location": str(location)}
+                out[read.source].update(partitions=set(), tasks=0)
+            out[read.source]["partitions"].add(read.partition.isoformat())
+            out[read.source]["tasks"] += 1
+    for name, entry in out.items():
+        entry["partitions"] = sorted(entry["partitions"])
+        entry.update(versions.get(name, {}))
+    return dict(sorted(out.items()))
 
 
 class TrainingRun:
@@ -287,11 +315,14 @@ class TrainingRun:
         self.cfg, self.tracker, self.tasks = cfg, tracker, tasks
         self.spec = cfg.job.training
         self.versions = source_versions(tasks)
+        self.consumed = consumed_sources(cfg.job, tasks)
+        self.beat: Heartbeat | None = None  # the run log's stage lines (run_training_job sets it)
         self.trainer: Trainer | None = None
         self.pending: Checkpoint | None = None  # loaded, applied when the model exists
         self.warm: Checkpoint | None = None  # a previous run's final model: its weights and Adam state only
         self.checkpoints: list[int] = []
         self.data_pools: dict[str, dict[str, Any]] = {}  # phase -> what its data pool did (executors, scaling)
+        self.data_quality: dict[str, dict[str, int]] = {}  # source -> quality rule -> rows repaired/dropped
         self.next_checkpoint = self.spec.checkpoint_every_steps
         # One scratch folder per run key, emptied at start: what a killed attempt left is reclaimed.
         self.workdir = primus_home() / "train" / hashlib.sha1(cfg.key().encode()).hexdigest()[:16]
@@ -351,7 +382,7 @@ class TrainingRun:
             },
         )
         directory = save_checkpoint(ck, self.workdir / "checkpoint")
-        self.tracker.log_checkpoint(directory, trainer.step)
+        self.tracker.log_checkpoint(directory, trainer.step, keep_last=self.spec.checkpoint_keep_last)
         self.tracker.log_metrics({"checkpoint_step": trainer.step}, trainer.step)
         self.checkpoints.append(trainer.step)
         self.next_checkpoint = trainer.step + self.spec.checkpoint_every_steps
@@ -380,6 +411,15 @@ class TrainingRun:
         self.tracker.log_metrics(metrics, self.trainer.step)
         if self.cfg.progress is not None:
             self.cfg.progress({"phase": phase.name, **stats, "train_auc": metrics["train_auc"]})
+            if self.beat is not None:
+                self.beat.touch()
+
+    def stage(self, text: str, *args: object) -> None:
+        """Log a stage line of the run (and keep the heartbeat on it)."""
+        if self.beat is not None:
+            self.beat.stage(text, *args)
+        else:
+            log.info(text, *args)
 
 
 def driver_for(
@@ -402,15 +442,24 @@ def _run_phase(
     cfg: TrainingJob, run: TrainingRun, phase: Phase, driver: DataDriver, executors: int, hooks: JobHooks
 ) -> None:
     spec = cfg.job.training
-    # Mixed: q_i weighs the upstream backlog (tasks of each kind not read yet) -- a stream surge
-    # raises the stream's share while batch data keeps flowing.
+    # Both kinds live: q_i weighs the serving buffers (rows per kind at the executors and in the
+    # reader queue); it steers both what the driver leases next and what the reader serves.
+    weights = cfg.job.kind_weights()
     chooser: ChooseQueue | None = (
-        MixturePriority(spec.priority_weights, seed=spec.seed, backlog_fn=driver.backlog_by_kind)
+        MixturePriority(weights, seed=spec.seed, backlog_fn=driver.serving_rows_by_kind, queue_rows=True)
         if phase.prioritised
         else None
     )
+    driver.loading_policy = LoadingPriority(weights) if phase.prioritised else None
     token = secrets.token_hex(16)
     start_plane = hooks.data_plane or functools.partial(PooledDataPlane, **data_plane_setup(cfg.job, run_id=cfg.key()))
+    run.stage(
+        "phase %s: %d task(s) to read; starting %d data executor(s)",
+        phase.name,
+        sum(driver.backlog_by_kind().values()),
+        executors,
+    )
+    phase_started = time.monotonic()
     with start_plane(
         cfg.job_path,
         cfg.data_root,
@@ -420,20 +469,30 @@ def _run_phase(
         token=token,
         kafka_bootstrap=cfg.kafka_bootstrap,
     ) as plane:
+        run.stage("phase %s: data executors up; waiting for the first batch", phase.name)
+        first_batch = True
         with plane.reader(0, choose_queue=chooser) as reader:
             for batch in reader:
+                if first_batch:
+                    first_batch = False
+                    run.stage(
+                        "phase %s: training (first batch after %.1f s)", phase.name, time.monotonic() - phase_started
+                    )
                 trainer = run.ensure_trainer(batch.dense.shape[1], batch.sparse.shape[1])
                 trainer.train(batch)
                 if hooks.on_batch is not None:
                     hooks.on_batch(trainer.step, batch)
                 run.report(phase)
                 if trainer.step >= run.next_checkpoint:
+                    run.stage("phase %s: step %d: checkpoint barrier, save, upload", phase.name, trainer.step)
                     snapshot = reader.barrier(trainer.step, wait_s=30)
                     if snapshot is None:  # without the data progress a restore would replay trained samples
                         log.warning("no barrier snapshot at step %d: checkpoint skipped", trainer.step)
                         run.next_checkpoint = trainer.step + spec.checkpoint_every_steps
                     else:
                         run.checkpoint(phase, snapshot, phase_done=False)
+                    if run.beat is not None:
+                        run.beat.quiet_stage(f"phase {phase.name}: training (step {trainer.step})")
         summary = getattr(plane, "summary", None)
         if summary is not None:
             pool = summary()
@@ -443,7 +502,9 @@ def _run_phase(
                 pool["scaling"] = {k: v for k, v in pool["scaling"].items() if k != "timeline"}
             run.data_pools[phase.name] = pool  # the timeline is in MLflow, as metrics
         plane.driver.raise_if_failed()
+    _record_quality(run, phase, driver)
     run.report(phase, force=True)
+    run.stage("phase %s: all data read; final checkpoint of the phase", phase.name)
     run.checkpoint(phase, None, phase_done=True)
 
 
@@ -454,6 +515,19 @@ _TIMELINE_METRICS = {
     "memory_util": "data_memory_util",
     "load": "data_load",
 }
+
+
+def _record_quality(run: TrainingRun, phase: Phase, driver: DataDriver) -> None:
+    """The phase's data-quality counts (rows repaired or dropped per source and rule): added to the run's,
+    logged (one warning line per source) and sent to MLflow as ``data_quality.<source>.<rule>`` metrics."""
+    for name, counts in driver.quality_counts()["by_source"].items():
+        mine = run.data_quality.setdefault(name, {})
+        for rule, rows in counts.items():
+            mine[rule] = mine.get(rule, 0) + rows
+        log.warning("data quality, phase %s: %s", phase.name, quality_summary(run.cfg.job.dataset.source(name), counts))
+    metrics = {f"data_quality.{n}.{rule}": float(v) for n, c in run.data_quality.items() for rule, v in c.items()}
+    if metrics:
+        run.tracker.log_metrics(metrics, run.trainer.step if run.trainer is not None else 0)
 
 
 def _log_pool_timeline(run: TrainingRun, timeline: list[dict[str, Any]], offset_s: float) -> None:
@@ -475,15 +549,34 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
     """Train ``cfg.job``'s model on ``cfg.window`` (see module docstring)."""
     hooks = hooks or JobHooks()
     started = time.perf_counter()
-    job, spec = cfg.job, cfg.job.training
-    if job.pools.training.replicas > 1:
+    if cfg.job.pools.training.replicas > 1:
         from primus_dagster.training.multi_trainer import run_multi_trainer_job  # imports this module
 
         return run_multi_trainer_job(cfg, hooks)
+    with Heartbeat() as beat:  # a line in the run log at least every few seconds, whatever the stage
+        return _train_window(cfg, hooks, beat, started)
+
+
+def _planned_line(job: JobSpec, tasks: list[DataTask], skipped: list[NotReady]) -> str:
+    consumed = consumed_sources(job, tasks)
+    parts = ", ".join(
+        f"{name} ({e['kind']}): {e['tasks']} task(s) over {len(e['partitions'])} partition(s)"
+        for name, e in consumed.items()
+    )
+    partitions = sum(len(e["partitions"]) for e in consumed.values())
+    return f"planned {len(tasks)} task(s): {partitions} partition(s) ready, {len(skipped)} not ready; {parts or 'none'}"
+
+
+def _train_window(cfg: TrainingJob, hooks: JobHooks, beat: Heartbeat, started: float) -> TrainingResult:
+    job, spec = cfg.job, cfg.job.training
     torch.set_num_threads(spec.threads)
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
     skipped: list[NotReady] = []
+    if cfg.tasks is None:
+        names = [source.name for _, source in job.dataset.all_sources()]
+        beat.stage("planning window %s: listing %d source(s) (%s)", cfg.window, len(names), ", ".join(names))
     tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
+    beat.stage(_planned_line(job, tasks, skipped))
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **cfg.tags}
@@ -491,10 +584,15 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
         tags["primus.skipped_partitions"] = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in skipped)[
             :5000
         ]
+    beat.stage("MLflow: opening the run %s", cfg.key())
     tracker.start(cfg.key(), params=job_params(job, cfg.window, executors), tags=tags)
     run = TrainingRun(cfg, tracker, tasks)
+    run.beat = beat
     status = "FAILED"
     try:
+        log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
+        inputs = tracker.log_source_inputs(run.consumed)
+        log.info("MLflow: %d source dataset(s) recorded as the run's inputs (partitions, versions, offsets)", inputs)
         resume = load_resume(tracker, run)
         warm_from, cold_start = load_warm_start(tracker, run) if resume is None and cfg.warm_start else (None, None)
         all_phases = phases(spec.mode)
@@ -511,8 +609,12 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
             run.ensure_trainer(int(resume.extra["n_dense"]), int(resume.extra["n_sparse"]))
         if run.trainer is None:
             raise NoTrainingDataError(f"job {job.name}: the window {cfg.window} produced no batches")
+        if cfg.evaluate:
+            beat.stage("evaluating the model on the %d hour(s) after the window", spec.eval_hours)
         evaluation = evaluate_and_log(cfg, context, run.trainer.model, tracker, run.trainer.step)
+        beat.stage("logging the model to MLflow")
         model_uri = tracker.log_model(run.trainer.model)
+        log.info("model logged: %s (%.1f s since the start)", model_uri, time.perf_counter() - started)
         status = "FINISHED"
         return training_result(
             run, model_uri, run.trainer.stats(), evaluation, resume, warm_from, cold_start, started, skipped
@@ -551,6 +653,8 @@ def training_result(
         cold_start=cold_start,
         wall_s=time.perf_counter() - started,
         data_pools=run.data_pools,
+        consumed=run.consumed,
+        data_quality=run.data_quality,
         skipped_partitions=[
             {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
         ],
@@ -570,6 +674,10 @@ def evaluate_and_log(
         values = evaluation.result.to_dict().items()
         tracker.log_metrics({f"eval_{k}": float(v) for k, v in values if isinstance(v, (int, float))}, step)
         tracker.set_tags({"primus.eval_labels": evaluation.labels})
+        result = evaluation.result
+        log.info("evaluation: AUC %.4f on %d row(s) (%s labels)", result.auc, result.rows, evaluation.labels)
+    else:
+        log.info("evaluation: no labelled rows after the window")
     return evaluation
 
 

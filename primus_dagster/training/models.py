@@ -13,7 +13,7 @@ negative ones included; the model hashes them), ``kind`` is ``"batch"`` (complet
 * :class:`SingleTower` -- DLRM-style baseline; ``kind`` is ignored and ``predict == forward``.
 * :class:`MTRM` -- mixture training recommendation model (Primus, ATC'25): a memory tower learns
   ``batch`` samples, an adapt tower learns ``stream`` samples and also reads the memory tower's hidden
-  state (detached: no gradient flows into the memory tower); serving uses the adapt tower.
+  state and embeddings (detached: no gradient flows into the memory tower); serving uses the adapt tower.
 
 :func:`model_inputs` turns a data-plane :class:`~primus_dagster.data.Batch` into these inputs.
 
@@ -205,6 +205,11 @@ class _MemoryTower(nn.Module):
     def hidden(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         return self.mlp(torch.cat([dense, self.embedding(sparse)], dim=1))
 
+    def state(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """``h_mem ++ embeddings`` [B, hidden_dim + n_sparse * embedding_dim]: what the adapt tower reads."""
+        emb = self.embedding(sparse)
+        return torch.cat([self.mlp(torch.cat([dense, emb], dim=1)), emb], dim=1)
+
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         return self.head(self.hidden(dense, sparse)).squeeze(-1)
 
@@ -279,7 +284,9 @@ class MTRM(RecModel):
     def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
         super().__init__(spec, n_dense, n_sparse)
         self.memory = _MemoryTower(spec, n_dense, n_sparse)
-        self.adapt = _DLRMTower(spec, n_dense, n_sparse, aux_dim=self.memory.hidden_dim)
+        # h_aux: the memory tower's hidden state and its embeddings of the sample's ids (see memory_state)
+        aux_dim = self.memory.hidden_dim + n_sparse * spec.embedding_dim
+        self.adapt = _DLRMTower(spec, n_dense, n_sparse, aux_dim=aux_dim)
         # [batch, stream] label sums and counts (float64: exact far beyond a day of samples)
         self.register_buffer("label_sums", torch.zeros(2, dtype=torch.float64))
         self.register_buffer("label_counts", torch.zeros(2, dtype=torch.float64))
@@ -300,9 +307,13 @@ class MTRM(RecModel):
         return float(logits[0] - logits[1])
 
     def memory_state(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        """h_aux [B, memory_hidden[-1]]: the memory tower's hidden state, without gradient."""
+        """h_aux [B, memory_hidden[-1] + n_sparse * embedding_dim], without gradient: the memory
+        tower's hidden state and its embeddings of the sample's ids. The embeddings, learnt on every
+        batch sample's complete labels, carry the long-term user/item knowledge the adapt tower's own
+        table (stream samples only) learns more slowly; with them the adapt tower gained AUC over
+        the hidden state alone on the bench's tuning seeds (docs/training.md)."""
         with torch.no_grad():
-            return self.memory.hidden(dense, sparse)
+            return self.memory.state(dense, sparse)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
         _check_inputs(self, dense, sparse)

@@ -85,7 +85,7 @@ from primus_dagster.training.job import (
 )
 from primus_dagster.training.models import build_model
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
-from primus_dagster.training.priority import MixturePriority
+from primus_dagster.training.priority import LoadingPriority, MixturePriority
 from primus_dagster.training.tracking import MlflowTracker
 from primus_dagster.training.trainer import Trainer, TrainerStats
 
@@ -126,6 +126,7 @@ class RankPlan:
     rank_hook: RankHook | None = None
     collective_timeout_s: float = 300.0
     progress_s: float = 2.0
+    kind_weights: dict[str, float] = field(default_factory=dict)  # w_i per kind (JobSpec.kind_weights)
 
 
 class _Rank:
@@ -300,7 +301,7 @@ def rank_main(rank: int, init_method: str, plan: RankPlan, out: Any) -> None:
     def body() -> dict[str, Any]:
         started, cpu0 = time.perf_counter(), time.process_time()
         spec = TrainingSpec.model_validate_json(plan.spec_json)
-        chooser = MixturePriority(spec.priority_weights, seed=spec.seed + rank) if plan.prioritised else None
+        chooser = MixturePriority(plan.kind_weights, seed=spec.seed + rank) if plan.prioritised else None
         with (
             DriverClient(plan.location, token=plan.token) as client,
             RemoteReader(client, rank, token=plan.token, choose_queue=chooser) as reader,
@@ -414,7 +415,7 @@ class _Group:
             self.plane.driver.raise_if_failed()  # a failed data job must not be marked done
         step, directory = int(info["step"]), Path(info["path"])
         tracker = self.run.tracker
-        tracker.log_checkpoint(directory, step)
+        tracker.log_checkpoint(directory, step, keep_last=self.run.spec.checkpoint_keep_last)
         tracker.log_metrics({"checkpoint_step": step}, step)
         self.run.checkpoints.append(step)
         previous, self.state.latest = self.state.latest, info
@@ -596,6 +597,7 @@ def _run_phase_group(
     rank_hook: RankHook | None,
 ) -> None:
     job, world = cfg.job, cfg.job.pools.training.replicas
+    driver.loading_policy = LoadingPriority(job.kind_weights()) if phase.prioritised else None
     token = secrets.token_hex(16)
     start_plane = hooks.data_plane or functools.partial(PooledDataPlane, **data_plane_setup(job, run_id=cfg.key()))
     with start_plane(
@@ -613,6 +615,7 @@ def _run_phase_group(
             spec_json=job.training.model_dump_json(),
             phase=phase.name,
             prioritised=phase.prioritised,
+            kind_weights=job.kind_weights(),
             world_size=world,
             threads=max(1, math.ceil(job.pools.training.cpu)),
             cores=_cores(job.pools.training.cpu, world),

@@ -21,6 +21,7 @@ alone; the ``primus-dagster`` command line and the Makefile set it to ``true`` (
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -39,14 +40,20 @@ import mlflow
 import mlflow.pytorch
 import numpy as np
 import torch
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.models.signature import ModelSignature
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.types import Schema, TensorSpec
 
 from primus_dagster.paths import primus_home
-from primus_dagster.training.checkpoint import checkpoint_name, checkpoint_step
+from primus_dagster.training.checkpoint import (
+    CheckpointError,
+    checkpoint_files,
+    checkpoint_name,
+    checkpoint_step,
+    verify_checkpoint,
+)
 
 __all__ = [
     "RUN_KEY_TAG",
@@ -275,15 +282,72 @@ class MlflowTracker:
         for chunk in _chunks([RunTag(str(k), str(v)) for k, v in tags.items()], 100):
             self.client.log_batch(run_id, tags=chunk)
 
+    def log_source_inputs(self, sources: Mapping[str, Mapping[str, Any]], context: str = "training") -> int:
+        """Record the data the run consumed as MLflow dataset inputs (``mlflow.log_input``; the run's
+        *Datasets used* in the UI): one dataset per source, named after it, with ``source_type`` from
+        ``sources[name]["type"]``, the whole entry (location, partitions, table versions, Kafka offset
+        ranges) as the dataset's source JSON, and a digest of it -- the same data gives the same digest,
+        so runs that read the same versions and offsets show the same dataset. Tags: ``mlflow.data.context``
+        (``context``) and ``primus.kind``. The number of datasets logged.
+
+        Example::
+
+            tracker.log_source_inputs({"imp": {"type": "delta", "kind": "batch", "uri": "tables/imp",
+                                               "partitions": ["2026-11-01T00:00"], "versions": ["12"]}})
+        """
+        run_id = self.require_run_id()
+        inputs = []
+        for name, entry in sorted(sources.items()):
+            text = json.dumps(entry, sort_keys=True, default=str)
+            dataset = Dataset(
+                name=str(name),
+                digest=hashlib.sha256(text.encode()).hexdigest()[:20],
+                source_type=str(entry.get("type", "unknown"))[:36],
+                source=text,
+            )
+            tags = [InputTag("mlflow.data.context", context), InputTag("primus.kind", str(entry.get("kind", "")))]
+            inputs.append(DatasetInput(dataset, tags))
+        if inputs:
+            self.client.log_inputs(run_id, datasets=inputs)
+        return len(inputs)
+
     # ------------------------------------------------------------------ checkpoints
-    def log_checkpoint(self, directory: str | os.PathLike[str], step: int) -> str:
-        """Upload the checkpoint folder as artifacts ``checkpoints/<checkpoint_name(step)>``; that path."""
+    def log_checkpoint(self, directory: str | os.PathLike[str], step: int, keep_last: int | None = None) -> str:
+        """Upload the checkpoint folder as artifacts ``checkpoints/<checkpoint_name(step)>``; that path.
+
+        The files go up one by one, ``manifest.json`` last: an upload cut short leaves a checkpoint
+        without its manifest, which :meth:`latest_checkpoint` skips. With ``keep_last``, the older
+        checkpoints of the run beyond the newest ``keep_last`` are then deleted
+        (:meth:`prune_checkpoints`): disk per run stays bounded, and the newest -- the final one
+        when the run ends -- is always kept.
+        """
         run_id = self.require_run_id()
         if not Path(directory).is_dir():
             raise FileNotFoundError(f"{directory}: no such checkpoint directory")
         artifact_path = f"{CHECKPOINTS}/{checkpoint_name(step)}"
-        self.client.log_artifacts(run_id, str(directory), artifact_path)
+        for file in checkpoint_files(directory):
+            if not file.is_file():
+                raise FileNotFoundError(f"{file}: missing from the checkpoint directory (written by save_checkpoint?)")
+            self.client.log_artifact(run_id, str(file), artifact_path)
+        if keep_last is not None:
+            self.prune_checkpoints(keep_last)
         return artifact_path
+
+    def prune_checkpoints(self, keep_last: int, run_id: str | None = None) -> list[int]:
+        """Delete the checkpoints of ``run_id`` (default: the current run) older than its newest
+        ``keep_last`` (>= 1); the steps deleted."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        run_id = run_id or self.require_run_id()
+        old = self.checkpoint_steps(run_id)[:-keep_last]
+        if old:
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            repository = get_artifact_repository(self.client.get_run(run_id).info.artifact_uri)
+            for step in old:
+                repository.delete_artifacts(f"{CHECKPOINTS}/{checkpoint_name(step)}")
+            log.info("checkpoint retention: deleted %d older checkpoint(s), kept the newest %d", len(old), keep_last)
+        return old
 
     def finished_run(self, run_key: str) -> str | None:
         """The id of the most recent FINISHED run with ``run_key`` (a warm start's source), or None."""
@@ -324,16 +388,32 @@ class MlflowTracker:
         return sorted(step for step in steps if step is not None)
 
     def latest_checkpoint(self, dest: str | os.PathLike[str] | None = None, run_id: str | None = None) -> Path | None:
-        """Download the highest-step checkpoint of ``run_id`` (default: the current run) into ``dest``
-        (default: a new temp folder the caller owns) and return its local folder; None when none was logged."""
+        """Download the highest-step *complete* checkpoint of ``run_id`` (default: the current run) into
+        ``dest`` (default: a new temp folder the caller owns) and return its local folder; None when
+        none was logged. A checkpoint whose upload was cut (manifest missing, a file missing or short:
+        :func:`~primus_dagster.training.checkpoint.verify_checkpoint`) is skipped with a warning, and
+        the one before it is tried: a torn checkpoint is never returned."""
         run_id = run_id or self.require_run_id()
         steps = self.checkpoint_steps(run_id)
         if not steps:
             return None
         target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="primus-ckpt-"))
         target.mkdir(parents=True, exist_ok=True)
-        local = self.client.download_artifacts(run_id, f"{CHECKPOINTS}/{checkpoint_name(steps[-1])}", str(target))
-        return Path(local)
+        for step in reversed(steps):
+            local = Path(self.client.download_artifacts(run_id, f"{CHECKPOINTS}/{checkpoint_name(step)}", str(target)))
+            try:
+                verify_checkpoint(local)
+            except CheckpointError as error:
+                log.warning(
+                    "run %s: checkpoint at step %d is incomplete and is not loaded (%s); trying the one before it",
+                    run_id,
+                    step,
+                    error,
+                )
+                continue
+            return local
+        log.warning("run %s: none of its %d checkpoint(s) is complete", run_id, len(steps))
+        return None
 
     # ------------------------------------------------------------------ the model
     def log_model(

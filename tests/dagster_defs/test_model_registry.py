@@ -48,7 +48,7 @@ def test_a_live_increment_is_a_registered_version_under_the_live_alias(tmp_path:
         "mlflow": MlflowResource(),
         "executor_pool": ExecutorPoolResource(data_executors=1),
     }
-    instance = DagsterInstance.ephemeral()
+    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))  # else a temp dir left behind
     result = materialize([asset], instance=instance, resources=resources, run_config=QUIET)
     assert result.success
     (event,) = result.get_asset_materialization_events()

@@ -110,7 +110,7 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
         "mlflow": MlflowResource(),
         "executor_pool": ExecutorPoolResource(data_executors=1),
     }
-    instance = DagsterInstance.ephemeral()
+    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))  # else a temp dir left behind
     key = AssetKey("train_test_model")
     client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
     for version, partition in enumerate(("2026-11-01-01:00", "2026-11-01-02:00"), 1):  # partitions train in order

@@ -1,6 +1,7 @@
 """`primus-dagster-dev demo` (what `make demo` runs), end to end on embedded defaults, small: source
 assets with every blocking check passed, then the MTRM training asset (batch_then_stream) logged to
-MLflow; no process left behind."""
+MLflow, all as runs of the reference code location's own jobs (re-executable from the UI); no process
+left behind."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from dagster import DagsterInstance, DagsterRunStatus
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -22,7 +24,8 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     env.pop("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", None)
     env.pop("DAGSTER_HOME", None)
     env.pop("PRIMUS_DATA_ROOT", None)
-    env.update({"PRIMUS_HOME": str(tmp_path / "home"), "COLUMNS": "200"})
+    env.update({"PRIMUS_HOME": str(tmp_path / "home"), "COLUMNS": "200", "TMPDIR": str(tmp_path / "tmp")})
+    (tmp_path / "tmp").mkdir()  # MLflow's SQLite init locks land in $TMPDIR
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("primus-dagster-dev")), "demo", "--hours", "2", "--rows-per-hour", "200"],
         cwd=REPO,
@@ -48,3 +51,20 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     assert leftovers == []
     assert not (tmp_path / "home" / "broker.json").exists()
     assert (tmp_path / "home" / "dagster_home" / "dagster.yaml").exists()
+
+    # Runs of the location's defined jobs, recorded with the location and repository they came from: the UI
+    # re-executes them (tests/dagster_defs/test_browser.py does) and shows them on the Overview timeline.
+    instance = DagsterInstance.from_config(str(tmp_path / "home" / "dagster_home"))
+    runs = instance.get_runs()
+    by_job: dict[str, list[str]] = {}
+    for run in runs:
+        assert run.status == DagsterRunStatus.SUCCESS, run.run_id
+        assert run.remote_job_origin is not None, f"{run.job_name}: launched without its code location"
+        assert run.remote_job_origin.location_name == "definitions"
+        assert run.remote_job_origin.repository_origin.repository_name == "__repository__"
+        by_job.setdefault(run.job_name, []).append(run.tags["dagster/partition"])
+    assert {job: sorted(keys) for job, keys in by_job.items()} == {
+        "ctr_demo_files_hour_job": ["2026-11-01-00:00", "2026-11-01-01:00"],
+        "ctr_demo_events_kafka_hour_job": ["2026-11-01-00:00", "2026-11-01-01:00"],
+        "ctr_demo_training_job": ["2026-11-02"],
+    }

@@ -218,8 +218,10 @@ def test_duplicate_keys_are_reported_with_other_problems() -> None:
 
 
 def test_duplicate_key_in_flow_mapping() -> None:
-    where, message = only_problem(TEXT.replace("{batch: 1.0, stream: 1.0}", "{batch: 1.0, batch: 2.0}"))
-    assert where.startswith("training.priority_weights.batch (line") and "duplicate" in message
+    where, message = only_problem(
+        TEXT.replace("{replicas: 2, min_replicas: 1", "{replicas: 2, replicas: 3, min_replicas: 1")
+    )
+    assert where.startswith("pools.data.replicas (line") and "duplicate" in message
 
 
 def test_merge_keys_are_no_duplicates() -> None:

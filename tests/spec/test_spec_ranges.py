@@ -64,25 +64,11 @@ BAD = [
     ("zero lr", "learning_rate: 0.002", "learning_rate: 0", "training.learning_rate", "greater than 0"),
     ("negative lr", "learning_rate: 0.002", "learning_rate: -0.1", "training.learning_rate", "greater than 0"),
     (
-        "negative priority",
-        "{batch: 1.0, stream: 1.0}",
-        "{batch: -1.0, stream: 1.0}",
-        "training.priority_weights.batch",
-        ">= 0",
-    ),
-    (
-        "infinite priority",
-        "{batch: 1.0, stream: 1.0}",
-        "{batch: .inf, stream: 1.0}",
-        "training.priority_weights.batch",
-        "finite",
-    ),
-    (
-        "all priorities 0",
-        "{batch: 1.0, stream: 1.0}",
-        "{batch: 0, stream: 0.0}",
-        "training.priority_weights",
-        "positive",
+        "removed priority_weights",
+        "auc_tolerance: 0.005",
+        "priority_weights: {batch: 1.0, stream: 1.0}\n  auc_tolerance: 0.005",
+        "training",
+        "dataset.streams[].weight",
     ),
     ("nan tolerance", "auc_tolerance: 0.005", "auc_tolerance: .nan", "training.auc_tolerance", "finite"),
     ("zero batch", "batch_size: 1024", "batch_size: 0", "training.batch_size", ">= 1"),
@@ -203,7 +189,7 @@ def test_every_float_field_is_finite() -> None:
             assert model.model_config.get("allow_inf_nan") is False, model.__name__
 
     walk(JobSpec)
-    assert "TrainingSpec.learning_rate" in checked and "TrainingSpec.priority_weights" in checked
+    assert "TrainingSpec.learning_rate" in checked and "StreamSpec.weight" in checked
 
 
 # ---- names --------------------------------------------------------------------------------------------

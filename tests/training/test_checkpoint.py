@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from primus_dagster.training.checkpoint import (
+    MANIFEST_FILE,
     Checkpoint,
     CheckpointError,
+    _manifest,
     checkpoint_name,
     checkpoint_step,
     load_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 
 
@@ -70,7 +73,7 @@ def test_round_trip_model_adam_and_snapshot(tmp_path: Path) -> None:
     final = save_checkpoint(ckpt, tmp_path / "ckpt" / checkpoint_name(12))
     assert final == (tmp_path / "ckpt" / "step-000000012").absolute()
     assert sorted(p.name for p in final.parent.iterdir()) == ["step-000000012"]  # no temp leftovers
-    assert sorted(p.name for p in final.iterdir()) == ["model.pt", "progress.json"]
+    assert sorted(p.name for p in final.iterdir()) == ["manifest.json", "model.pt", "progress.json"]
     progress = json.loads((final / "progress.json").read_text())
     assert progress["format"] == 1 and progress["step"] == 12 and progress["phase"] == "mixed"
 
@@ -154,20 +157,53 @@ def test_missing_files_name_the_path(tmp_path: Path) -> None:
     assert issubclass(CheckpointError, ValueError)
 
 
+def reseal(directory: Path) -> None:
+    """Rewrite the manifest for the files as they are now: a checkpoint written whole with bad contents."""
+    (directory / MANIFEST_FILE).write_text(json.dumps(_manifest(directory)))
+
+
 def test_corrupt_files_name_the_path(tmp_path: Path) -> None:
     ckpt, _, _ = make()
     a = save_checkpoint(ckpt, tmp_path / "a")
     (a / "progress.json").write_text('{"format": 1, "step": ')
+    reseal(a)
     with pytest.raises(CheckpointError, match=re.escape(f"{a / 'progress.json'}: corrupt JSON")):
         load_checkpoint(a)
     (a / "progress.json").write_text(json.dumps({"format": 99, "step": 1, "samples": 1, "phase": "batch"}))
+    reseal(a)
     with pytest.raises(CheckpointError, match="unsupported checkpoint format 99"):
         load_checkpoint(a)
     b = save_checkpoint(ckpt, tmp_path / "b")
     data = (b / "model.pt").read_bytes()
     (b / "model.pt").write_bytes(data[: len(data) // 2])
+    reseal(b)
     with pytest.raises(CheckpointError, match=re.escape(f"{b / 'model.pt'}: corrupt")):
         load_checkpoint(b)
     torch.save({"model": {}, "optimizer": {}, "evil": object()}, b / "model.pt")  # not weights-only
+    reseal(b)
     with pytest.raises(CheckpointError, match=re.escape(f"{b / 'model.pt'}")):
         load_checkpoint(b)
+
+
+def test_a_torn_checkpoint_is_never_loaded(tmp_path: Path) -> None:
+    """A write or upload cut short: the manifest (written last) missing, a file short or changed."""
+    ckpt, _, _ = make()
+    a = save_checkpoint(ckpt, tmp_path / "a")
+    assert sorted(p.name for p in a.iterdir()) == [MANIFEST_FILE, "model.pt", "progress.json"]
+    verify_checkpoint(a)
+    (a / MANIFEST_FILE).unlink()
+    with pytest.raises(CheckpointError, match=re.escape(f"{a / MANIFEST_FILE}: missing: an incomplete checkpoint")):
+        load_checkpoint(a)
+    b = save_checkpoint(ckpt, tmp_path / "b")
+    data = (b / "model.pt").read_bytes()
+    (b / "model.pt").write_bytes(data[: len(data) - 100])  # a cut upload: same name, fewer bytes
+    with pytest.raises(CheckpointError, match=re.escape(f"{b / 'model.pt'}: {len(data) - 100} bytes, {MANIFEST_FILE}")):
+        load_checkpoint(b)
+    c = save_checkpoint(ckpt, tmp_path / "c")
+    (c / "model.pt").write_bytes(bytes(len(data)))  # same size, other bytes
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        load_checkpoint(c)
+    d = save_checkpoint(ckpt, tmp_path / "d")
+    (d / MANIFEST_FILE).write_text('{"files": ')
+    with pytest.raises(CheckpointError, match=re.escape(f"{d / MANIFEST_FILE}: corrupt manifest")):
+        load_checkpoint(d)

@@ -2,29 +2,35 @@
 
 Over a data plane: 2 ranks train every sample of the window exactly once between them and end with
 identical parameters; a group of 1 works; a rank that never gets a batch still takes part. In memory:
-both exchanges (row-sparse, DDP's dense all-reduce) average each tower's gradient over the ranks that
-trained it and keep the replicas identical; after one round they agree; a failing rank is named.
+both exchanges (row-sparse over the peer sockets or gloo, DDP's dense all-reduce) average each tower's
+gradient over the ranks that trained it and keep the replicas identical; after one round they agree; a
+failing rank is named. The peer mesh gathers messages of any length, and names a peer that left.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+import os
 import pickle
 from collections import Counter
+from multiprocessing.connection import Connection
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from jobkit import expected_ids, make_job
 
 from primus_dagster.data import Batch
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.local_plane import LocalDataPlane
+from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.distributed import params_checksum, run_ddp, run_ddp_in_memory
+from primus_dagster.training.distributed import PeerMesh, params_checksum, run_ddp, run_ddp_in_memory, serve_rank
 from primus_dagster.training.models import build_model
 from primus_dagster.training.trainer import RecOptimizer
 
@@ -128,13 +134,15 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
     assert results[0].params_abs_sum == pytest.approx(params_checksum(model)[1], rel=1e-6)
 
 
-def test_row_sparse_exchange_averages_the_touched_rows_per_tower(tmp_path: Path) -> None:
-    """The row-sparse exchange == one process with sparse embedding gradients and the lazy SparseAdam
-    (as a single trainer) whose every gradient is the mean over the ranks that trained its tower; the
-    replicas end identical."""
+@pytest.mark.parametrize("transport", ["auto", "gloo"])
+def test_row_sparse_exchange_averages_the_touched_rows_per_tower(tmp_path: Path, transport: str) -> None:
+    """The row-sparse exchange (over the peer sockets, or gloo) == one process with sparse embedding
+    gradients and the lazy SparseAdam (as a single trainer) whose every gradient is the mean over the
+    ranks that trained its tower; the replicas end identical."""
     spec = SPEC
     shards = _shards(tmp_path, ("batch stream batch stream", "batch batch stream stream"))
-    results = run_ddp_in_memory([str(tmp_path / "0.pt"), str(tmp_path / "1.pt")], spec, warmup_steps=1)
+    paths = [str(tmp_path / "0.pt"), str(tmp_path / "1.pt")]
+    results = run_ddp_in_memory(paths, spec, warmup_steps=1, transport=transport)  # type: ignore[arg-type]
     assert results[0].params_checksum == results[1].params_checksum
     assert results[0].extra["exchange_bytes_per_step"] > 0
 
@@ -183,3 +191,62 @@ def test_world_size_must_match_the_planes_trainers() -> None:
     plane = SimpleNamespace(trainers=1)  # checked before anything starts
     with pytest.raises(ValueError, match="serves 1 trainers"):
         run_ddp(plane, TrainingSpec(), world_size=2)  # type: ignore[arg-type]
+
+
+def _message(rank: int, round_: int) -> torch.Tensor:
+    """Rank ``rank``'s message in round ``round_``: lengths differ across ranks and rounds, one is 3 MB."""
+    n = 3_000_000 if (rank, round_) == (1, 2) else 7 * rank + 3 * round_
+    return (torch.arange(n, dtype=torch.int64) * (rank + 1) + round_).remainder(251).to(torch.uint8)
+
+
+class _Pipe:
+    """``put`` into one end of a pipe (no semaphore: no resource tracker process)."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def put(self, item: object) -> None:
+        self.conn.send(item)
+
+
+def _mesh_rank(rank: int, world: int, init: str, out: object) -> None:
+    """Rounds over the peer sockets, then over gloo; then rank 2 leaves and the others try one more."""
+
+    def body() -> tuple[list[str], str]:
+        meshes = [PeerMesh.connect(30.0), PeerMesh.connect(30.0, same_host=False)]
+        for round_, mesh in enumerate([meshes[0]] * 4 + [meshes[1]] * 2):
+            got = mesh.all_gather(_message(rank, round_))
+            assert [len(m) for m in got] == [len(_message(r, round_)) for r in range(world)]
+            assert all(torch.equal(m, _message(r, round_)) for r, m in enumerate(got)), round_
+        dist.barrier()
+        if rank == 2:
+            os._exit(0)  # gone without a word: its sockets close
+        try:
+            meshes[0].all_gather(_message(rank, 0))
+        except ConnectionError as exc:
+            return [type(m).__name__ for m in meshes], str(exc)
+        return [type(m).__name__ for m in meshes], "no error"
+
+    serve_rank(rank, world, init, 1, out, body, timeout_s=60)
+
+
+def test_the_peer_mesh_gathers_messages_of_any_length_and_names_a_peer_that_left() -> None:
+    world, ctx = 3, mp.get_context("spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [
+        ctx.Process(target=_mesh_rank, args=(r, world, init, _Pipe(pipes[r][1])), daemon=True) for r in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        results = {r: pipes[r][0].recv() for r in (0, 1) if pipes[r][0].poll(120)}
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert sorted(results) == [0, 1], results
+    for rank, (_, status, (names, error)) in results.items():
+        assert status == "ok" and names == ["PeerMesh", "GlooBytes"]
+        assert error.startswith(f"rank {rank}: rank 2 is gone (it failed or exited)"), error

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -24,8 +25,9 @@ from primus_dagster.data import Batch
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog, read_trained_sample_ids
+from primus_dagster.training.checkpoint import checkpoint_files, checkpoint_name
 from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
-from primus_dagster.training.tracking import use_tracking_uri
+from primus_dagster.training.tracking import MlflowTracker, use_tracking_uri
 
 pytestmark = pytest.mark.integration
 
@@ -142,3 +144,53 @@ def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_
     assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart
     assert len(set(kept) | set(after)) == len(set(expected))
     assert meta["samples"] == sum(expected.values())
+
+
+class TornUpload(RuntimeError):
+    """The process 'dies' while a checkpoint is uploaded."""
+
+
+class TearingTracker(MlflowTracker):
+    """Uploads the ``tear_at``-th checkpoint only in part (no manifest), then fails: a kill mid-upload."""
+
+    def __init__(self, uri: str, experiment: str, tear_at: int) -> None:
+        super().__init__(uri, experiment)
+        self.tear_at, self.uploads, self.torn_step = tear_at, 0, -1
+
+    def log_checkpoint(self, directory, step: int, keep_last: int | None = None) -> str:  # type: ignore[no-untyped-def]
+        self.uploads += 1
+        if self.uploads < self.tear_at:
+            return super().log_checkpoint(directory, step, keep_last)
+        model_file = checkpoint_files(directory)[0]
+        self.client.log_artifact(self.require_run_id(), str(model_file), f"checkpoints/{checkpoint_name(step)}")
+        self.torn_step = step
+        raise TornUpload(f"killed while uploading the checkpoint at step {step}")
+
+
+def test_a_torn_checkpoint_upload_resumes_from_the_previous_one_exactly_once(tmp_path: Path) -> None:
+    env = make_job(tmp_path, mode="mixed", model="single", every=5, extra_training="checkpoint_keep_last: 2")
+    uri, exp = env["job"].tracking.tracking_uri, env["job"].tracking.experiment
+    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2, evaluate=False)
+    tearing = TearingTracker(uri, exp, tear_at=2)
+    with TrainedSampleIdsLog(tmp_path / "run1.bin") as samples, pytest.raises(TornUpload):
+        run_training_job(
+            replace(cfg, tracker=tearing),
+            JobHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+        )
+    with TrainedSampleIdsLog(tmp_path / "run2.bin") as samples:
+        result = run_training_job(
+            replace(cfg, tracker=MlflowTracker(uri, exp)),
+            JobHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+        )
+    resumed = result.resumed_from_step
+    assert resumed is not None and 5 <= resumed < tearing.torn_step  # the complete one before the torn one
+    before = list(read_trained_sample_ids(tmp_path / "run1.bin"))
+    assert max(step for step, _ in before) >= tearing.torn_step  # work after it was thrown away and redone
+    kept = Counter(int(i) for s, ids in before if s <= resumed for i in ids)
+    after = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "run2.bin") for i in ids)
+    assert kept + after == expected_ids(env)  # every sample once
+    client = mlflow.MlflowClient(uri)
+    kept_checkpoints = [a.path for a in client.list_artifacts(result.run_id, "checkpoints")]
+    assert len(kept_checkpoints) == 2  # training.checkpoint_keep_last: disk per partition bounded
+    assert kept_checkpoints[-1].endswith(checkpoint_name(result.stats["step"]))  # the final one is kept
+    assert len(result.checkpoints) > 2

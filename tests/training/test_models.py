@@ -68,7 +68,9 @@ def test_default_spec_shapes_and_summary() -> None:
     model = build_model(ModelSpec(), n_dense=13, n_sparse=5)
     assert isinstance(model, MTRM)
     dense, sparse = inputs(8, 13, 5)
-    assert model.memory_state(dense, sparse).shape == (8, 32)
+    state = model.memory_state(dense, sparse)
+    assert state.shape == (8, 32 + 5 * 16)  # h_mem ++ the memory tower's 5 embeddings
+    assert torch.equal(state[:, 32:], model.memory.embedding(sparse))  # they are its own embeddings
     summary = model_summary(model)
     assert summary["type"] == "mtrm" and summary["params"] == summary["memory_params"] + summary["adapt_params"]
     assert summary["memory_params"] > 100_000 * 16  # its own embedding table

@@ -77,7 +77,7 @@ def test_bad_weights_raise_clear_errors() -> None:
         mixture_probabilities({"batch": 1.0, "stream": -1.0}, signals)
     with pytest.raises(ValueError, match="priority weight of 'batch'"):
         mixture_probabilities({"batch": float("nan")}, signals)
-    with pytest.raises(ValueError, match="priority_weights="):
+    with pytest.raises(ValueError, match="weights="):
         MixturePriority({"batch": -0.5})
     with pytest.raises(ValueError, match="every priority weight is 0"):
         MixturePriority({"batch": 0, "stream": 0})

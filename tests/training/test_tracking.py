@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -167,6 +168,7 @@ def test_checkpoints_as_artifacts(uri: str, exp: str, store: Path, tmp_path: Pat
     assert (ckpt.step, ckpt.samples, ckpt.data_snapshot) == (12, 24, {"barrier_id": 12})
     temp = resumed.latest_checkpoint()
     assert temp is not None and load_checkpoint(temp).step == 12
+    shutil.rmtree(temp.parent)  # the new temp folder is the caller's to remove
     with pytest.raises(FileNotFoundError):
         resumed.log_checkpoint(tmp_path / "nowhere", 13)
     assert not any(Path.cwd().iterdir())  # nothing leaked into the working dir

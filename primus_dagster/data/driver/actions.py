@@ -28,8 +28,8 @@ CHUNK_BYTES = 1 << 20
 ACTIONS: dict[str, str] = {
     "lease": '{"executor_id", "max_tasks", "request_id"} -> {"leases": [lease]}',
     "heartbeat": '{"report": report} -> {"cancel": [task_id], "done", "failed", "deadline"}',
-    "complete": '{"executor_id", "task_id", "rows", "batches"} -> {}',
-    "fail": '{"executor_id", "task_id", "error"} -> {}',
+    "complete": '{"executor_id", "task_id", "rows", "batches", "quality"?: {rule: rows}} -> {}',
+    "fail": '{"executor_id", "task_id", "error", "retryable"?: bool} -> {}',
     "release": '{"executor_id", "task_ids": [task_id]} -> {"released": [task_id]}',
     "claim": '{"trainer_id", "batch": batch, "request_id"} -> {"first": bool}',
     "claim_many": '{"trainer_id", "batches": [batch], "request_id"} -> {"first": [bool]}',

@@ -23,6 +23,10 @@ class Lease:
     claimed_rows: tuple[int, ...] = ()  # first_row of batches already claimed: do not serve them
 
 
+#: Prefix of the heartbeat metrics ``buffered_rows.<kind>``: rows of that kind in the executor's serving buffers.
+BUFFERED_ROWS = "buffered_rows."
+
+
 @dataclass
 class ExecutorReport:
     """What an executor tells the driver with each heartbeat (also the scaling metrics)."""
@@ -30,7 +34,8 @@ class ExecutorReport:
     executor_id: str
     address: str  # Flight location of its dataset server, e.g. grpc://127.0.0.1:PORT
     running: list[str] = field(default_factory=list)  # task ids it is working on
-    metrics: dict[str, float] = field(default_factory=dict)  # rows_per_s, buffer_fill, cpu, rss_bytes
+    # rows_per_s, buffer_fill, cpu, rss_bytes, buffered_rows.<kind>
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class DriverAPI(Protocol):
@@ -40,13 +45,16 @@ class DriverAPI(Protocol):
     def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:
         """Extend the leases of ``report.running``; returns {"cancel": [task ids no longer owned], "done": bool}."""
 
-    def complete(self, executor_id: str, task_id: str, rows: int, batches: int) -> None:
+    def complete(
+        self, executor_id: str, task_id: str, rows: int, batches: int, quality: dict[str, int] | None = None
+    ) -> None:
         """The executor has served every batch of the task. ``rows`` / ``batches`` count the task's
         WHOLE output, including the batches skipped because they were in ``Lease.claimed_rows``
-        (the driver uses them to decide, at a barrier, whether every batch was consumed)."""
+        (the driver uses them to decide, at a barrier, whether every batch was consumed);
+        ``quality``: its rows touched per data-quality rule (repaired, dropped), summed by the driver."""
 
-    def fail(self, executor_id: str, task_id: str, error: str) -> None:
-        """The task failed on this executor (retried until max attempts)."""
+    def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
+        """The task failed on this executor (retried until max attempts; at once failed when not ``retryable``)."""
 
     def release(self, executor_id: str, task_ids: list[str]) -> list[str]:
         """The executor stops without finishing these tasks: hand them out again now (no failure)."""

@@ -104,11 +104,19 @@ class DriverClient:
     def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:
         return self.call("heartbeat", {"report": report_to_dict(report)})
 
-    def complete(self, executor_id: str, task_id: str, rows: int, batches: int) -> None:
-        self.call("complete", {"executor_id": executor_id, "task_id": task_id, "rows": rows, "batches": batches})
+    def complete(
+        self, executor_id: str, task_id: str, rows: int, batches: int, quality: dict[str, int] | None = None
+    ) -> None:
+        body: dict[str, Any] = {"executor_id": executor_id, "task_id": task_id, "rows": rows, "batches": batches}
+        if quality:
+            body["quality"] = quality
+        self.call("complete", body)
 
-    def fail(self, executor_id: str, task_id: str, error: str) -> None:
-        self.call("fail", {"executor_id": executor_id, "task_id": task_id, "error": error})
+    def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
+        body: dict[str, Any] = {"executor_id": executor_id, "task_id": task_id, "error": error}
+        if not retryable:
+            body["retryable"] = False
+        self.call("fail", body)
 
     def release(self, executor_id: str, task_ids: list[str]) -> list[str]:
         return list(self.call("release", {"executor_id": executor_id, "task_ids": list(task_ids)})["released"])

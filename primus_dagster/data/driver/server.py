@@ -54,6 +54,10 @@ def _source_versions(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]
     return {"source_versions": dict(driver.source_versions)}
 
 
+def _quality(counts: Any) -> dict[str, int] | None:
+    return None if not counts else {str(rule): int(n) for rule, n in dict(counts).items()}
+
+
 def _raise_if_failed(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]:
     driver.raise_if_failed()
     return {}
@@ -62,8 +66,10 @@ def _raise_if_failed(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]
 HANDLERS: dict[str, Handler] = {
     "lease": lambda d, b: {"leases": [lease_to_dict(x) for x in d.lease(b["executor_id"], int(b.get("max_tasks", 1)))]},
     "heartbeat": lambda d, b: d.heartbeat(report_from_dict(b["report"])),
-    "complete": lambda d, b: d.complete(b["executor_id"], b["task_id"], int(b["rows"]), int(b["batches"])) or {},
-    "fail": lambda d, b: d.fail(b["executor_id"], b["task_id"], str(b["error"])) or {},
+    "complete": lambda d, b: (
+        d.complete(b["executor_id"], b["task_id"], int(b["rows"]), int(b["batches"]), _quality(b.get("quality"))) or {}
+    ),
+    "fail": lambda d, b: d.fail(b["executor_id"], b["task_id"], str(b["error"]), bool(b.get("retryable", True))) or {},
     "release": lambda d, b: {"released": d.release(b["executor_id"], [str(t) for t in b["task_ids"]])},
     "claim": lambda d, b: {"first": d.claim(b["trainer_id"], batch_from_dict(b["batch"]))},
     "claim_many": lambda d, b: {"first": d.claim_many(b["trainer_id"], [batch_from_dict(x) for x in b["batches"]])},

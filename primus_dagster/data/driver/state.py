@@ -24,12 +24,12 @@ import os
 import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from primus_dagster.data.driver.api import ExecutorReport, Lease
+from primus_dagster.data.driver.api import BUFFERED_ROWS, ExecutorReport, Lease
 from primus_dagster.data.driver.barrier import BarrierTracker
 from primus_dagster.data.driver.delivery import DeliveryWatch
 from primus_dagster.data.driver.snapshot import read_snapshot, save_snapshot
@@ -53,6 +53,10 @@ _DURATION_WINDOW = 256  # completed tasks the straggler median looks at
 _MIN_DURATIONS = 5  # completions before any task counts as a straggler
 R = TypeVar("R")
 _BUSY = frozenset((NEW, PENDING, RUNNING))
+_QUEUED = frozenset((NEW, PENDING))
+#: Kinds whose data arrives by itself (push: Kafka): rows queued at the driver have arrived and wait
+#: for a loader, so they count into the kind's serving buffer. A batch backlog (pull) does not.
+PUSH_KINDS = ("stream",)
 
 
 def _count(rows: Any) -> int:
@@ -60,6 +64,10 @@ def _count(rows: Any) -> int:
 
 
 OrderKey = tuple[str, str, str]
+#: ``(kinds with a task to lease, in hand-out order; running tasks per kind; rows buffered per kind
+#: at the executors) -> kind to lease next``: the mixture prioritisation's loading side
+#: (``primus_dagster.training.priority.LoadingPriority``).
+LoadingPolicy = Callable[[Sequence[str], Mapping[str, int], Mapping[str, float]], str]
 
 
 def _api(method: Callable[Concatenate[DataDriver, P], R]) -> Callable[Concatenate[DataDriver, P], R]:
@@ -96,6 +104,7 @@ class DataDriver:
         *,
         backup_after: float = 0.0,
         pending_window: int = 1024,
+        loading_policy: LoadingPolicy | None = None,
     ):
         if max_attempts < 1 or not 0 <= failed_task_threshold <= 1 or lease_s <= 0 or trainers < 1:
             raise ValueError(
@@ -120,14 +129,20 @@ class DataDriver:
         self._planned = False  # tasks were added (possibly none): from then on an empty job is done
         self._counts = dict.fromkeys(STATES, 0)
         self._busy_by_kind: dict[str, int] = {}  # new + pending + running tasks per kind (batch / stream)
-        self._new: list[OrderKey] = []  # heaps of DataTask.order_key (last item: task id)
-        self._pending: list[OrderKey] = []
+        self._running_by_kind: dict[str, int] = {}
+        self._queued_rows: dict[str, int] = {}  # rows of the new + pending tasks per kind (known row counts)
+        # Per kind, heaps of DataTask.order_key (last item: task id); ``pending_window`` queued per kind.
+        self._new: dict[str, list[OrderKey]] = {}
+        self._pending: dict[str, list[OrderKey]] = {}
+        self.loading_policy = loading_policy
         self._deadlines: list[tuple[float, int, str]] = []  # (deadline, attempt, task id); lazily updated
         self._failed_ids: set[str] = set()
         self._executors: dict[str, tuple[ExecutorReport, float]] = {}
         self._barriers = BarrierTracker()
         self._delivery = DeliveryWatch()
         self._aborted: str | None = None
+        self._quality: dict[str, dict[str, int]] = {}  # succeeded task -> rows touched per data-quality rule
+        self._quality_total: Counter[str] = Counter()
         self._stats = {
             "rows": 0,
             "batches": 0,
@@ -139,7 +154,7 @@ class DataDriver:
         }
 
     @classmethod
-    def for_job(cls, data: DataPlaneSpec, trainers: int = 1) -> DataDriver:
+    def for_job(cls, data: DataPlaneSpec, trainers: int = 1, loading_policy: LoadingPolicy | None = None) -> DataDriver:
         """A driver configured by a job's ``data`` section."""
         return cls(
             max_attempts=data.max_attempts,
@@ -147,15 +162,23 @@ class DataDriver:
             lease_s=data.lease.total_seconds(),
             trainers=trainers,
             backup_after=data.backup_after,
+            loading_policy=loading_policy,
         )
 
     # -- task table -------------------------------------------------------------------------
     def _set_state(self, rec: TaskRecord, state: str) -> None:
         self._counts[rec.state] -= 1
         self._counts[state] += 1
+        kind = rec.task.kind
         busy = (state in _BUSY) - (rec.state in _BUSY)
         if busy:
-            self._busy_by_kind[rec.task.kind] = self._busy_by_kind.get(rec.task.kind, 0) + busy
+            self._busy_by_kind[kind] = self._busy_by_kind.get(kind, 0) + busy
+        running = (state == RUNNING) - (rec.state == RUNNING)
+        if running:
+            self._running_by_kind[kind] = self._running_by_kind.get(kind, 0) + running
+        queued = (state in _QUEUED) - (rec.state in _QUEUED)
+        if queued and rec.task.read.rows:
+            self._queued_rows[kind] = self._queued_rows.get(kind, 0) + queued * rec.task.read.rows
         rec.state = state
         if state == FAILED:
             self._failed_ids.add(rec.task.task_id)
@@ -165,10 +188,14 @@ class DataDriver:
         self._counts[rec.state] += 1
         if rec.state in _BUSY:
             self._busy_by_kind[rec.task.kind] = self._busy_by_kind.get(rec.task.kind, 0) + 1
+        if rec.state == RUNNING:
+            self._running_by_kind[rec.task.kind] = self._running_by_kind.get(rec.task.kind, 0) + 1
+        if rec.state in _QUEUED and rec.task.read.rows:
+            self._queued_rows[rec.task.kind] = self._queued_rows.get(rec.task.kind, 0) + rec.task.read.rows
         if rec.state == NEW:
-            heapq.heappush(self._new, rec.task.order_key)
+            heapq.heappush(self._new.setdefault(rec.task.kind, []), rec.task.order_key)
         elif rec.state == PENDING:
-            heapq.heappush(self._pending, rec.task.order_key)
+            self._push_pending(rec)
         elif rec.state == FAILED:
             self._failed_ids.add(rec.task.task_id)
         stats = self._stats  # non-zero only for restored records
@@ -193,9 +220,13 @@ class DataDriver:
         self._planned = True
         return len(self._tasks) - before
 
-    def _promote(self) -> None:
-        """Queue new tasks: keep ``pending_window`` queued, and never leave an earlier new task behind."""
-        new, pending = self._new, self._pending
+    def _push_pending(self, rec: TaskRecord) -> None:
+        heapq.heappush(self._pending.setdefault(rec.task.kind, []), rec.task.order_key)
+
+    def _promote(self, kind: str) -> None:
+        """Queue new tasks of ``kind``: keep ``pending_window`` of them queued, and never leave an
+        earlier new task of the kind behind."""
+        new, pending = self._new.get(kind), self._pending.setdefault(kind, [])
         while new and (len(pending) < self.pending_window or new[0] < pending[0]):
             key = heapq.heappop(new)
             rec = self._tasks[key[-1]]
@@ -203,22 +234,38 @@ class DataDriver:
                 self._set_state(rec, PENDING)
                 heapq.heappush(pending, key)
 
-    def _next_pending(self) -> TaskRecord | None:
-        while True:
-            self._promote()
-            if not self._pending:
-                return None
-            rec = self._tasks[heapq.heappop(self._pending)[-1]]
-            if rec.state == PENDING:  # stale heap entries (e.g. a late complete()) are skipped
-                return rec
+    def _pending_head(self, kind: str) -> OrderKey | None:
+        """The order key of ``kind``'s next pending task (stale heap entries dropped), or None."""
+        self._promote(kind)
+        pending = self._pending[kind]
+        while pending:
+            if self._tasks[pending[0][-1]].state == PENDING:  # skip stale entries (e.g. a late complete())
+                return pending[0]
+            heapq.heappop(pending)
+            self._promote(kind)
+        return None
 
-    def _retry_or_fail(self, rec: TaskRecord, error: str) -> None:
+    def _next_pending(self) -> TaskRecord | None:
+        """The next task to lease: the chronologically first pending one, or, with a
+        ``loading_policy``, the first one of the kind it picks."""
+        heads = {kind: head for kind in sorted({*self._new, *self._pending}) if (head := self._pending_head(kind))}
+        if not heads:
+            return None
+        order = sorted(heads, key=lambda kind: heads[kind])  # kinds by their first task
+        kind = order[0]
+        if self.loading_policy is not None and len(order) > 1:
+            kind = self.loading_policy(order, dict(self._running_by_kind), self._serving_rows_locked())
+            if kind not in heads:
+                raise ValueError(f"loading policy picked kind {kind!r}; kinds with a task to lease: {order}")
+        return self._tasks[heapq.heappop(self._pending[kind])[-1]]
+
+    def _retry_or_fail(self, rec: TaskRecord, error: str, retryable: bool = True) -> None:
         rec.failures, rec.error = rec.failures + 1, error
-        if rec.failures >= self.max_attempts:
+        if not retryable or rec.failures >= self.max_attempts:
             self._set_state(rec, FAILED)
         else:
             self._set_state(rec, PENDING)
-            heapq.heappush(self._pending, rec.task.order_key)
+            self._push_pending(rec)
 
     # -- executors --------------------------------------------------------------------------
     @_api
@@ -282,9 +329,12 @@ class DataDriver:
         return {"cancel": cancel, "done": self._done(), "failed": self._job_failed(), "deadline": deadline}
 
     @_api
-    def complete(self, executor_id: str, task_id: str, rows: int, batches: int) -> None:
+    def complete(
+        self, executor_id: str, task_id: str, rows: int, batches: int, quality: dict[str, int] | None = None
+    ) -> None:
         """The task's output is fully served; ``rows``/``batches`` count its WHOLE output, batches
-        skipped because they were already claimed included. A late completion by an executor that
+        skipped because they were already claimed included; ``quality``: its rows touched per
+        data-quality rule (see :meth:`quality_counts`). A late completion by an executor that
         lost the lease is accepted too (same deterministic output); one for a failed task is ignored."""
         rec = self._get(task_id)
         if rec.state in (SUCCEEDED, FAILED):
@@ -299,6 +349,9 @@ class DataDriver:
         stats = self._stats
         stats["rows"], stats["batches"] = stats["rows"] + rec.rows, stats["batches"] + rec.batches
         stats["consumed_done"] += rec.consumed_done
+        if quality:
+            self._quality[task_id] = {str(rule): int(n) for rule, n in quality.items()}
+            self._quality_total.update(self._quality[task_id])
         self._delivery.completed(executor_id, task_id, _count(rec.claimed), rec.batches)
 
     def _reopen_undelivered(self, now: float) -> list[str]:
@@ -310,14 +363,16 @@ class DataDriver:
             stats = self._stats
             stats["rows"], stats["batches"] = stats["rows"] - rec.rows, stats["batches"] - rec.batches
             rec.error = f"executor {rec.owner} died before all batches were claimed; reopened"
+            self._quality_total.subtract(self._quality.pop(task_id, {}))  # the re-run reports them again
             self._set_state(rec, PENDING)
-            heapq.heappush(self._pending, rec.task.order_key)
+            self._push_pending(rec)
         return reopened
 
     @_api
-    def fail(self, executor_id: str, task_id: str, error: str) -> None:
-        """Attempt failed: back to pending, or failed after ``max_attempts`` failures. Ignored when
-        ``executor_id`` no longer holds the task (its lost lease was already counted)."""
+    def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
+        """Attempt failed: back to pending, or failed after ``max_attempts`` failures (at once when not
+        ``retryable``: a schema, type or data-quality failure). Ignored when ``executor_id`` no longer
+        holds the task (its lost lease was already counted)."""
         rec = self._get(task_id)
         if rec.state != RUNNING:
             return
@@ -327,7 +382,7 @@ class DataDriver:
             if rec.backup is not None:
                 self._promote_backup(rec)
             else:
-                self._retry_or_fail(rec, f"{error} (executor {executor_id}, attempt {rec.attempts})")
+                self._retry_or_fail(rec, f"{error} (executor {executor_id}, attempt {rec.attempts})", retryable)
 
     @_api
     def release(self, executor_id: str, task_ids: Iterable[str]) -> list[str]:
@@ -347,7 +402,7 @@ class DataDriver:
                     self._promote_backup(rec)
                 else:
                     self._set_state(rec, PENDING)
-                    heapq.heappush(self._pending, rec.task.order_key)
+                    self._push_pending(rec)
             else:
                 continue
             released.append(task_id)
@@ -453,6 +508,7 @@ class DataDriver:
                 "backup_after": self.backup_after,
             },
             "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
+            "quality": {task_id: dict(counts) for task_id, counts in self._quality.items()},
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -477,6 +533,10 @@ class DataDriver:
             driver._insert(TaskRecord.from_snapshot(entry))
         driver._planned = True
         driver.source_versions = dict(snapshot.get("source_versions") or {})
+        for task_id, counts in (snapshot.get("quality") or {}).items():
+            if task_id in driver._tasks and driver._tasks[task_id].state == SUCCEEDED:
+                driver._quality[task_id] = {str(rule): int(n) for rule, n in counts.items()}
+                driver._quality_total.update(driver._quality[task_id])
         barrier_id = snapshot.get("barrier_id")
         driver._barriers.keep(barrier_id, snapshot if barrier_id is not None else None)
         return driver
@@ -526,14 +586,71 @@ class DataDriver:
             **self._stats,
             "barrier_id": self._barriers.last,
             "executors": sum(seen >= horizon for _, seen in self._executors.values()),
+            "serving_rows": self._serving_rows_locked(),
+            "running_by_kind": dict(self._running_by_kind),
             "source_versions": dict(self.source_versions),
+            "quality": {rule: n for rule, n in sorted(self._quality_total.items()) if n},
         }
 
+    def quality_counts(self) -> dict[str, Any]:
+        """Rows the succeeded tasks touched per data-quality rule (repaired or dropped):
+        ``{"total": {rule: rows}, "by_source": {source: {rule: rows}}, "by_task": {task_id: {rule: rows}}}``.
+
+        >>> driver.quality_counts()["total"]  # doctest: +SKIP
+        {'dense_invalid': 12, 'null_label': 3}
+        """
+        with self._lock:
+            by_source: dict[str, Counter[str]] = {}
+            for task_id, counts in self._quality.items():
+                by_source.setdefault(self._tasks[task_id].task.read.source, Counter()).update(counts)
+            return {
+                "total": {rule: n for rule, n in sorted(self._quality_total.items()) if n},
+                "by_source": {name: dict(sorted(c.items())) for name, c in sorted(by_source.items())},
+                "by_task": {task_id: dict(counts) for task_id, counts in sorted(self._quality.items())},
+            }
+
     def backlog_by_kind(self) -> dict[str, int]:
-        """Tasks not yet read (new, pending or running) per kind: the upstream backlog the mixture
-        prioritisation weighs (``primus_dagster.training.priority``)."""
+        """Tasks not yet read (new, pending or running) per kind."""
         with self._lock:
             return dict(self._busy_by_kind)
+
+    def running_by_kind(self) -> dict[str, int]:
+        """Tasks running (leased) per kind: how many executors' task runners work on each kind."""
+        with self._lock:
+            return dict(self._running_by_kind)
+
+    def _buffered_rows_locked(self) -> dict[str, float]:
+        horizon = self._clock() - self.lease_s
+        rows: dict[str, float] = {}
+        for report, seen in self._executors.values():
+            if seen < horizon:
+                continue
+            for key, value in report.metrics.items():
+                if key.startswith(BUFFERED_ROWS):
+                    kind = key[len(BUFFERED_ROWS) :]
+                    rows[kind] = rows.get(kind, 0.0) + max(0.0, float(value))
+        return rows
+
+    def buffered_rows_by_kind(self) -> dict[str, float]:
+        """Rows per kind waiting in the live executors' serving buffers, as their last heartbeats
+        reported them (metrics ``buffered_rows.<kind>``)."""
+        with self._lock:
+            return self._buffered_rows_locked()
+
+    def _serving_rows_locked(self) -> dict[str, float]:
+        rows = self._buffered_rows_locked()
+        for kind in PUSH_KINDS:
+            if self._queued_rows.get(kind):
+                rows[kind] = rows.get(kind, 0.0) + self._queued_rows[kind]
+        return rows
+
+    def serving_rows_by_kind(self) -> dict[str, float]:
+        """The serving buffers' state per kind, in rows: :meth:`buffered_rows_by_kind` plus, for a
+        push kind (``stream``: Kafka offset ranges), the rows that arrived and wait for a loader (its
+        new and pending tasks). What the mixture prioritisation weighs
+        (``primus_dagster.training.priority``): a stream surge shows here before any loader takes it."""
+        with self._lock:
+            return self._serving_rows_locked()
 
     def raise_if_failed(self) -> None:
         """Raise :class:`JobFailedError` (with the failed-task report) when the job failed."""

@@ -136,6 +136,16 @@ class TrainerBuffers(Generic[T]):
             self._closed = True
             self._cond.notify_all()
 
+    def totals(self, key: Callable[[T], str], value: Callable[[T], float]) -> dict[str, float]:
+        """``value`` summed over every buffered item, grouped by ``key`` (e.g. rows per data kind)."""
+        out: dict[str, float] = {}
+        with self._cond:
+            for queue in self._queues:
+                for item in queue:
+                    name = key(item)
+                    out[name] = out.get(name, 0.0) + value(item)
+        return out
+
     def fill_ratio(self, targets: list[int] | None = None) -> float:
         """Buffered batches over capacity, across ``targets`` (default: every trainer)."""
         with self._cond:

@@ -31,8 +31,8 @@ from typing import Any
 import pyarrow as pa
 
 from primus_dagster.data.batch import Batch, BatchMeta
-from primus_dagster.data.canonical import OPTIONAL_FIELDS, check_fields
-from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
+from primus_dagster.data.canonical import OPTIONAL_FIELDS, check_fields, is_permanent
+from primus_dagster.data.driver.api import BUFFERED_ROWS, DriverAPI, ExecutorReport, Lease
 from primus_dagster.data.executor.buffers import TrainerBuffers
 from primus_dagster.data.executor.dataset_server import DatasetServer
 from primus_dagster.data.executor.metrics import RateMeter
@@ -55,6 +55,7 @@ class _TaskRun:
     read_done: bool = False
     cancelled: bool = False
     finished: bool = False  # complete/fail sent (or abandoned)
+    quality: dict[str, int] = field(default_factory=dict)  # rows touched per data-quality rule
 
 
 @dataclass
@@ -345,6 +346,7 @@ class DataExecutor:
             skip = set(lease.claimed_rows)
             first = 0
             adapter_for = self._adapter if task.join is None else self._full_adapter
+            adapter_for(task.read.source).normalize.take()  # counts of an abandoned read are not this task's
             for arrow_batch in task_batches(task, adapter_for):
                 if abort():
                     return self._abandon(run)
@@ -370,6 +372,7 @@ class DataExecutor:
                     self.counters.rows_read += n
                     self.counters.batches_read += 1
             run.rows = first
+            run.quality = adapter_for(task.read.source).normalize.take()
             with self._lock:
                 run.read_done = True
         except Exception as exc:  # every read error fails the task, with its URI
@@ -403,7 +406,10 @@ class DataExecutor:
             self.counters.errors = [*self.counters.errors[-99:], f"{task.task_id}: {message}"]  # the last 100
         log.warning("%s: task %s failed: %s", self.executor_id, task.task_id, message)
         try:
-            self.driver.fail(self.executor_id, task.task_id, message)
+            if is_permanent(exc):  # schema, type or data-quality `fail`: a retry would fail the same way
+                self.driver.fail(self.executor_id, task.task_id, message, retryable=False)
+            else:
+                self.driver.fail(self.executor_id, task.task_id, message)
         except Exception as rpc_exc:
             log.warning("%s: could not report failure of %s: %s", self.executor_id, task.task_id, rpc_exc)
 
@@ -416,7 +422,10 @@ class DataExecutor:
             self.counters.tasks_completed += 1
         task_id = run.lease.task.task_id
         try:
-            self.driver.complete(self.executor_id, task_id, run.rows, run.batches)
+            if run.quality:
+                self.driver.complete(self.executor_id, task_id, run.rows, run.batches, quality=run.quality)
+            else:
+                self.driver.complete(self.executor_id, task_id, run.rows, run.batches)
         except Exception as exc:  # the lease will expire; the re-run's batches are deduplicated by claims
             log.warning("%s: could not complete %s: %s", self.executor_id, task_id, exc)
 
@@ -434,13 +443,16 @@ class DataExecutor:
 
     # ----------------------------------------------------------------- heartbeats and metrics
     def metrics(self) -> dict[str, float]:
-        """rows_per_s / batches_per_s since the last call, buffer_fill, cpu, rss_bytes, tasks_running."""
+        """rows_per_s / batches_per_s since the last call, buffer_fill, cpu, rss_bytes, tasks_running,
+        buffered_rows.<kind> (rows of each kind in the serving buffers: the mixture prioritisation's q_i)."""
         with self._lock:
             rows, batches, running = self.counters.rows_read, self.counters.batches_read, len(self._tasks)
+        buffered = self.buffers.totals(lambda b: b.meta.kind, lambda b: b.rows)
         return {
             **self._meter.sample(rows, batches),
             "buffer_fill": self.buffers.fill_ratio(self.targets),
             "tasks_running": float(running),
+            **{f"{BUFFERED_ROWS}{kind}": buffered.get(kind, 0.0) for kind in ("batch", "stream")},
         }
 
     def report(self) -> ExecutorReport:

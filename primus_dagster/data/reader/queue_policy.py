@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 @dataclass
 class QueueStat:
-    """What ``choose_queue`` sees of one queue: fill, capacity, totals, age of its head batch."""
+    """What ``choose_queue`` sees of one queue: fill (batches and rows), capacity, totals, age of its head batch."""
 
     name: str
     size: int
     capacity: int
     received: int
     head_age_s: float
+    rows: int = 0
 
 
 ChooseQueue = Callable[[Mapping[str, QueueStat]], str]

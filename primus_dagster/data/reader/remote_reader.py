@@ -98,6 +98,7 @@ class RemoteReader:
         self._cond = threading.Condition()
         self._queues: dict[str, deque[tuple[float, Batch]]] = {q: deque() for q in queues}
         self._received = dict.fromkeys(queues, 0)
+        self._rows = dict.fromkeys(queues, 0)  # rows queued per kind (the serving buffers' state)
         self._fetchers: dict[str, threading.Thread] = {}
         self._streams: dict[str, Any] = {}
         self._alive = 0
@@ -246,6 +247,7 @@ class RemoteReader:
                 self._cond.wait(0.1)
             queue.append(item)
             self._received[meta.kind] += 1
+            self._rows[meta.kind] += batch.rows
             self._cond.notify_all()
 
     # ----------------------------------------------------------------- consumer side
@@ -256,7 +258,9 @@ class RemoteReader:
     def _stats_locked(self) -> dict[str, QueueStat]:
         now = time.monotonic()
         return {
-            name: QueueStat(name, len(q), self.prefetch, self._received[name], now - q[0][0] if q else 0.0)
+            name: QueueStat(
+                name, len(q), self.prefetch, self._received[name], now - q[0][0] if q else 0.0, self._rows[name]
+            )
             for name, q in self._queues.items()
         }
 
@@ -278,6 +282,7 @@ class RemoteReader:
                         name = batch_first(stats)
                 if name is not None and self._queues[name]:
                     _, batch = self._queues[name].popleft()
+                    self._rows[name] -= batch.rows
                     self._consumed.append(batch.batch_id)
                     self.stats["yielded"] += 1
                     self.stats["rows"] += batch.rows

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
+import posixpath
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -115,6 +116,13 @@ class ReadTask:
     size_bytes: int = 0
     rows: int | None = None
     version: str | None = None
+    # A live tail's range: its rows may lie before the partition it is dated in (no event-time check).
+    open_partition: bool = False
+
+    @property
+    def event_partition(self) -> datetime | None:
+        """The start of the partition its rows' event times must lie in (None for a live tail)."""
+        return None if self.open_partition else self.partition
 
     @property
     def task_id(self) -> str:
@@ -123,7 +131,7 @@ class ReadTask:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready fields (no deep copy: every field is a scalar; snapshots hold millions)."""
-        return {
+        out: dict[str, Any] = {
             "source": self.source,
             "partition": self.partition.isoformat(),
             "uri": self.uri,
@@ -133,6 +141,9 @@ class ReadTask:
             "rows": self.rows,
             "version": self.version,
         }
+        if self.open_partition:
+            out["open_partition"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReadTask:
@@ -154,9 +165,20 @@ class SourceContext:
     kafka_bootstrap_servers: str | None = None
 
     def resolve(self, location: str) -> str:
-        """Absolute path/URL for ``location`` (URLs and absolute paths are returned as they are)."""
+        """Absolute path/URL for ``location``: URLs and absolute paths are returned as they are (allowed
+        explicitly); a relative path is joined to the data root and may not leave it (ValueError on ``..``).
+
+        >>> SourceContext("/data").resolve("parquet/clicks")
+        '/data/parquet/clicks'
+        """
         if "://" in location or location.startswith("/"):
             return location
+        normal = posixpath.normpath(location)
+        if normal.split("/")[0] == "..":
+            raise ValueError(
+                f"relative path {location!r} leaves the data root {self.data_root!r}; "
+                "use a path inside it, or an absolute path / URL"
+            )
         return f"{self.data_root.rstrip('/')}/{location}"
 
 

@@ -304,7 +304,7 @@ class DeltaSource(SourceAdapter):
                 raise SourceReadError(task.uri, f"cannot read Parquet data file of {where}: {exc}") from exc
             if fill:
                 batch = self._fill_missing(batch, fill, self._table_schema(task.version))
-            yield self.normalize(batch, where=task.uri)
+            yield self.normalize(batch, where=task.uri, partition=task.event_partition)
 
     def close(self) -> None:
         self._table = None

@@ -49,6 +49,7 @@ from primus_dagster.data.sources.base import (
 )
 from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.spec.dataset import granularity_step
+from primus_dagster.spec.redact import redact_text
 from primus_dagster.spec.sources import IcebergCatalogSpec, IcebergSourceSpec
 
 _MAX_CACHED_PARTITIONS = 4096
@@ -173,7 +174,7 @@ class IcebergSource(SourceAdapter):
 
     def _describe_catalog(self) -> str:
         uri = getattr(self._catalog, "properties", {}).get("uri") if self._catalog is not None else None
-        return f"catalog {self.spec.catalog.name!r}" + (f" ({uri})" if uri else "")
+        return f"catalog {self.spec.catalog.name!r}" + (f" ({redact_text(uri)})" if uri else "")
 
     def table(self, refresh: bool = True) -> Table:
         """The cached table, refreshed to the catalog's current metadata when ``refresh``."""
@@ -412,7 +413,7 @@ class IcebergSource(SourceAdapter):
                     raise SourceReadError(
                         task.uri, f"cannot read Iceberg data file (snapshot {task.version}): {exc}"
                     ) from exc
-                yield self.normalize(batch, where=task.uri)
+                yield self.normalize(batch, where=task.uri, partition=task.event_partition)
 
         yield from _rebatch(normalised(), self.spec.batch_rows)
 

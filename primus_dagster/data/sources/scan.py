@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,7 +19,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from primus_dagster.data.canonical import SchemaMismatchError
+from primus_dagster.data.canonical import PermanentDataError
 from primus_dagster.data.sources.base import Partition, ReadTask, SourceAdapter, SourceReadError
 
 
@@ -39,6 +40,7 @@ class PartitionScan:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (uri, message)
     bad_records: int = 0  # undecodable records skipped (Kafka)
     bad_examples: list[dict] = field(default_factory=list)
+    quality: Counter[str] = field(default_factory=Counter)  # rows touched per data-quality rule
 
     @property
     def ok(self) -> bool:
@@ -65,6 +67,12 @@ def _update(scan: PartitionScan, batch: pa.RecordBatch, preview_rows: int) -> No
         scan.preview = head if scan.preview is None else pa.concat_tables([scan.preview, head])
 
 
+def _take_quality(adapter: SourceAdapter) -> dict[str, int]:
+    """The adapter's quality counts since the last call (none from a wrapper without a normaliser)."""
+    normalize = getattr(adapter, "normalize", None)
+    return normalize.take() if normalize is not None else {}
+
+
 def scan_partition(
     adapter: SourceAdapter,
     partition: Partition,
@@ -78,12 +86,14 @@ def scan_partition(
     scan = PartitionScan(partition)
     tasks = adapter.split(partition)
     scan.tasks = len(tasks)
+    _take_quality(adapter)
     for index, task in enumerate(tasks):
         try:
             for batch in adapter.read(task):
                 _update(scan, batch, preview_rows)
-        except (SourceReadError, SchemaMismatchError) as exc:
+        except (SourceReadError, PermanentDataError) as exc:
             scan.errors.append((task.uri, str(exc)))
+        scan.quality.update(_take_quality(adapter))
         stats = adapter.last_read_stats
         scan.bad_records += int(stats.get("bad_records", 0))
         scan.bad_examples += list(stats.get("bad_examples", []))[: 10 - len(scan.bad_examples)]

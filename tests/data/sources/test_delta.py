@@ -173,7 +173,7 @@ def test_corrupt_file_fails_alone_and_names_the_file(hourly) -> None:
         list(source.read(bad))
 
 
-def test_column_added_later_reads_as_null_in_older_files(tmp_path: Path) -> None:
+def test_column_added_later_reads_as_null_in_older_files_repaired_and_counted(tmp_path: Path) -> None:
     path = tmp_path / "evolve"
     old = native_rows(T0, 10, 0)
     append(path, old)
@@ -182,4 +182,5 @@ def test_column_added_later_reads_as_null_in_older_files(tmp_path: Path) -> None
     source = DeltaSource(make_spec(str(path), dense=[*DENSE, "d13"]), SourceContext())
     table = read_all(source, source.split(source.partition(T0))).sort_by("sample_id")
     extra = table.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 14)[:, 13]
-    assert np.isnan(extra[:10]).all() and (extra[10:] == 1).all()
+    assert (extra[:10] == 0).all() and (extra[10:] == 1).all()  # quality.dense_invalid: repair (null -> 0)
+    assert source.normalize.take() == {"dense_invalid": 10}

@@ -191,12 +191,13 @@ def test_read_returns_the_produced_rows(stream: dict[str, Any], fetcher: Fetcher
             assert sorted(got["sample_id"]) == sorted(want) and len(want) == n
             columns = (got["sample_id"], got["label"], got["ts"], got["dense"], got["user_id"])
             for sid, label, ts, dense, user in zip(*columns, strict=True):
-                assert label == (None if sid % 7 == 0 else float(sid % 2))
+                assert label == (0.0 if sid % 7 == 0 else float(sid % 2))  # stream: null label -> 0, counted
                 assert int(ts.timestamp() * 1000) == want[sid]
                 assert dense[0] == float(sid) and dense[12] == pytest.approx(sid + 1.2)
                 assert user == 1000 + sid % 13
             assert set(got["kind"]) == {"stream"} and set(got["source"]) == {"clicks_stream"}
             assert src.last_read_stats["bad_records"] == 0
+            assert src.normalize.take() == {"null_label": sum(sid % 7 == 0 for sid in want)}
         assert src.stats["rows"] == 400 and src.stats["bad_records"] == 0
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from primus_dagster.data.canonical import SchemaMismatchError
 from primus_dagster.data.sources import SourceContext, SourceReadError, TimeWindow, make_adapter, scan_partition
+from primus_dagster.data.sources.parquet import open_parquet
 from primus_dagster.spec import parse_job_spec
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -159,6 +160,32 @@ def test_reads_stream_in_bounded_batches(tmp_path: Path) -> None:
     adapter = make_adapter(spec, SourceContext(str(tmp_path)))
     sizes = [b.num_rows for t in adapter.split(adapter.partition(T0)) for b in adapter.read(t)]
     assert max(sizes) <= 1000 and sum(sizes) == 20_000
+
+
+def _rss_file_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("RssFile:")[1].split()[0]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_open_parquet_streams_row_groups_and_drops_mapped_pages(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    table = pa.table({"a": rng.random(2_000_000, np.float32), "b": rng.random(2_000_000, np.float32)})
+    path = tmp_path / "big.parquet"  # 16 MB of incompressible floats, 3 row groups of 700 000 rows at most
+    pq.write_table(table, path, row_group_size=700_000, compression="none", use_dictionary=False)
+    with open_parquet(str(path)) as parquet:
+        before, peak, sizes, parts = _rss_file_bytes(), 0, [], []
+        for batch in parquet.iter_batches(batch_size=65_536, use_threads=False):
+            peak = max(peak, _rss_file_bytes() - before)
+            sizes.append(batch.num_rows)
+            parts.append(batch)
+        assert pa.Table.from_batches(parts).equals(table)
+        assert sizes.count(700_000 % 65_536) == 2  # batches end at each row group's end
+        assert peak < 4 * 2**20  # the file's 16 MB of mapped pages do not stay resident
+        assert sum(b.num_rows for b in parquet.iter_batches(row_groups=[2], use_threads=False)) == 600_000
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    with pytest.raises(pa.ArrowInvalid):
+        open_parquet(str(tmp_path / "empty.parquet"))
 
 
 def test_fsspec_memory_filesystem() -> None:

@@ -511,13 +511,15 @@ class KafkaSource(SourceAdapter):
         for counter in (stats, self.stats):
             counter["records"] += len(records)
             counter["bad_records"] += len(bad)
+        if bad:  # skipped whatever the policy; counted beside the quality rules
+            self.normalize.counts["undecodable_record"] += len(bad)
         room = max(MAX_BAD_EXAMPLES - len(stats["bad_examples"]), 0)
         stats["bad_examples"] += [{"offset": records.offsets[i], "error": err} for i, err in bad[:room]]
         if table is None:
             return
         where = f"{task.uri}@{records.offsets[0]}-{records.offsets[-1]}"
         for batch in table.to_batches():
-            out = self.normalize(batch, where=where)
+            out = self.normalize(batch, where=where, partition=task.event_partition)
             stats["rows"] += out.num_rows
             self.stats["rows"] += out.num_rows
             yield out

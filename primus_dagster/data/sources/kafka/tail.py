@@ -124,5 +124,5 @@ def plan_tail(
     for p, start in starts.items():
         for s in range(start, stops[p], max_records_per_task):
             e = min(stops[p], s + max_records_per_task)
-            tasks.append(ReadTask(source, partition_start, f"{topic}:{p}", s, e, rows=e - s))
+            tasks.append(ReadTask(source, partition_start, f"{topic}:{p}", s, e, rows=e - s, open_partition=True))
     return TailPlan(source, topic, planned_at, starts, stops, dict(highs), skipped, tasks)

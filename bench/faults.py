@@ -1,0 +1,541 @@
+"""Fault injection and bad inputs against the real entry points, with counts.
+
+Process faults (each on a real ``primus-dagster-dev train`` of a small synthetic world, with the
+trained-sample-ids audit log): SIGKILL of a data executor while it serves, of one trainer rank
+(``pools.training.replicas: 2``: the group restarts from the latest checkpoint), of the process that
+holds the driver alone (its executors must go away by themselves), and of the whole run (process
+group: a dead node) during planning, at a random step between checkpoints and at checkpoint time
+(while the checkpoint is being written and logged); a killed run is started again and resumes from
+its MLflow checkpoint. After each, the samples the final model learnt from -- the records of the
+audit log up to the step the restart resumed from, plus everything after -- are compared with the
+window's sample ids read straight from the files: ``samples_lost`` / ``samples_duplicated`` sum the
+differences. ``post_checkpoint_samples_redone`` counts the samples trained after the checkpoint a
+restart went back to (thrown away and trained again).
+
+Bad inputs: spec files (binary, wrong encoding, duplicate keys, bad ranges, reserved names, a secret
+value in a type error) through ``primus-dagster validate``, and data files (corrupt Parquet, a corrupt
+Delta log, +/-inf dense values) through ``plan`` / ``train``: each must be reported with a message that
+names the file / key and no traceback (and never echo a planted secret).
+
+``hangs``: runs that exceeded their bound (they are killed). The last line is one JSON object.
+
+Usage::
+
+    python bench/faults.py            # 7 process faults + 14 bad inputs (~5 min on 2 idle cores)
+    python bench/faults.py --quick    # 5 process faults (no planning kill, one random step), all bad inputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from primus_dagster.data.graph import Planner
+from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
+from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
+from primus_dagster.spec import load_job_spec
+from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+
+from _common import emit
+
+HOURS = 2
+COLUMNS = (
+    "{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4], sparse: [user_id, item_id, topic_id]}"
+)
+JOB = """
+name: faults
+data: {{lease: 3s, buffer_batches: 4}}
+pools: {{data: {{replicas: 2, task_runners: 1}}, training: {{replicas: {trainers}{restart}}}}}
+dataset:
+  start: 2026-11-01
+  streams:
+    - name: history
+      window: 2h
+      sources:
+        - {{name: imp, type: {kind}, kind: batch, batch_rows: 250, {location}, columns: {columns}}}
+training:
+  mode: batch
+  model: {{type: single, embedding_dim: 8, hash_buckets: 4096, memory_hidden: [16], adapt_hidden: [16]}}
+  batch_size: 250
+  learning_rate: 0.003
+  checkpoint_every_steps: {every}
+tracking: {{tracking_uri: "sqlite:///{root}/mlflow.db", experiment: faults}}
+"""
+LOCATIONS = {"parquet": "path: parquet/impressions", "delta": "uri: delta/impressions"}
+SLOW_MS = 100  # per served batch: the ~30 steps of a run take seconds, so a kill lands mid-run
+SECRET = "PLANTED-s3cr3t-VALUE-9f1c"
+
+
+def make_world(
+    root: Path, *, trainers: int = 1, every: int = 6, rows_per_hour: int = 3000, kind: str = "parquet"
+) -> dict[str, Any]:
+    """A job spec and ``HOURS`` + 1 hours of the synthetic world under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    restart = ", restart: on_failure, max_restarts: 2" if trainers > 1 else ""
+    text = JOB.format(
+        trainers=trainers, restart=restart, every=every, root=root, kind=kind, location=LOCATIONS[kind], columns=COLUMNS
+    )
+    job_path = root / "job.yaml"
+    job_path.write_text(text)
+    job = load_job_spec(job_path)
+    context = SourceContext(str(root))
+    world = SyntheticWorld(WorldConfig(seed=7, rows_per_hour=rows_per_hour, n_dense=5), job.dataset.start)
+    write_world(job, context, world, range(HOURS + 1), files_per_hour=2, progress=False)
+    window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=HOURS))
+    return {"root": root, "job_path": job_path, "job": job, "context": context, "window": window}
+
+
+def expected_ids(env: dict[str, Any]) -> Counter[int]:
+    """The window's sample ids read through the adapters (independent of the data plane)."""
+    out: Counter[int] = Counter()
+    for task in Planner(env["job"].dataset, env["context"], threads=1).plan(env["window"]).tasks:
+        with make_adapter(env["job"].dataset.source(task.read.source), env["context"]) as adapter:
+            for batch in adapter.read(task.read):
+                out.update(batch.column("sample_id").to_pylist())
+    return out
+
+
+def train_command(env: dict[str, Any], samples: Path, slow_ms: float) -> list[str]:
+    command = [sys.executable, "-m", "primus_dagster.devtools.cli", "train", str(env["job_path"])]
+    command += ["--hours", str(HOURS), "--data-root", str(env["root"]), "--executors", "2"]
+    command += ["--record-samples", str(samples), "--no-eval", "--json", "--slow-executors-ms", str(slow_ms)]
+    return command
+
+
+class Run:
+    """A ``primus-dagster-dev train`` in its own process group; its stderr lines are read as they come."""
+
+    def __init__(self, command: list[str]):
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        self.stdout = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._out = threading.Thread(target=self._read_stdout, daemon=True)
+        self._out.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
+
+    def wait_line(self, predicate: Callable[[str], bool], timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.05)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    return None
+                continue
+            if predicate(line):
+                return line
+        return None
+
+    def finish(self, timeout: float) -> bool:
+        """Wait for the exit; False (and the group killed) past ``timeout``: a hang."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            self.proc.wait(30)
+            return False
+        finally:
+            self._reader.join(10)
+            self._out.join(10)
+        return True
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def descendants(self, token: str) -> list[psutil.Process]:
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        out = []
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if any(token in part for part in child.cmdline()):
+                    out.append(child)
+        return out
+
+    def meta(self) -> dict[str, Any]:
+        lines = self.stdout.strip().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+
+
+def records(path: Path) -> list[tuple[int, np.ndarray]]:
+    return list(read_trained_sample_ids(path)) if path.exists() else []
+
+
+def wait_step(path: Path, run: Run, step: int, timeout: float) -> bool:
+    """Poll the audit log until a record of ``step`` (or later) is in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        recs = records(path)
+        if recs and recs[-1][0] >= step:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@dataclass
+class Outcome:
+    name: str
+    survived: bool = False
+    lost: int = 0
+    duplicated: int = 0
+    redone: int = 0
+    hang: bool = False
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def compare(outcome: Outcome, trained: Counter[int], expected: Counter[int]) -> None:
+    outcome.lost = sum((expected - trained).values())
+    outcome.duplicated = sum((trained - expected).values())
+
+
+def tail(run: Run) -> str:
+    return "".join(run.stderr[-5:]).strip()[-600:]
+
+
+def kill_whole_run(name: str, env: dict[str, Any], work: Path, when: str, rng: random.Random, bound: float) -> Outcome:
+    """SIGKILL the run's process group (``when``: planning | step | checkpoint) or only the driver's
+    process (``driver``), start it again, compare."""
+    out = Outcome(name)
+    log1, log2 = work / f"{name}-1.bin", work / f"{name}-2.bin"
+    first = Run(train_command(env, log1, slow_ms=SLOW_MS))
+    every = env["job"].training.checkpoint_every_steps
+    executors_left: list[psutil.Process] = []
+    if when == "planning":
+        # the run log marks the start of planning
+        hit = first.wait_line(lambda line: "planning" in line, bound) is not None
+    elif when == "checkpoint":
+        hit = first.wait_line(lambda line: "checkpoint barrier, save, upload" in line, bound) is not None
+    else:  # a random step strictly between two checkpoints
+        target = rng.choice([s for s in range(every + 1, 3 * every) if s % every])
+        out.extra["kill_step"] = target
+        hit = wait_step(log1, first, target, bound)
+    if not hit:
+        out.hang = first.proc.poll() is None
+        first.kill_group()
+        first.finish(30)
+        out.note = f"the fault point never came ({tail(first)})"
+        return out
+    if when == "driver":
+        executors = first.descendants("primus_dagster.data.executor")
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.finish(30)
+        gone = psutil.wait_procs(executors, timeout=60)[1]
+        executors_left = gone
+        out.extra["executors_outliving_driver"] = len(gone)
+        for proc in gone:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    else:
+        first.kill_group()
+        first.finish(30)
+    second = Run(train_command(env, log2, slow_ms=0))
+    if not second.finish(bound):
+        out.hang = True
+        out.note = "the restarted run exceeded its bound"
+        return out
+    if second.proc.returncode != 0:
+        out.note = f"the restarted run failed: {tail(second)}"
+        return out
+    meta = second.meta()
+    resumed = meta.get("resumed_from_step") or 0
+    out.extra["resumed_from_step"] = resumed
+    before = records(log1)
+    kept = Counter(int(i) for s, ids in before if s <= resumed for i in ids)
+    out.redone = sum(len(ids) for s, ids in before if s > resumed)
+    trained = kept + Counter(int(i) for _, ids in records(log2) for i in ids)
+    compare(out, trained, env["expected"])
+    out.survived = out.lost == 0 and out.duplicated == 0 and not executors_left
+    return out
+
+
+def kill_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
+    """SIGKILL one data executor while it serves (after the first trained batch); the run goes on."""
+    out = Outcome(name)
+    log = work / f"{name}.bin"
+    run = Run(train_command(env, log, slow_ms=SLOW_MS))
+    if not wait_step(log, run, 2, bound):
+        out.hang = run.proc.poll() is None
+        run.kill_group()
+        run.finish(30)
+        out.note = f"no trained step ({tail(run)})"
+        return out
+    victims = run.descendants("primus_dagster.data.executor")
+    if victims:
+        victims[0].kill()
+    out.extra["killed_executors"] = len(victims[:1])
+    if not run.finish(bound):
+        out.hang = True
+        out.note = "the run exceeded its bound after the executor was killed"
+        return out
+    if run.proc.returncode != 0:
+        out.note = f"the run failed: {tail(run)}"
+        return out
+    compare(out, Counter(int(i) for _, ids in records(log) for i in ids), env["expected"])
+    out.survived = out.lost == 0 and out.duplicated == 0
+    return out
+
+
+def kill_trainer(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
+    """SIGKILL one trainer rank of two past the first checkpoint; the group restarts from the latest
+    checkpoint. The boundary of the restart in the audit log is its size when the restart is logged."""
+    out = Outcome(name)
+    log = work / f"{name}.bin"
+    run = Run(train_command(env, log, slow_ms=SLOW_MS))
+    every = env["job"].training.checkpoint_every_steps
+    if not wait_step(log, run, every + 2, bound):
+        out.hang = run.proc.poll() is None
+        run.kill_group()
+        run.finish(30)
+        out.note = f"no step past the first checkpoint ({tail(run)})"
+        return out
+    ranks = run.descendants("multiprocessing")
+    if ranks:
+        ranks[-1].kill()
+    restarted = run.wait_line(lambda line: "restarting the trainer group" in line, bound)
+    boundary = log.stat().st_size if restarted else None
+    if not run.finish(bound):
+        out.hang = True
+        out.note = "the run exceeded its bound after a trainer was killed"
+        return out
+    if run.proc.returncode != 0 or boundary is None or not ranks:
+        out.note = f"no restart (ranks found: {len(ranks)}, exit {run.proc.returncode}): {tail(run)}"
+        return out
+    words = restarted.split("checkpoint at step ")
+    resumed = int(words[1].split()[0].strip("()")) if len(words) > 1 else 0
+    out.extra["resumed_from_step"] = resumed
+    data = np.fromfile(log, dtype="<i8")
+    head = work / f"{name}-head.bin"
+    data[: boundary // 8].tofile(head)
+    head_records = records(head)
+    after: list[tuple[int, np.ndarray]] = []
+    at = sum(2 + len(ids) for _, ids in head_records)
+    rest = work / f"{name}-rest.bin"
+    data[at:].tofile(rest)
+    after = records(rest)
+    kept = Counter(int(i) for s, ids in head_records if s <= resumed for i in ids)
+    out.redone = sum(len(ids) for s, ids in head_records if s > resumed)
+    compare(out, kept + Counter(int(i) for _, ids in after for i in ids), env["expected"])
+    out.survived = out.lost == 0 and out.duplicated == 0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+
+@dataclass
+class BadInput:
+    name: str
+    command: list[str]
+    names: list[str]  # what the message must mention (file name, key, column)
+    forbidden: list[str] = field(default_factory=list)  # what it must never show (planted secrets)
+    must_fail: bool = True  # validate / train exit non-zero; plan reports a broken partition in its table
+
+
+def spec_inputs(root: Path, good: str) -> Iterator[BadInput]:
+    """Broken spec files for ``primus-dagster validate``."""
+    cases: dict[str, tuple[bytes, list[str]]] = {
+        "binary.yaml": (bytes(range(256)) * 4, []),
+        "latin1.yaml": ("name: caf\u00e9\n".encode("latin-1"), []),
+        "utf16.yaml": (good.encode("utf-16"), []),
+        "duplicate_keys.yaml": (good.replace("name: faults", "name: faults\nname: again").encode(), ["name"]),
+        "bad_range.yaml": (good.replace("learning_rate: 0.003", "learning_rate: .inf").encode(), ["learning_rate"]),
+        "negative_size.yaml": (good.replace("adapt_hidden: [16]", "adapt_hidden: [-16]").encode(), ["adapt_hidden"]),
+        "bad_buckets.yaml": (good.replace("hash_buckets: 4096", "hash_buckets: 0").encode(), ["hash_buckets"]),
+        "reserved_name.yaml": (good.replace("name: imp,", "name: context,").encode(), ["context"]),
+        "bad_date.yaml": (good.replace("start: 2026-11-01", "start: 2026-02-30").encode(), ["start"]),
+        "empty.yaml": (b"", []),
+    }
+    for file_name, (data, names) in cases.items():
+        path = root / file_name
+        path.write_bytes(data)
+        yield BadInput(file_name, ["validate", str(path)], [file_name, *names])
+    secret = good.replace(
+        "path: parquet/impressions",
+        f"path: parquet/impressions, storage_options: {{aws_secret_access_key: [{SECRET}]}}",
+    )
+    path = root / "secret_type_error.yaml"
+    path.write_text(secret)
+    yield BadInput(path.name, ["validate", str(path)], [path.name, "aws_secret_access_key"], [SECRET])
+
+
+def data_inputs(root: Path) -> Iterator[tuple[BadInput, Callable[[], None]]]:
+    """Broken data files for ``plan`` / ``train``: (the input, what breaks the world)."""
+    env = make_world(root / "parquet", rows_per_hour=600)
+    files = sorted((root / "parquet" / "parquet" / "impressions").rglob("*.parquet"))
+    target = files[0]
+
+    def corrupt_parquet() -> None:
+        data = target.read_bytes()
+        target.write_bytes(data[: len(data) // 2])  # torn: no footer
+
+    command = ["train", str(env["job_path"]), "--hours", str(HOURS), "--data-root", str(env["root"]), "--no-eval"]
+    yield BadInput("corrupt_parquet", command, [target.name]), corrupt_parquet
+
+    inf_env = make_world(root / "inf", rows_per_hour=600)
+    inf_target = sorted((root / "inf" / "parquet" / "impressions").rglob("*.parquet"))[0]
+
+    def plant_inf() -> None:
+        table = pq.read_table(inf_target)
+        d0 = table.column("d0").to_numpy().astype(table.schema.field("d0").type.to_pandas_dtype()).copy()
+        d0[::7] = np.inf
+        d0[3::7] = -np.inf
+        table = table.set_column(table.schema.get_field_index("d0"), "d0", pa.array(d0, table.schema.field("d0").type))
+        pq.write_table(table, inf_target)
+
+    inf_command = ["train", str(inf_env["job_path"]), "--hours", str(HOURS), "--data-root", str(inf_env["root"])]
+    # dense_invalid: repair (the default policy) may train on: then the repair must be counted, naming the file
+    yield BadInput("inf_dense", [*inf_command, "--no-eval"], [inf_target.name], must_fail=False), plant_inf
+
+    delta_env = make_world(root / "delta", rows_per_hour=600, kind="delta")
+    logs = sorted((root / "delta" / "delta" / "impressions" / "_delta_log").glob("*.json"))
+    log_target = logs[-1]
+
+    def corrupt_delta_log() -> None:
+        log_target.write_text('{"add": {"path": "part-broken.parquet", "size": \n')
+
+    plan = ["plan", str(delta_env["job_path"]), "--hours", str(HOURS), "--data-root", str(delta_env["root"])]
+    yield BadInput("corrupt_delta_log", plan, [log_target.name], must_fail=False), corrupt_delta_log
+
+
+def try_input(bad: BadInput, bound: float) -> tuple[bool, bool, str]:
+    """(reported, hang, why not) for one bad input through the CLI."""
+    command = [sys.executable, "-m", "primus_dagster.cli", *bad.command]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=bound)
+    except subprocess.TimeoutExpired:
+        return False, True, f"exceeded {bound:g}s"
+    text = done.stdout + done.stderr
+    problems = []
+    if done.returncode == 0 and bad.must_fail:
+        problems.append("exit 0")
+    if "Traceback (most recent call last)" in text:
+        problems.append("a traceback")
+    problems += [f"does not name {name!r}" for name in bad.names if name not in text]
+    problems += ["echoes the planted secret" for secret in bad.forbidden if secret in text]
+    last = text.strip().splitlines()[-1][:300] if text.strip() else ""
+    return not problems, False, ", ".join(problems) + (f" -- last line: {last}" if problems else "")
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer process faults (one of each kind)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bound", type=float, default=150.0, help="seconds a run may take before it counts as a hang")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    started, cpu0 = time.perf_counter(), psutil.cpu_times()
+    work = Path(tempfile.mkdtemp(prefix="primus-faults-"))
+    outcomes: list[Outcome] = []
+    bad_results: list[tuple[str, bool, bool, str]] = []
+    try:
+        single = make_world(work / "single")
+        single["expected"] = expected_ids(single)
+        faults: list[Callable[[], Outcome]] = [
+            lambda: kill_executor("executor_mid_serving", single, work, args.bound),
+            lambda: kill_whole_run("run_at_random_step", single, work / "r", "step", rng, args.bound),
+            lambda: kill_whole_run("run_at_checkpoint", single, work / "c", "checkpoint", rng, args.bound),
+            lambda: kill_whole_run("driver_process", single, work / "d", "driver", rng, args.bound),
+        ]
+        if not args.quick:
+            faults.append(
+                lambda: kill_whole_run("run_during_planning", single, work / "p", "planning", rng, args.bound)
+            )
+            faults.append(lambda: kill_whole_run("run_at_random_step_2", single, work / "r2", "step", rng, args.bound))
+        multi = make_world(work / "multi", trainers=2)
+        multi["expected"] = expected_ids(multi)
+        faults.append(lambda: kill_trainer("trainer_rank", multi, work, args.bound))
+        for fault in faults:
+            for sub in ("p", "r", "c", "d", "r2"):
+                (work / sub).mkdir(exist_ok=True)
+            t0 = time.perf_counter()
+            outcome = fault()
+            outcome.extra["wall_s"] = round(time.perf_counter() - t0, 1)
+            outcomes.append(outcome)
+            print(json.dumps({"fault": outcome.__dict__}, default=str), file=sys.stderr, flush=True)
+            # a fresh MLflow run key per fault: the next whole-run kill must not resume this one's run
+            for env in (single, multi):
+                with contextlib.suppress(FileNotFoundError):
+                    (env["root"] / "mlflow.db").unlink()
+                shutil.rmtree(env["root"] / "artifacts", ignore_errors=True)
+
+        good = (work / "single" / "job.yaml").read_text()
+        (work / "specs").mkdir()
+        for bad in spec_inputs(work / "specs", good):
+            reported, hang, why = try_input(bad, 60)
+            bad_results.append((bad.name, reported, hang, why))
+        for bad, breaker in data_inputs(work / "data"):
+            breaker()
+            reported, hang, why = try_input(bad, args.bound)
+            bad_results.append((bad.name, reported, hang, why))
+        for name, reported, hang, why in bad_results:
+            print(json.dumps({"bad_input": name, "reported": reported, "hang": hang, "why": why}), file=sys.stderr)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    cpu1 = psutil.cpu_times()
+    emit(
+        {
+            "bench": "faults",
+            "faults_injected": len(outcomes),
+            "faults_survived": sum(o.survived for o in outcomes),
+            "bad_inputs_tried": len(bad_results),
+            "bad_inputs_reported": sum(r[1] for r in bad_results),
+            "samples_lost": sum(o.lost for o in outcomes),
+            "samples_duplicated": sum(o.duplicated for o in outcomes),
+            "hangs": sum(o.hang for o in outcomes) + sum(r[2] for r in bad_results),
+            "post_checkpoint_samples_redone": sum(o.redone for o in outcomes),
+            "not_survived": {o.name: o.note for o in outcomes if not o.survived},
+            "not_reported": {r[0]: r[3] for r in bad_results if not r[1]},
+            "wall_s": round(time.perf_counter() - started, 1),
+            "machine_cpu_s": round(sum(cpu1[:3]) - sum(cpu0[:3]), 1),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The reference deployment in a real browser, as a Dagster and MLflow user sees it after a small demo.
+
+Headless Chromium from Debian's packages (``/usr/bin/chromium``, ``/usr/bin/chromedriver``; `.ci/run`
+installs them), driven by Selenium. A small demo (two source hours, the training partition of the second
+day) runs through the demo's own pieces -- the reference code location served by ``dagster-webserver``
+on the instance, runs of its defined jobs -- and the same webserver then serves the UI (the one ``dagster
+dev`` serves; no daemon, so the RUNNING sensors stay idle). The test opens the asset graph, the training
+partition (AUC, consumed Kafka offsets, model version), its checks, the automation page, re-executes a run
+from its page, then opens ``mlflow server`` on the demo's store: the run (AUC), its loss curve, the model
+version. Screenshots go to ``$PRIMUS_BROWSER_ARTIFACTS`` (default: a temp dir, printed). The test fails,
+not skips, when the browser is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterRunStatus
+from rich.console import Console
+
+from primus_dagster.broker_discovery import KAFKA_ENV
+from primus_dagster.data import SourceContext
+from primus_dagster.devtools.demo import REPO, ReferenceLocation, materialize_hours, train_day
+from primus_dagster.ports import free_port
+from primus_dagster.spec import load_job_spec
+from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS_ENV = "PRIMUS_BROWSER_ARTIFACTS"
+SPEC = REPO / "examples" / "job.yaml"
+TRAINING_PARTITION = "2026-11-02"
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    out = Path(os.environ.get(ARTIFACTS_ENV) or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"browser screenshots in {out}")
+    return out
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
+    if missing:
+        pytest.fail(
+            f"headless browser missing: {missing}; install it with `apt-get install -y chromium chromium-driver` "
+            "(.ci/run does)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1600,1000")
+    # Profile and Chromium's temp files in a short directory (its singleton socket's path must fit a UNIX
+    # socket's), removed after the session.
+    with tempfile.TemporaryDirectory(prefix="chr-", ignore_cleanup_errors=True) as scratch:
+        options.add_argument(f"--user-data-dir={scratch}/profile")
+        os.mkdir(f"{scratch}/tmp")
+        service = Service(str(CHROMEDRIVER), env={**os.environ, "TMPDIR": f"{scratch}/tmp"})
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+class Page:
+    """The browser on one page: wait for texts, dismiss the newsletter dialog, save a screenshot."""
+
+    def __init__(self, driver: object, artifacts: Path) -> None:
+        self.driver, self.artifacts = driver, artifacts
+
+    def text(self) -> str:
+        from selenium.webdriver.common.by import By
+
+        return str(self.driver.find_element(By.TAG_NAME, "body").text)  # type: ignore[attr-defined]
+
+    def open(self, url: str, shot: str, *needles: str, timeout_s: float = 60, scroll: bool = False) -> str:
+        """Open ``url``, wait until every one of ``needles`` is on the page (scrolling the page's panes
+        when ``scroll``: charts render when they come into view), save ``<shot>.png``; the page's text."""
+
+        self.driver.get(url)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout_s
+        text = ""
+        while time.monotonic() < deadline:
+            self.dismiss_dialog()
+            text = self.text()
+            if all(needle in text for needle in needles):
+                time.sleep(1)  # let the last requests paint
+                self.dismiss_dialog()
+                self.driver.save_screenshot(str(self.artifacts / f"{shot}.png"))  # type: ignore[attr-defined]
+                return self.text()
+            if scroll:
+                self.driver.execute_script(  # type: ignore[attr-defined]
+                    "for (const e of document.querySelectorAll('*')) "
+                    "{ if (e.scrollHeight > e.clientHeight + 10) e.scrollTop += 400; }"
+                )
+            time.sleep(0.5)
+        self.driver.save_screenshot(str(self.artifacts / f"{shot}-timeout.png"))  # type: ignore[attr-defined]
+        missing = [needle for needle in needles if needle not in text]
+        raise AssertionError(f"{url}: {missing} not on the page within {timeout_s:g}s; page text:\n{text[-3000:]}")
+
+    def dismiss_dialog(self) -> None:
+        """Skip Dagster's "join the community" dialog if it is up (it comes some time after a page opens)."""
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.common.by import By
+
+        for skip in self.driver.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):  # type: ignore[attr-defined]
+            try:
+                skip.click()
+                time.sleep(0.5)
+            except WebDriverException:
+                pass
+
+    def click_button(self, label: str, timeout_s: float = 20) -> None:
+        """Click the button whose text contains ``label`` (once no dialog covers it)."""
+        from selenium.common.exceptions import ElementClickInterceptedException
+        from selenium.webdriver.common.by import By
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.dismiss_dialog()
+            try:
+                self.driver.find_element(By.XPATH, f"//button[contains(normalize-space(), '{label}')]").click()  # type: ignore[attr-defined]
+                return
+            except ElementClickInterceptedException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def _serve_mlflow(tracking_uri: str, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    command = [mlflow, "server", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*command, "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer within {timeout_s:g}s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_dagster_and_mlflow_uis_show_the_demo(
+    tmp_path: Path, kafka_broker, browser: object, artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    for name in ("DAGSTER_HOME", "PRIMUS_DATA_ROOT", "MLFLOW_TRACKING_URI", "PRIMUS_DEPLOYMENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PRIMUS_HOME", str(home))
+    dagster_home = home / "dagster_home"
+    dagster_home.mkdir(parents=True)
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    job = load_job_spec(SPEC)
+    bootstrap = kafka_broker.bootstrap_servers
+    world = SyntheticWorld(WorldConfig(rows_per_hour=200), job.dataset.start)
+    write_world(job, SourceContext(str(home / "data"), bootstrap), world, range(50))
+    env = {
+        **os.environ,
+        "PRIMUS_HOME": str(home),
+        "PRIMUS_JOB_SPEC": str(SPEC),
+        KAFKA_ENV: bootstrap,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "TMPDIR": str(tmp_path / "tmp"),  # MLflow's SQLite init locks of the runs and the server stay here
+    }
+    (tmp_path / "tmp").mkdir()
+    tracking_uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+    page = Page(browser, artifacts)
+    console = Console(file=sys.stdout, width=160)
+
+    with ReferenceLocation(dagster_home, env, tmp_path / "webserver.log") as location:
+        _, failed = materialize_hours(job, location, 2, console)
+        assert not failed, failed
+        _, failed = train_day(job, location, console)
+        assert not failed, failed
+        mlflow_proc, mlflow_url = _serve_mlflow(tracking_uri, tmp_path / "mlflow.log", env)
+        try:
+            _browse_dagster(page, location, job.name)
+            _wait_http(f"{mlflow_url}/health", 120)
+            _browse_mlflow(page, location, mlflow_url)
+        finally:
+            _stop(mlflow_proc)
+    shots = sorted(p.name for p in artifacts.glob("*.png"))
+    assert len(shots) >= 8, shots
+
+
+def _browse_dagster(page: Page, location: ReferenceLocation, job_name: str) -> None:
+    url = location.url
+    page.open(f"{url}/asset-groups", "01-asset-graph", "Global asset lineage")
+    # Upstream of the training asset: its sources (long names are cut short on the nodes).
+    upstream = ("impressions_delta", "events_kafka", "_parquet", "_iceberg")
+    page.open(f"{url}/assets/ctr_demo_model?view=lineage", "02-training-lineage", "ctr_demo_model", *upstream)
+
+    record = location.instance.get_latest_materialization_event(AssetKey("ctr_demo_model"))
+    assert record is not None and record.asset_materialization is not None
+    metadata = record.asset_materialization.metadata
+    auc = metadata["eval_auc"].value
+    version = metadata["model_version"].value
+    offsets = metadata["source_versions"].value["events_kafka"]["offsets"]
+    text = page.open(
+        f"{url}/assets/ctr_demo_model?view=partitions&partition={TRAINING_PARTITION}",
+        "03-training-partition",
+        "eval_auc",
+        str(auc),
+        "model_version",
+        "source_versions",
+        "ctr-events:0",
+    )
+    (topic_partition, (first, last)) = next(iter(offsets.items()))
+    assert re.search(rf"{re.escape(topic_partition)}\D+{first}\D+{last}", text), "consumed offsets not shown"
+    assert re.search(rf"model_version\s+{version}\b", text), "model version not shown"
+
+    page.open(f"{url}/assets/ctr_demo_model?view=checks", "04-training-checks", "auc_not_regressed", "Passed")
+    name = job_name.replace("-", "_")
+    page.open(f"{url}/automation", "05-automation", f"{name}_batch_sensor", f"{name}_training_schedule")
+
+    # Re-execute a source run from its page: the run belongs to the code location, the UI launches a new one.
+    (parent,) = [r for r in location.instance.get_runs() if r.job_name == f"{name}_files_hour_job"][:1]
+    page.open(f"{url}/runs/{parent.run_id}", "06-source-run", "Re-execute all", "Success")
+    page.click_button("Re-execute all")
+    deadline = time.monotonic() + 120
+    child = None
+    while time.monotonic() < deadline:
+        children = [r for r in location.instance.get_runs() if r.parent_run_id == parent.run_id]
+        child = children[0] if children else None
+        if child is not None and child.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
+            break
+        time.sleep(1)
+    assert child is not None, "the UI did not re-execute the run"
+    assert child.status == DagsterRunStatus.SUCCESS and child.job_name == parent.job_name
+    assert child.tags["dagster/partition"] == parent.tags["dagster/partition"]
+    page.open(f"{url}/runs/{child.run_id}", "07-re-executed-run", "Success", parent.run_id[:8])
+
+
+def _browse_mlflow(page: Page, location: ReferenceLocation, url: str) -> None:
+    record = location.instance.get_latest_materialization_event(AssetKey("ctr_demo_model"))
+    assert record is not None and record.asset_materialization is not None
+    metadata = record.asset_materialization.metadata
+    run_id = metadata["mlflow_run_id"].value
+    model, version = metadata["registered_model"].value, metadata["model_version"].value
+    experiment = re.search(r"experiments/(\d+)", str(metadata["mlflow_run_url"].value))
+    experiment_id = experiment.group(1) if experiment else "1"
+    run_url = f"{url}/#/experiments/{experiment_id}/runs/{run_id}"
+    page.open(run_url, "08-mlflow-run", "eval_auc", f"{TRAINING_PARTITION}", timeout_s=90)
+    page.open(f"{run_url}/model-metrics", "09-mlflow-loss-curve", "(loss)", timeout_s=90, scroll=True)
+    page.open(
+        f"{url}/#/models/{model}/versions/{version}",
+        "10-mlflow-model-version",
+        f"Version {version}",
+        "dagster.partition",
+        TRAINING_PARTITION,
+        timeout_s=90,
+    )

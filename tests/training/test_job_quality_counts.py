@@ -1,0 +1,57 @@
+"""Data-quality counts of a training run: a Parquet file with NaN/inf dense values, null labels and an
+out-of-partition event time goes through the real data plane (executor processes, Flight, the driver);
+the counts arrive in the job result, its Dagster metadata, MLflow and the run log."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from jobkit import make_job
+
+from primus_dagster.training.job import TrainingJob, run_training_job
+
+pytestmark = pytest.mark.integration
+
+
+def spoil(path: Path) -> None:
+    """Dense NaN in row 0 and +inf in row 1 (d2), null labels in rows 2-4, row 5 one hour late."""
+    table = pq.read_table(path)
+    d2 = table.column("d2").to_numpy().copy()
+    d2[0], d2[1] = np.nan, np.inf
+    click = table.column("click").to_pylist()
+    click[2:5] = [None] * 3
+    ts = table.column("event_time").to_pylist()
+    ts[5] += timedelta(hours=1)
+    for name, values in (("d2", pa.array(d2)), ("click", pa.array(click, pa.int32())), ("event_time", pa.array(ts))):
+        table = table.set_column(table.schema.get_field_index(name), name, values)
+    pq.write_table(table, path)
+
+
+def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = make_job(tmp_path, mode="batch", model="single", hours=1, rows_per_hour=300)
+    bad = sorted((tmp_path / "parquet" / "impressions").rglob("hour=00/*.parquet"))[0]
+    spoil(bad)
+    with caplog.at_level(logging.WARNING, logger="primus_dagster"):
+        result = run_training_job(
+            TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+        )
+    expected = {"dense_invalid": 2, "null_label": 3, "ts_outside_partition": 1}
+    assert result.data_quality == {"imp": expected}
+    meta = result.metadata()
+    assert meta["data_quality"] == {"imp": expected} and meta["data_quality_rows"] == 6
+    rows = sum(pq.read_metadata(f).num_rows for f in bad.parent.glob("*.parquet"))
+    assert result.stats["samples"] == rows - 3  # the batch source's null labels are dropped
+    metrics = mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_run(result.run_id).data.metrics
+    assert {k: v for k, v in metrics.items() if k.startswith("data_quality.")} == {
+        f"data_quality.imp.{rule}": float(n) for rule, n in expected.items()
+    }
+    line = next(r.getMessage() for r in caplog.records if "data quality" in r.getMessage())
+    assert "imp: 2 rows dense_invalid (repaired: NaN, +-inf or null dense values -> 0.0)" in line
+    assert "3 rows null_label (dropped)" in line
