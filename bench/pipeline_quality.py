@@ -95,7 +95,7 @@ dataset:
           columns: {columns}
 training:
   mode: {mode}
-  model: {{type: {model}}}
+  model: {{type: {model}{model_extra}}}
   batch_lag: {max_delay}
   batch_size: {batch_size}
   learning_rate: {lr}
@@ -112,6 +112,11 @@ def write_spec(root: Path, mode: str, args: argparse.Namespace, config: WorldCon
         JOB.format(
             mode=mode,
             model=MODEL_TYPE[mode],
+            model_extra=(
+                f", memory_lr_scale: {args.memory_lr_scale}"
+                if MODEL_TYPE[mode] == "mtrm" and args.memory_lr_scale is not None
+                else ""
+            ),
             mode_name=mode.replace("_", "-"),
             executors=args.executors,
             batch_rows=args.batch_rows,
@@ -217,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--batch-rows", type=int, default=4096, help="rows per reader batch of a source")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument(
+        "--memory-lr-scale", type=float, default=None, help="MTRM's memory_lr_scale (default: the ModelSpec's)"
+    )
     parser.add_argument("--executors", type=int, default=1, help="data executors of the pipeline runs")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pipeline run")

@@ -167,6 +167,28 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
         _watch.after_module(request.node.nodeid)
 
 
+#: The longest test files (minutes each), run first: `make test` hands whole files to two workers
+#: (pytest-xdist ``--dist loadfile``) in collection order, and starting with the longest lets both
+#: workers end at about the same time.
+LONGEST_FIRST = (
+    "tests/training/test_multi_trainer.py",
+    "tests/dagster_defs/test_training_order.py",
+    "tests/dagster_defs/test_browser.py",
+    "tests/dagster_defs/test_self_driving.py",
+    "tests/devtools/test_demo.py",
+    "tests/training/test_distributed.py",
+    "tests/dagster_defs/test_reference_location_cli.py",
+    "tests/dagster_defs/test_training_asset_cli.py",
+    "tests/training/test_job.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """One embedded Kafka-compatible (tansu) broker for the whole test session (its log under tmp_path:

@@ -63,8 +63,9 @@ def test_a_signalled_train_command_stops_its_executors_and_exits_non_zero(tmp_pa
     try:
         wait_for(lambda: marker.exists() or proc.poll() is not None, 120, "the first trained batch")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        # the command and its two data executors (they carry the job spec path on their command line)
-        assert len(processes_with(job_path)) >= 3
+        # the command and its data executors (they carry the job spec path on their command line); the pool
+        # may already have scaled one of the two in, as the slowed trainer leaves them idle
+        assert len(processes_with(job_path)) >= 2
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=60)
     finally:

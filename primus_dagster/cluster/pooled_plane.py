@@ -49,6 +49,7 @@ from primus_dagster.data import (
     RemoteReader,
     reader_for,
     start_executor_process,
+    sweep_dead_executors,
     wait_ready,
 )
 from primus_dagster.spec import JobSpec, load_job_spec
@@ -156,6 +157,7 @@ class PooledDataPlane:
                 self.pool.close()
             else:
                 _close_quickly(self.pool, self.cancel_grace_s)
+            sweep_dead_executors()
         self.server.shutdown()
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:

@@ -19,21 +19,32 @@ from primus_dagster.dagster_defs.resources import (
     PrimusStorageResource,
     default_resources,
 )
-from primus_dagster.dagster_defs.schedules import build_schedules, training_asset_job
+from primus_dagster.dagster_defs.schedules import auc_final_job, build_schedules, training_asset_job
 from primus_dagster.dagster_defs.sensors import build_batch_sensor, build_sensors, build_stream_sensor
 from primus_dagster.dagster_defs.source_assets import build_source_asset, build_source_assets
 from primus_dagster.dagster_defs.source_checks import (
     EVENT_TIMES_IN_PARTITION,
+    FRESHNESS,
+    LABEL_RATE_IN_RANGE,
     NO_UNREADABLE_FILES,
     NOT_EMPTY,
     SCHEMA_MATCHES_SPEC,
     SOURCE_CHECK_DESCRIPTIONS,
 )
-from primus_dagster.dagster_defs.training_asset import AUC_CHECK_NAME, build_training_asset, training_asset_name
+from primus_dagster.dagster_defs.training_asset import (
+    AUC_CHECK_NAME,
+    AUC_FINAL_CHECK_NAME,
+    build_auc_final_check,
+    build_training_asset,
+    training_asset_name,
+)
 
 __all__ = [
     "AUC_CHECK_NAME",
+    "AUC_FINAL_CHECK_NAME",
     "EVENT_TIMES_IN_PARTITION",
+    "FRESHNESS",
+    "LABEL_RATE_IN_RANGE",
     "NOT_EMPTY",
     "NO_UNREADABLE_FILES",
     "SCHEMA_MATCHES_SPEC",
@@ -42,6 +53,8 @@ __all__ = [
     "KafkaResource",
     "MlflowResource",
     "PrimusStorageResource",
+    "auc_final_job",
+    "build_auc_final_check",
     "build_batch_sensor",
     "build_definitions",
     "build_live_asset",

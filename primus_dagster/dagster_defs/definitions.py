@@ -16,8 +16,9 @@ from dagster import AssetsDefinition, Definitions, ExecutorDefinition, ScheduleD
 
 from primus_dagster.dagster_defs.live_asset import build_live_asset
 from primus_dagster.dagster_defs.resources import default_resources
+from primus_dagster.dagster_defs.schedules import auc_final_job
 from primus_dagster.dagster_defs.source_assets import build_source_assets
-from primus_dagster.dagster_defs.training_asset import build_training_asset
+from primus_dagster.dagster_defs.training_asset import build_auc_final_check, build_training_asset
 from primus_dagster.spec import JobSpec, load_job_spec
 
 
@@ -30,9 +31,9 @@ def build_definitions(
     extra_assets: Sequence[AssetsDefinition] = (),
     executor: ExecutorDefinition | None = None,
 ) -> Definitions:
-    """Source assets of ``job``, its training asset and its live model asset (a job with a Kafka stream to
-    follow), plus ``extra_assets`` (a user's own, e.g.
-    downstream of the model), with ``resources`` (default: :func:`default_resources`). The training
+    """Source assets of ``job``, its training asset (with its delayed ``auc_final`` check and the check-only
+    ``<job>_auc_final_job``) and its live model asset (a job with a Kafka stream to follow), plus
+    ``extra_assets`` (a user's own, e.g. downstream of the model), with ``resources`` (default: :func:`default_resources`). The training
     asset needs the spec's file (executor processes load it): ``job`` given as a path, or ``job_path``
     when ``job`` is a loaded spec (without it: source assets only). ``executor``: how runs execute their
     steps (default: Dagster's multiprocess executor; e.g. dagster-k8s's ``k8s_job_executor``)."""
@@ -40,12 +41,17 @@ def build_definitions(
         job_path = job_path or job
         job = load_job_spec(job)
     job_assets = build_source_assets(job)
+    checks, jobs = [], []
     if job_path is not None:
         job_assets.append(build_training_asset(job, job_path))
+        checks.append(build_auc_final_check(job))
+        jobs.append(auc_final_job(job))  # launched by its schedule, or by hand with a `partition`
         if job.live_stream_sources()[0]:
             job_assets.append(build_live_asset(job, job_path))
     return Definitions(
         assets=[*job_assets, *extra_assets],
+        asset_checks=checks,
+        jobs=jobs,
         resources=dict(resources) if resources is not None else default_resources(),
         sensors=list(sensors),
         schedules=list(schedules),

@@ -1,11 +1,34 @@
-"""Links from what the engine records (MLflow runs) back to the Dagster run, asset and partition.
+"""Links from what the engine records (MLflow runs) back to the Dagster run, asset and partition, and the
+column schemas (``dagster/column_schema``) of the source and training assets.
 
 Example::
 
     TrainingJob(..., tags=dagster_run_tags(context))   # MLflow tags dagster.run_id, dagster.asset, ...
+    {"dagster/column_schema": source_column_schema(source, scan.schema)}   # canonical columns <- native ones
 """
 
-from dagster import AssetExecutionContext
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+from dagster import AssetExecutionContext, MetadataValue, TableColumn, TableColumnConstraints, TableSchema
+
+from primus_dagster.data import canonical_schema
+from primus_dagster.spec import JobSpec, SourceSpec
+
+COLUMN_SCHEMA = "dagster/column_schema"
+ROW_COUNT = "dagster/row_count"
+
+
+def location_value(location: str) -> MetadataValue:
+    """A typed value for where data lives: ``url`` for http(s), ``path`` for a local path (absolute or
+    ``file://``), text otherwise (an object-store URI, a Kafka topic)."""
+    if location.startswith(("http://", "https://")):
+        return MetadataValue.url(location)
+    if location.startswith("/") or location.startswith("file://"):
+        return MetadataValue.path(location.removeprefix("file://"))
+    return MetadataValue.text(location)
 
 
 def dagster_run_tags(context: AssetExecutionContext) -> dict[str, str]:
@@ -18,3 +41,56 @@ def dagster_run_tags(context: AssetExecutionContext) -> dict[str, str]:
     if context.has_partition_key:
         tags["dagster.partition"] = context.partition_key
     return tags
+
+
+def _native_names(source: SourceSpec) -> dict[str, str]:
+    """Canonical column -> the native column(s) of ``source`` it is read from."""
+    mapping = source.columns
+    names = {"ts": mapping.ts, "dense": mapping.dense if isinstance(mapping.dense, str) else ", ".join(mapping.dense)}
+    if mapping.label:
+        names["label"] = mapping.label
+    if mapping.id:
+        names["sample_id"] = mapping.id
+    names.update(dict(mapping.sparse_pairs()))
+    names["source"], names["kind"] = "(the source's name)", "(batch | stream)"
+    return names
+
+
+def _spec_schema(source: SourceSpec) -> pa.Schema:
+    dense = source.columns.dense
+    return canonical_schema(source.columns, len(dense) if isinstance(dense, list) else -1)
+
+
+def source_column_schema(source: SourceSpec, schema: pa.Schema | None = None) -> TableSchema:
+    """The canonical columns a partition of ``source`` reads as (``schema``: what a scan found; default:
+    what the spec's column mapping gives), each described by the native column(s) it comes from."""
+    return _table_schema([(source, schema if schema is not None else _spec_schema(source))])
+
+
+def training_column_schema(job: JobSpec) -> TableSchema:
+    """The canonical sample columns the training asset consumes: the union over the job's sources, each
+    described by the native columns it comes from per source."""
+    return _table_schema((source, _spec_schema(source)) for _, source in job.dataset.all_sources())
+
+
+def _table_schema(parts: Iterable[tuple[SourceSpec, pa.Schema]]) -> TableSchema:
+    types: dict[str, str] = {}
+    nullable: dict[str, bool] = {}
+    origins: dict[str, list[str]] = {}
+    for source, schema in parts:
+        natives = _native_names(source)
+        for field in schema:
+            types.setdefault(field.name, str(field.type))
+            nullable[field.name] = nullable.get(field.name, False) or field.nullable
+            origins.setdefault(field.name, []).append(f"{source.name}: {natives.get(field.name, field.name)}")
+    return TableSchema(
+        columns=[
+            TableColumn(
+                name,
+                types[name],
+                description="; ".join(origins[name]),
+                constraints=TableColumnConstraints(nullable=nullable[name]),
+            )
+            for name in types
+        ]
+    )

@@ -6,7 +6,9 @@ the newest increment built on it goes on learning from the Kafka records that ar
 published to MLflow and registered as a version of the job's registered model, tagged with its run
 key, base, new records and the Dagster run; the alias ``live`` moves to it (no quality check: the
 hours after an increment have not happened yet, so ``models:/<job>@live`` is the freshest model and
-``@champion`` the newest checked one). The stream sensor asks for it when its thresholds (``automation.min_new_records``,
+``@champion`` the newest checked one). The engine's stage lines (planning, executors, checkpoints,
+heartbeats) go to the Dagster run log, as the training asset's (:func:`~primus_dagster.dagster_defs.run_log.engine_logs_to`).
+The stream sensor asks for it when its thresholds (``automation.min_new_records``,
 ``max_wait``) are met; it can also be materialised by hand, or by ``primus-dagster live``. Jobs without
 a Kafka stream source of kind ``stream`` (or in ``batch`` mode) have no live asset.
 
@@ -31,6 +33,7 @@ from dagster import (
 
 from primus_dagster.dagster_defs.lineage import dagster_run_tags
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
+from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.dagster_defs.schedules import AssetJob
 from primus_dagster.dagster_defs.training_asset import (
     ROW_COUNT,
@@ -105,19 +108,20 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
 
         tracker = mlflow.tracker(job)
         run_tags = dagster_run_tags(context)
-        result = run_live_increment(
-            LiveIncrement(
-                job,
-                job_path,
-                storage.data_root,
-                kafka_bootstrap=source_context.kafka_bootstrap_servers,
-                executors=executor_pool.executors(job),
-                tracker=tracker,
-                tags=run_tags,
-                progress=log_progress,
-            ),
-            JobHooks(data_plane=executor_pool.data_plane_factory(job)),
-        )
+        with engine_logs_to(context.log):  # planning, executors, phases, checkpoints, heartbeats
+            result = run_live_increment(
+                LiveIncrement(
+                    job,
+                    job_path,
+                    storage.data_root,
+                    kafka_bootstrap=source_context.kafka_bootstrap_servers,
+                    executors=executor_pool.executors(job),
+                    tracker=tracker,
+                    tags=run_tags,
+                    progress=log_progress,
+                ),
+                JobHooks(data_plane=executor_pool.data_plane_factory(job)),
+            )
         context.log.info(f"live increment: {result.start.why}; {result.records} new record(s)")
         values = result.metadata()
         metadata = typed_metadata(values)

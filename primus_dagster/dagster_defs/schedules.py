@@ -14,9 +14,16 @@ inputs instead and are what the reference deployment turns on; the schedule is d
 be turned on in the UI (or ``dagster schedule start``) where a fixed clock is wanted. Source assets get
 no schedule: their data lands on the storage system's clock, which the batch sensor follows.
 
+The second schedule, ``<job>_auc_final_schedule``, runs the delayed final evaluation: each hour, at
+the minute the labels of a training partition's held-out hours complete (window end + ``eval_hours`` +
+the label delay, :func:`~primus_dagster.training.evaluation.labels_complete_at`), a check-only run of
+the training asset's ``auc_final`` check (:func:`auc_final_job`) for the newest partition whose labels
+are complete (one run per partition: the run key). Partitions it did not catch (the schedule was
+stopped) are scored by launching ``<job>_auc_final_job`` by hand with the op config ``partition``.
+
 Example::
 
-    schedules = build_schedules(job)                       # [ctr_demo_training_schedule], STOPPED
+    schedules = build_schedules(job)       # [ctr_demo_training_schedule, ctr_demo_auc_final_schedule], STOPPED
     defs = build_definitions(job, job_path="job.yaml", schedules=schedules)
 """
 
@@ -27,6 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     AssetSelection,
     DefaultScheduleStatus,
@@ -38,8 +46,15 @@ from dagster import (
     schedule,
 )
 
-from primus_dagster.dagster_defs.training_asset import training_asset_name, training_partitions_def
+from primus_dagster.dagster_defs.training_asset import (
+    AUC_FINAL_CHECK_NAME,
+    build_auc_final_check,
+    latest_complete_partition,
+    training_asset_name,
+    training_partitions_def,
+)
 from primus_dagster.spec import JobSpec, granularity_step
+from primus_dagster.training.final_eval import labels_complete_at
 
 AssetJob = Any
 """What ``define_asset_job`` returns (an unresolved asset job; Dagster does not export its class)."""
@@ -64,10 +79,35 @@ def training_asset_job(job: JobSpec, key_prefix: list[str] | None = None) -> Ass
     if cache_key not in _TRAINING_JOBS:
         _TRAINING_JOBS[cache_key] = define_asset_job(
             name,
-            selection=AssetSelection.assets(key),
+            # Its blocking check runs with it; auc_final waits for complete labels and has its own job.
+            selection=AssetSelection.assets(key) - AssetSelection.checks(AssetCheckKey(key, AUC_FINAL_CHECK_NAME)),
             description=f"The training partitions of job `{job.name}`, one per {job.training.partition}.",
         )
     return _TRAINING_JOBS[cache_key]
+
+
+def auc_final_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJob:
+    """``<job>_auc_final_job``: a check-only job running the training asset's ``auc_final`` check."""
+    key = AssetKey([*(key_prefix or []), training_asset_name(job)])
+    name = f"{job.name.replace('-', '_')}_auc_final_job"
+    cache_key = (name, key, AUC_FINAL_CHECK_NAME)
+    if cache_key not in _TRAINING_JOBS:
+        _TRAINING_JOBS[cache_key] = define_asset_job(
+            name,
+            selection=AssetSelection.checks(AssetCheckKey(key, AUC_FINAL_CHECK_NAME)),
+            description=f"The final AUC of a training partition of job `{job.name}`, on complete labels.",
+        )
+    return _TRAINING_JOBS[cache_key]
+
+
+def auc_final_request(job: JobSpec, partition_key: str, key_prefix: list[str] | None = None) -> RunRequest:
+    """The run request of ``auc_final`` for the training partition ``partition_key``."""
+    op_name = build_auc_final_check(job, key_prefix).node_def.name
+    return RunRequest(
+        run_key=f"auc_final/{partition_key}",
+        run_config={"ops": {op_name: {"config": {"partition": partition_key}}}},
+        tags={"primus/trigger": "auc_final schedule", "primus/partition": partition_key},
+    )
 
 
 def build_schedules(
@@ -75,7 +115,8 @@ def build_schedules(
     key_prefix: list[str] | None = None,
     default_status: DefaultScheduleStatus = DefaultScheduleStatus.STOPPED,
 ) -> list[ScheduleDefinition]:
-    """The training schedule of ``job`` (module docstring), in a list as ``build_definitions`` takes it."""
+    """The training schedule and the ``auc_final`` schedule of ``job`` (module docstring), in a list as
+    ``build_definitions`` takes it (which defines the ``auc_final`` check they need)."""
     offset = schedule_offset(job)
     hours, minutes = divmod(int(offset / timedelta(minutes=1)), 60)
     partitions = training_partitions_def(job)
@@ -96,4 +137,21 @@ def build_schedules(
         key = closed[-1]
         return RunRequest(run_key=key, partition_key=key, tags={"primus/trigger": "training schedule"})
 
-    return [_training_schedule]
+    final_minute = int((labels_complete_at(job, job.dataset.start) - job.dataset.start) / timedelta(minutes=1)) % 60
+
+    @schedule(
+        name=f"{job.name.replace('-', '_')}_auc_final_schedule",
+        cron_schedule=f"{final_minute} * * * *",
+        execution_timezone="UTC",
+        job=auc_final_job(job, key_prefix),
+        default_status=default_status,
+        description=f"Each hour: the final AUC of job `{job.name}`'s newest partition whose labels are complete.",
+    )
+    def _auc_final_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        now = context.scheduled_execution_time
+        key = latest_complete_partition(job, partitions, now) if now is not None else None
+        if key is None:
+            return SkipReason("no training partition has complete labels yet")
+        return auc_final_request(job, key, key_prefix)
+
+    return [_training_schedule, _auc_final_schedule]

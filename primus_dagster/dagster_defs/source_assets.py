@@ -1,11 +1,13 @@
 """One Dagster asset per source of a JobSpec, partitioned hourly or daily as the spec says, with blocking checks.
 
-Materialising a partition scans it and records rows, bytes, files/tasks, version or Kafka offsets,
-a schema hash and a preview as metadata; the data itself stays in its storage (no IO manager).
+Materialising a partition scans it and records rows (also as ``dagster/row_count``), the canonical
+columns it reads as (``dagster/column_schema``, each column naming its native one), bytes, files/tasks,
+its location (a typed path or url), version or Kafka offsets, a schema hash and a preview as metadata; the data itself stays in its storage (no IO manager).
 A partition that is not ready (no ``_SUCCESS`` marker, the stream not past it, ...) fails the step:
 there is nothing to record. A readable partition is materialised, and its problems fail the
 blocking checks of :mod:`~primus_dagster.dagster_defs.source_checks` (``no_unreadable_files``,
-``schema_matches_spec``, ``not_empty``, ``event_times_in_partition``), which keep the training
+``schema_matches_spec``, ``not_empty``, ``event_times_in_partition``, ``label_rate_in_range``,
+``freshness``), which keep the training
 asset from running on it in the same run.
 
 Example::
@@ -26,6 +28,7 @@ from dagster import (
     asset,
 )
 
+from primus_dagster.dagster_defs.lineage import COLUMN_SCHEMA, ROW_COUNT, location_value, source_column_schema
 from primus_dagster.dagster_defs.partitions import time_partitions
 from primus_dagster.dagster_defs.resources import PrimusStorageResource
 from primus_dagster.dagster_defs.source_checks import (
@@ -56,16 +59,18 @@ def _preview_markdown(scan: PartitionScan) -> str:
     return "\n".join(lines)
 
 
-def _materialization_metadata(scan: PartitionScan) -> dict[str, object]:
+def _materialization_metadata(source: SourceSpec, scan: PartitionScan) -> dict[str, object]:
     part = scan.partition
     metadata: dict[str, object] = {
+        ROW_COUNT: MetadataValue.int(scan.rows),
+        COLUMN_SCHEMA: MetadataValue.table_schema(source_column_schema(source, scan.schema)),
         "rows": MetadataValue.int(scan.rows),
         "arrow_bytes": MetadataValue.int(scan.arrow_bytes),
         "storage_bytes": MetadataValue.int(part.bytes or 0),
         "files": MetadataValue.int(part.files),
         "tasks": MetadataValue.int(scan.tasks),
         "failed_tasks": MetadataValue.int(len(scan.errors)),
-        "location": MetadataValue.text(part.location),
+        "location": location_value(part.location),
         "schema_hash": MetadataValue.text(schema_hash(scan.schema) if scan.schema is not None else ""),
         "positives": MetadataValue.int(scan.positives),
         "labelled_rows": MetadataValue.int(scan.labelled_rows),
@@ -123,13 +128,13 @@ def build_source_asset(
 
             scan, schema_error_uris = scan_recording_schema_errors(adapter, partition, on_task=log_progress)
         check_results = source_check_results(
-            asset_key, context.partition_key, scan, schema_error_uris, source.allow_empty
+            asset_key, context.partition_key, scan, schema_error_uris, source.allow_empty, source.checks
         )
         for failed in (result for result in check_results if not result.passed):
             context.log.warning(
                 f"{source.name} {context.partition_key}: {failed.check_name} failed: {failed.description}"
             )
-        return MaterializeResult(metadata=_materialization_metadata(scan), check_results=check_results)
+        return MaterializeResult(metadata=_materialization_metadata(source, scan), check_results=check_results)
 
     return _source_asset
 

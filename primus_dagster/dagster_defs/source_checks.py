@@ -1,12 +1,19 @@
 """The blocking asset checks of a source asset, one per concern, from what scanning its partition found.
 
-``no_unreadable_files``, ``schema_matches_spec``, ``not_empty`` and ``event_times_in_partition``
-are declared on every source asset (:func:`source_check_specs`) and evaluated in the same step as
+``no_unreadable_files``, ``schema_matches_spec``, ``not_empty``, ``event_times_in_partition``,
+``label_rate_in_range`` and ``freshness`` are declared on every source asset (:func:`source_check_specs`) and evaluated in the same step as
 the materialisation (:func:`source_check_results`): a readable partition with problems is still
 materialised with its metadata, and a failed check (severity ERROR, blocking) keeps the assets
 downstream of it in the same run -- the training asset -- from running. A failed check names the
 problems in its description and metadata, and the partition in its metadata (the checks are per
 asset, not per partition: Dagster's partitioned checks are a preview feature).
+
+The last two take their bounds from the source's ``checks`` block (:class:`~primus_dagster.spec.sources.SourceChecks`):
+``label_rate_in_range`` -- positives / labelled rows of the partition within ``checks.label_rate``;
+``freshness`` -- the partition's newest event time at most ``checks.max_staleness`` before its end (a
+source that stopped writing mid-partition). A bound that is not configured does not fail: the check
+passes and records the measured value with ``bound: not configured``. Both come from the one scan's
+counters (label column and event-time column only), no second read.
 
 Example::
 
@@ -31,17 +38,24 @@ from primus_dagster.data import (
     scan_partition,
     schema_hash,
 )
+from primus_dagster.spec.durations import format_duration
+from primus_dagster.spec.sources import SourceChecks
 
 NO_UNREADABLE_FILES = "no_unreadable_files"
 SCHEMA_MATCHES_SPEC = "schema_matches_spec"
 NOT_EMPTY = "not_empty"
 EVENT_TIMES_IN_PARTITION = "event_times_in_partition"
+LABEL_RATE_IN_RANGE = "label_rate_in_range"
+FRESHNESS = "freshness"
+NOT_CONFIGURED = "not configured"
 
 SOURCE_CHECK_DESCRIPTIONS = {
     NO_UNREADABLE_FILES: "every file / offset range of the partition could be read",
     SCHEMA_MATCHES_SPEC: "every file has the columns the spec maps, with usable types",
     NOT_EMPTY: "the partition has rows (unless the source sets allow_empty)",
     EVENT_TIMES_IN_PARTITION: "every row's event time lies inside the partition's time window",
+    LABEL_RATE_IN_RANGE: "the share of positive labels lies in the source's checks.label_rate [lo, hi]",
+    FRESHNESS: "the newest event time is at most checks.max_staleness before the partition's end",
 }
 
 _LISTED_PROBLEMS = 20
@@ -111,13 +125,60 @@ def _result(asset_key: AssetKey, check_name: str, problems: list[str], metadata:
     )
 
 
-def source_check_results(
-    asset_key: AssetKey, partition_key: str, scan: PartitionScan, schema_error_uris: frozenset[str], allow_empty: bool
-) -> list[AssetCheckResult]:
-    """One result per check of :func:`source_check_specs` for the scanned partition ``partition_key``.
+def label_rate_problems(scan: PartitionScan, checks: SourceChecks) -> tuple[list[str], dict[str, object]]:
+    """The ``label_rate_in_range`` problems of ``scan`` and the check's metadata (rate, counts, bound)."""
+    metadata: dict[str, object] = {
+        "positives": MetadataValue.int(scan.positives),
+        "labelled_rows": MetadataValue.int(scan.labelled_rows),
+        "bound": MetadataValue.text(NOT_CONFIGURED if checks.label_rate is None else str(list(checks.label_rate))),
+    }
+    if not scan.labelled_rows:
+        return [], {**metadata, "reason": MetadataValue.text("no labelled rows (not_empty decides on empty)")}
+    rate = scan.positives / scan.labelled_rows
+    metadata["label_rate"] = MetadataValue.float(rate)
+    if checks.label_rate is None or checks.label_rate[0] <= rate <= checks.label_rate[1]:
+        return [], metadata
+    lo, hi = checks.label_rate
+    return [
+        f"label rate {rate:.4g} ({scan.positives} positive(s) of {scan.labelled_rows} labelled rows) "
+        f"outside checks.label_rate [{lo}, {hi}]"
+    ], metadata
 
-    A partition fails some check exactly when :func:`~primus_dagster.data.scan_problems` lists a problem.
+
+def freshness_problems(scan: PartitionScan, checks: SourceChecks) -> tuple[list[str], dict[str, object]]:
+    """The ``freshness`` problems of ``scan`` (its newest event time too long before the partition's end)
+    and the check's metadata (newest event time, staleness, bound)."""
+    bound = checks.max_staleness
+    metadata: dict[str, object] = {
+        "bound": MetadataValue.text(NOT_CONFIGURED if bound is None else format_duration(bound))
+    }
+    if scan.max_ts is None:
+        return [], {**metadata, "reason": MetadataValue.text("no event times (not_empty decides on empty)")}
+    staleness = scan.partition.end - scan.max_ts
+    metadata["newest_event_time"] = MetadataValue.timestamp(scan.max_ts)
+    metadata["staleness_s"] = MetadataValue.float(staleness.total_seconds())
+    if bound is None or staleness <= bound:
+        return [], metadata
+    return [
+        f"newest event time {scan.max_ts.isoformat()} is {format_duration(staleness)} before the partition's end "
+        f"{scan.partition.end.isoformat()}: more than checks.max_staleness {format_duration(bound)}"
+    ], metadata
+
+
+def source_check_results(
+    asset_key: AssetKey,
+    partition_key: str,
+    scan: PartitionScan,
+    schema_error_uris: frozenset[str],
+    allow_empty: bool,
+    checks: SourceChecks | None = None,
+) -> list[AssetCheckResult]:
+    """One result per check of :func:`source_check_specs` for the scanned partition ``partition_key``;
+    ``checks``: the source's bounds (default: none configured).
+
+    The first four fail exactly when :func:`~primus_dagster.data.scan_problems` lists a problem.
     """
+    checks = checks or SourceChecks()
     partition = scan.partition
     partition_metadata = {"partition": MetadataValue.text(partition_key), "tasks": MetadataValue.int(scan.tasks)}
     schema_errors = [(uri, message) for uri, message in scan.errors if uri in schema_error_uris]
@@ -144,9 +205,13 @@ def source_check_results(
         **partition_metadata,
         "schema_hash": MetadataValue.text(schema_hash(scan.schema) if scan.schema is not None else ""),
     }
+    label_problems, label_metadata = label_rate_problems(scan, checks)
+    fresh_problems, fresh_metadata = freshness_problems(scan, checks)
     return [
         _result(asset_key, NO_UNREADABLE_FILES, _error_lines(read_errors), partition_metadata),
         _result(asset_key, SCHEMA_MATCHES_SPEC, _error_lines(schema_errors), schema_metadata),
         _result(asset_key, NOT_EMPTY, empty_problems, {**partition_metadata, "rows": MetadataValue.int(scan.rows)}),
         _result(asset_key, EVENT_TIMES_IN_PARTITION, event_time_problems, event_time_metadata),
+        _result(asset_key, LABEL_RATE_IN_RANGE, label_problems, {**partition_metadata, **label_metadata}),
+        _result(asset_key, FRESHNESS, fresh_problems, {**partition_metadata, **fresh_metadata}),
     ]

@@ -19,6 +19,14 @@ recorded), which keeps downstream assets of the run from running on it.
 In a run that also materialises the sources, a failed blocking source check (see
 :mod:`~primus_dagster.dagster_defs.source_checks`) keeps it from running.
 
+The next-hour AUC at materialisation scores hours whose labels may not be complete yet. The
+non-blocking ``auc_final`` check (:func:`build_auc_final_check`) scores the same hours again once their
+complete labels exist (:func:`~primus_dagster.training.evaluation.labels_complete_at`: window end +
+``eval_hours`` + the label delay), with the partition's registered model version loaded from MLflow and
+data read through the engine; the ``auc_final`` schedule (:mod:`~primus_dagster.dagster_defs.schedules`)
+runs it as a check-only run per partition. Run earlier (by hand), it does not evaluate: it reports
+"labels not complete until T" (a WARN failure).
+
 Example::
 
     defs = Definitions(assets=[*build_source_assets(job), build_training_asset(job, "job.yaml")],
@@ -28,11 +36,14 @@ Example::
 import json
 import math
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
+    AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetDep,
@@ -41,25 +52,29 @@ from dagster import (
     AssetRecordsFilter,
     AssetsDefinition,
     DagsterInstance,
+    Field,
     MaterializeResult,
     MetadataValue,
     PartitionsDefinition,
     TimeWindowPartitionMapping,
     asset,
+    asset_check,
 )
 
-from primus_dagster.dagster_defs.lineage import dagster_run_tags
+from primus_dagster.dagster_defs.lineage import COLUMN_SCHEMA, dagster_run_tags, training_column_schema
 from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.data import TimeWindow
 from primus_dagster.spec import JobSpec, granularity_step
 from primus_dagster.spec.durations import format_duration
+from primus_dagster.training.final_eval import eval_end, final_labels, labels_complete_at
 
 if TYPE_CHECKING:  # mlflow and torch load when an asset runs, not with the definitions
     from primus_dagster.training.tracking import MlflowTracker
 
 AUC_CHECK_NAME = "auc_not_regressed"
+AUC_FINAL_CHECK_NAME = "auc_final"  # the same hours scored again once their labels are complete
 CHAMPION_ALIAS = "champion"  # the newest trained partition whose blocking quality check passed
 ROW_COUNT = "dagster/row_count"
 _TEXT = {"mlflow_run_id", "model_uri", "window_start", "window_end", "eval_window", "eval_labels"}
@@ -192,14 +207,8 @@ def previous_auc(
 ) -> float | None:
     """``eval_auc`` of the latest materialisation of the partition before ``partition_key``."""
     previous = previous_partition(partitions, partition_key, instance)
-    if previous is None:
-        return None
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=key, asset_partitions=[previous]), limit=1
-    ).records
-    if not records or records[0].asset_materialization is None:
-        return None
-    value = records[0].asset_materialization.metadata.get("eval_auc")
+    metadata = latest_materialization_metadata(instance, key, previous) if previous is not None else None
+    value = metadata.get("eval_auc") if metadata is not None else None
     return None if value is None else float(value.value)
 
 
@@ -305,6 +314,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         result_metadata = result.metadata()
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
         metadata = typed_metadata(result_metadata)
+        metadata[COLUMN_SCHEMA] = MetadataValue.table_schema(training_column_schema(job))
         if previous_key is None:
             metadata["cold_start"] = MetadataValue.text("first training partition")
         auc_result = auc_check(job, result_metadata.get("eval_auc"), previous_partition_auc)
@@ -335,3 +345,153 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         return MaterializeResult(metadata=metadata, check_results=[auc_result])
 
     return _training_asset
+
+
+def latest_materialization_metadata(
+    instance: DagsterInstance, key: AssetKey, partition_key: str
+) -> Mapping[str, MetadataValue] | None:
+    """The metadata of the latest materialisation of ``key``'s partition ``partition_key`` (None: never)."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[partition_key]), limit=1
+    ).records
+    if not records or records[0].asset_materialization is None:
+        return None
+    return records[0].asset_materialization.metadata
+
+
+def latest_complete_partition(job: JobSpec, partitions: PartitionsDefinition, now: datetime) -> str | None:
+    """The newest training partition whose final labels are complete at ``now`` (None: none yet)."""
+    keys = partitions.get_partition_keys(current_time=now)
+    for partition_key in reversed(keys):
+        end = partitions.time_window_for_partition_key(partition_key).end  # type: ignore[attr-defined]
+        if labels_complete_at(job, end) <= now:
+            return partition_key
+    return None
+
+
+def _not_evaluated(why: str, metadata: Mapping[str, Any]) -> AssetCheckResult:
+    return AssetCheckResult(
+        check_name=AUC_FINAL_CHECK_NAME,
+        passed=False,
+        severity=AssetCheckSeverity.WARN,
+        description=why,
+        metadata={**metadata, "reason": MetadataValue.text(why)},
+    )
+
+
+def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> AssetChecksDefinition:
+    """The non-blocking ``auc_final`` check of the training asset (module docstring). Its op config
+    ``partition`` names the training partition to score (empty: the newest whose labels are complete).
+
+    It passes when the final AUC beats chance (> 0.5) and records ``auc_final``, ``rows``, the labels used,
+    the AUC at materialisation (``eval_auc``) and the change; it also logs ``final_auc`` to the partition's
+    MLflow run and tags the model version ``primus.final_auc``.
+
+    Example::
+
+        defs = Definitions(assets=[training], asset_checks=[build_auc_final_check(job)], ...)
+    """
+    key = AssetKey([*(key_prefix or []), training_asset_name(job)])
+    partitions = training_partitions_def(job)
+
+    @asset_check(
+        asset=key,
+        name=AUC_FINAL_CHECK_NAME,
+        blocking=False,
+        description=(
+            f"AUC of the partition's model on the {job.training.eval_hours} hour(s) after its window, once their "
+            "complete labels exist (window end + eval hours + label delay); recorded, never blocking"
+        ),
+        config_schema={
+            "partition": Field(str, default_value="", description="training partition; empty: the newest complete")
+        },
+    )
+    def _auc_final(
+        context: AssetCheckExecutionContext, storage: PrimusStorageResource, mlflow: MlflowResource
+    ) -> AssetCheckResult:
+        from primus_dagster.training.evaluation import evaluate_window
+
+        now = datetime.now(timezone.utc)
+        # Selected along with a materialisation (the UI's "Materialize", `dagster asset materialize`), it
+        # scores that run's partition: usually "labels not complete until ...".
+        partition_key = (
+            context.op_execution_context.op_config["partition"]
+            or context.op_execution_context.run.tags.get("dagster/partition")
+            or latest_complete_partition(job, partitions, now)
+        )
+        if not partition_key:
+            return _not_evaluated("no training partition has complete labels yet", {})
+        if not partitions.has_partition_key(partition_key):
+            return _not_evaluated(
+                f"{partition_key!r} is not a training partition of job {job.name} (e.g. "
+                f"{partitions.get_first_partition_key()!r})",
+                {},
+            )
+        window = partitions.time_window_for_partition_key(partition_key)  # type: ignore[attr-defined]
+        complete = labels_complete_at(job, window.end)
+        metadata: dict[str, Any] = {
+            "partition": MetadataValue.text(partition_key),
+            "labels_complete_at": MetadataValue.timestamp(complete),
+        }
+        if now < complete:
+            return _not_evaluated(f"labels not complete until {complete.isoformat()}", metadata)
+        trained = latest_materialization_metadata(context.instance, key, partition_key) or {}
+        uris = [str(trained[name].value) for name in ("model_version_uri", "model_uri") if name in trained]
+        model_uri = next((uri for uri in uris if uri), None)
+        if model_uri is None:
+            return _not_evaluated(f"partition {partition_key} has no trained model", metadata)
+        metadata["model"] = MetadataValue.text(model_uri)
+        tracker = mlflow.tracker(job)
+        model = load_model(tracker.tracking_uri, model_uri)
+        context.log.info(f"{AUC_FINAL_CHECK_NAME}: scoring {model_uri} ({partition_key}) on complete labels")
+        kind = final_labels(job)
+        evaluation = evaluate_window(
+            job,
+            storage.source_context(source for _, source in job.dataset.all_sources()),
+            model,
+            window.end,
+            eval_end(job, window.end),
+            labels=(kind,),
+        )
+        if evaluation is None:
+            return _not_evaluated(f"no {kind} rows in the hours after {partition_key}", metadata)
+        auc = float(evaluation.result.auc)
+        metadata |= {
+            "auc_final": MetadataValue.float(auc),
+            "rows": MetadataValue.int(int(evaluation.result.rows)),
+            "labels": MetadataValue.text(evaluation.labels),
+            "eval_window": MetadataValue.text(
+                f"{evaluation.window.start.isoformat()}/{evaluation.window.end.isoformat()}"
+            ),
+        }
+        if "eval_auc" in trained:
+            at_materialisation = float(trained["eval_auc"].value)
+            metadata |= {
+                "eval_auc": MetadataValue.float(at_materialisation),
+                "auc_change": MetadataValue.float(auc - at_materialisation),
+            }
+        if "mlflow_run_id" in trained:
+            tracker.client.log_metric(str(trained["mlflow_run_id"].value), "final_auc", auc)
+        if "model_version" in trained:
+            tracker.client.set_model_version_tag(
+                registered_model_name(job), str(trained["model_version"].value), "primus.final_auc", f"{auc:.6f}"
+            )
+        return AssetCheckResult(
+            check_name=AUC_FINAL_CHECK_NAME,
+            passed=auc > 0.5,
+            severity=AssetCheckSeverity.WARN,
+            metadata=metadata,
+        )
+
+    return _auc_final
+
+
+def load_model(tracking_uri: str, model_uri: str) -> Any:
+    """The PyTorch model at ``model_uri`` (``models:/<name>/<version>`` or ``models:/<id>``) of MLflow at
+    ``tracking_uri``."""
+    import mlflow.pytorch
+
+    from primus_dagster.training.tracking import use_tracking_uri
+
+    with use_tracking_uri(tracking_uri):
+        return mlflow.pytorch.load_model(model_uri)

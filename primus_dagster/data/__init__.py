@@ -38,6 +38,7 @@ from primus_dagster.data.executor import ExecutorConfig, start_executor_process,
 from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
 from primus_dagster.data.local_plane import LocalDataPlane, reader_for
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
+from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.sources import (
     Partition,
     PartitionNotReadyError,
@@ -107,6 +108,7 @@ __all__ = [
     "source_versions",
     "sparse_feature_names",
     "start_executor_process",
+    "sweep_dead_executors",
     "task_batches",
     "wait_ready",
 ]

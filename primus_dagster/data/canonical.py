@@ -152,11 +152,31 @@ def quality_summary(spec: SourceSpec, counts: Mapping[str, int]) -> str:
     return f"{spec.name}: " + ", ".join(parts)
 
 
-def _column(batch: pa.RecordBatch, name: str, where: str) -> pa.Array:
-    index = batch.schema.get_field_index(name)
-    if index < 0:
-        raise SchemaMismatchError(f"{where}: column {name!r} is missing (have {batch.schema.names})")
-    return batch.column(index)
+class _Columns:
+    """A native batch's columns by name (``RecordBatch.schema`` builds a new schema object per access:
+    looked up once per batch, not once per column)."""
+
+    __slots__ = ("batch", "index", "where")
+
+    def __init__(self, batch: pa.RecordBatch, where: str):
+        self.batch, self.where = batch, where
+        self.index = {name: i for i, name in enumerate(batch.schema.names)}
+
+    def __call__(self, name: str) -> pa.Array:
+        index = self.index.get(name)
+        if index is None:
+            raise SchemaMismatchError(f"{self.where}: column {name!r} is missing (have {list(self.index)})")
+        return self.batch.column(index)
+
+
+def _column(batch: pa.RecordBatch | _Columns, name: str, where: str) -> pa.Array:
+    columns = batch if isinstance(batch, _Columns) else _Columns(batch, where)
+    return columns(name)
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """True when every value is finite (one pass)."""
+    return bool(np.isfinite(values).all())
 
 
 def _to_ts(array: pa.Array, where: str) -> pa.Array:
@@ -317,7 +337,7 @@ class Normalizer:
         return out
 
     def _dense_matrix(
-        self, batch: pa.RecordBatch, n: int, where: str
+        self, batch: pa.RecordBatch | _Columns, n: int, where: str
     ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
         """The dense values as an [n, width] float32 matrix (null -> NaN), the null mask (None: no null) and the
         column names (one per matrix column; a list column repeats its name)."""
@@ -351,11 +371,11 @@ class Normalizer:
         tensor = pa.RecordBatch.from_arrays(columns, names=dense).to_tensor(null_to_nan=True, row_major=True)
         return np.asarray(tensor).reshape(n, len(dense)), nulls, list(dense)
 
-    def _dense(self, batch: pa.RecordBatch, n: int, where: str, rules: _Rules) -> pa.Array:
+    def _dense(self, batch: pa.RecordBatch | _Columns, n: int, where: str, rules: _Rules) -> pa.Array:
         matrix, nulls, names = self._dense_matrix(batch, n, where)
-        finite = np.isfinite(matrix)
-        if nulls is None and finite.all():  # the common case: one pass
+        if nulls is None and _all_finite(matrix):  # the common case: one pass, no mask
             return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+        finite = np.isfinite(matrix)
         invalid = ~finite
         if nulls is not None and self.kafka:  # a missing field, not an invalid value
             missing_rows = np.asarray(nulls.any(axis=1))
@@ -365,13 +385,15 @@ class Normalizer:
             rows = np.asarray(invalid.any(axis=1))
             column = names[int(np.argmax(invalid.any(axis=0)))]
             rules.check("dense_invalid", rows, column, " (NaN, +-inf or null)")
-        if not finite.all():
+        if invalid.any() or nulls is not None:
             # repair (or rows about to be dropped): every non-finite value is 0, the models' reading of it
             matrix = np.nan_to_num(matrix, nan=0.0, posinf=0.0, neginf=0.0)
         width = matrix.shape[1] if matrix.ndim == 2 else 0
         return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), width)
 
-    def _id_column(self, batch: pa.RecordBatch, native: str, what: str, where: str, rules: _Rules) -> pa.Array:
+    def _id_column(
+        self, batch: pa.RecordBatch | _Columns, native: str, what: str, where: str, rules: _Rules
+    ) -> pa.Array:
         """An id column as int64 after the ``bad_id`` / ``missing_field`` rules; repaired values are null."""
         ids, nulls, bad = _ids(_column(batch, native, where), f"{what} {native!r}", where)
         if self.kafka:
@@ -381,7 +403,7 @@ class Normalizer:
             rules.check("bad_id", _any(nulls, bad), native, " (null, NaN, not whole or out of int64 range)")
         return ids
 
-    def _ts(self, batch: pa.RecordBatch, where: str, partition: datetime | None, rules: _Rules) -> pa.Array:
+    def _ts(self, batch: pa.RecordBatch | _Columns, where: str, partition: datetime | None, rules: _Rules) -> pa.Array:
         m = self.mapping
         ts = _to_ts(_column(batch, m.ts, where), where)
         start = pa.scalar(partition if partition is not None else _EPOCH, TS_TYPE)
@@ -407,25 +429,29 @@ class Normalizer:
         n = batch.num_rows
         m = self.mapping
         rules = _Rules(self.actions, n, where)
+        cols = _Columns(batch, where)
         arrays: list[pa.Array] = []
         if self.wants("sample_id"):
             if m.id:
-                arrays.append(self._id_column(batch, m.id, "id column", where, rules))
+                arrays.append(self._id_column(cols, m.id, "id column", where, rules))
             else:
                 arrays.append(pa.nulls(n, pa.int64()))
         if self.wants("ts"):
-            arrays.append(self._ts(batch, where, partition, rules))
+            arrays.append(self._ts(cols, where, partition, rules))
         if m.label:
-            label = _numeric(_column(batch, m.label, where), pa.float32(), f"label column {m.label!r}", where)
-            unlabelled = pc.or_kleene(label.is_null(), pc.is_nan(label))
-            if pc.any(unlabelled).as_py() and rules.check("null_label", _mask(unlabelled), m.label, " (null or NaN)"):
-                label = pc.if_else(unlabelled, pa.scalar(0.0, pa.float32()), label)
+            label = _numeric(cols(m.label), pa.float32(), f"label column {m.label!r}", where)
+            if label.null_count or not _all_finite(label.to_numpy()):  # (an inf is no NaN: checked below)
+                unlabelled = pc.or_kleene(label.is_null(), pc.is_nan(label))
+                if pc.any(unlabelled).as_py() and rules.check(
+                    "null_label", _mask(unlabelled), m.label, " (null or NaN)"
+                ):
+                    label = pc.if_else(unlabelled, pa.scalar(0.0, pa.float32()), label)
         else:
             label = pa.nulls(n, pa.float32())
-        dense = self._dense(batch, n, where, rules)
+        dense = self._dense(cols, n, where, rules)
         sparse = []
         for _, native in m.sparse_pairs():
-            ids = self._id_column(batch, native, "sparse column", where, rules)
+            ids = self._id_column(cols, native, "sparse column", where, rules)
             sparse.append(pc.fill_null(ids, 0) if ids.null_count else ids)
         arrays += [label, dense, *sparse]
         if self.constants:

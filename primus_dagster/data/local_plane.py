@@ -28,6 +28,7 @@ from primus_dagster.data.canonical import check_fields
 from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
 from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.reader.remote_reader import RemoteReader
+from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import JobSpec, load_job_spec
 
@@ -162,6 +163,7 @@ class LocalDataPlane:
                 self._reap(proc, 5)
             if proc.stdout:
                 proc.stdout.close()
+        sweep_dead_executors()
         self.server.shutdown()
 
     def __exit__(self, *exc: object) -> None:

@@ -111,3 +111,19 @@ class BatchId:
 
     def key(self) -> str:
         return f"{self.task_id}@{self.first_row}"
+
+
+def read_location(read: ReadTask, offsets: bool = False) -> str:
+    """Where a read task's rows come from, for messages: its file (with the row-group range of a split
+    file), or with ``offsets`` (a Kafka read: ``uri`` is ``topic:partition``) its topic, partition and
+    offset range.
+
+    >>> read_location(ReadTask("clicks", datetime(2026, 1, 1), "clicks:3", 100, 200), offsets=True)
+    'topic clicks partition 3 offsets 100-200'
+    """
+    if offsets:
+        topic, _, partition = read.uri.rpartition(":")
+        return f"topic {topic} partition {partition} offsets {read.start}-{read.stop}"
+    if read.start == 0 and read.stop is None:
+        return read.uri
+    return f"{read.uri} row groups {read.start}-{read.stop}"

@@ -4,6 +4,8 @@ primus-dagster-dev broker --detach | --status | --stop     # the embedded Kafka-
 primus-dagster-dev demo                                    # `make demo`
 primus-dagster-dev train SPEC ... --record-samples F --slow-executors-ms MS
                                                            # train with test hooks (audit log, slow executors)
+primus-dagster-dev check-model-load --tracking-uri URI --model NAME [--alias champion] [--venv DIR]
+                                                           # load a registered model in a fresh venv
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from primus_dagster import cli, paths
 from primus_dagster.data import LocalDataPlane
+from primus_dagster.devtools import model_load
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog
 from primus_dagster.training.job import JobHooks
 
@@ -101,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=int, default=24, help="hours of the first day whose source assets to materialise")
     p.add_argument("--no-train", action="store_true", help="skip the training asset")
     p.set_defaults(func=_cmd_demo)
+
+    model_load.add_parser(sub)
     return parser
 
 

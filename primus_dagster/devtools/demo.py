@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from primus_dagster.dagster_defs import live_asset_name, training_asset_job, tra
 from primus_dagster.dagster_defs.sensors import source_asset_jobs
 from primus_dagster.data import SourceContext
 from primus_dagster.devtools.freshness import FreshnessError, graphql
+from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
 from primus_dagster.spec import JobSpec, load_job_spec
 from primus_dagster.training.tracking import default_tracking_uri
@@ -110,6 +110,8 @@ class ReferenceLocation:
     """The reference code location (``workspace.yaml``) served by ``dagster-webserver`` on the Dagster instance
     in ``dagster_home``, its runs launched at once (:func:`launch_at_once_config`) and no daemon running, so
     that the location's sensors stay idle. Its UI is the one ``dagster dev`` serves, on :attr:`url`.
+    ``daemon=True`` serves it with ``dagster dev`` itself (webserver and daemon; the sensors tick unless
+    ``PRIMUS_SENSORS=stopped`` is in ``env``).
 
     Example::
 
@@ -119,11 +121,18 @@ class ReferenceLocation:
     """
 
     def __init__(
-        self, dagster_home: Path, env: dict[str, str], log_path: Path, workspace: Path = REPO / "workspace.yaml"
+        self,
+        dagster_home: Path,
+        env: dict[str, str],
+        log_path: Path,
+        workspace: Path = REPO / "workspace.yaml",
+        *,
+        daemon: bool = False,
     ) -> None:
         if not workspace.exists():
             raise DemoError(f"no {workspace}: the demo serves the reference code location of a source checkout")
         self.dagster_home, self.env, self.log_path, self.workspace = dagster_home, env, log_path, workspace
+        self.daemon = daemon
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.location_name = self.repository_name = ""
@@ -136,8 +145,9 @@ class ReferenceLocation:
         (home / "dagster.yaml").write_text(yaml.safe_dump(launch_at_once_config(self.dagster_home)))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            server = [str(_BIN / "dagster"), "dev"] if self.daemon else [str(_BIN / "dagster-webserver")]
             self._proc = subprocess.Popen(
-                [str(_BIN / "dagster-webserver"), "-w", str(self.workspace), "-h", "127.0.0.1", "-p", str(self.port)],
+                [*server, "-w", str(self.workspace), "-h", "127.0.0.1", "-p", str(self.port)],
                 cwd=self.workspace.parent,
                 env={**self.env, "DAGSTER_HOME": str(home)},
                 stdout=log,
@@ -157,7 +167,7 @@ class ReferenceLocation:
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
                 raise DemoError(
-                    f"dagster-webserver exited ({self._proc.returncode}); log {self.log_path}:\n{self._tail()}"
+                    f"{'dagster dev' if self.daemon else 'dagster-webserver'} exited ({self._proc.returncode}); log {self.log_path}:\n{self._tail()}"
                 )
             try:
                 found = graphql(self.port, WORKSPACE_QUERY, {})["workspaceOrError"]
@@ -187,19 +197,13 @@ class ReferenceLocation:
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGTERM)
-                self._proc.wait(timeout=30)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
+            stop_process_tree(self._proc)
             self._proc = None
         self._launcher_home.cleanup()
 
     def launch(self, run: LaunchedRun, run_config: dict[str, Any] | None = None) -> LaunchedRun:
-        """Launch ``run.job_name`` of the location for ``run.partition_key``; ``run`` with its id."""
+        """Launch ``run.job_name`` of the location for ``run.partition_key`` (none for an unpartitioned job:
+        ``""``); ``run`` with its id."""
         from dagster_graphql import DagsterGraphQLClient
 
         client = DagsterGraphQLClient("127.0.0.1", port_number=self.port, timeout=120)
@@ -208,7 +212,9 @@ class ReferenceLocation:
             repository_location_name=self.location_name,
             repository_name=self.repository_name,
             run_config=run_config if run_config is not None else _default_run_config(),
-            tags={"dagster/partition": run.partition_key, "primus/trigger": "demo"},
+            tags={"dagster/partition": run.partition_key, "primus/trigger": "demo"}
+            if run.partition_key
+            else {"primus/trigger": "demo"},
         )
         return run
 

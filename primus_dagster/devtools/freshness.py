@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,8 +176,11 @@ def measure_freshness(
         "PRIMUS_KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
         "PRIMUS_JOB_SPEC": str(spec),
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        # its code servers' sockets and the runs' temp files stay in the work folder, removed with it
+        "TMPDIR": str(workdir / "tmp"),
     }
     (home / "dagster_home").mkdir(parents=True, exist_ok=True)
+    (workdir / "tmp").mkdir(exist_ok=True)
     (home / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
 
     def synth(source: str, first_hour: int, hours: int) -> None:
@@ -227,12 +230,7 @@ def measure_freshness(
         stream_s = live["at"] - produced
         log(f"stream records produced -> in a published model: {stream_s:.1f}s")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_tree(proc, grace_s=60)
     return {
         "batch_landed_to_trained_s": round(batch_s, 2),
         "stream_record_to_model_s": round(stream_s, 2),

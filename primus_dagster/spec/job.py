@@ -197,6 +197,9 @@ class DataPlaneSpec(StrictModel):
     )
 
 
+_MEMORY_LR_SCALE = 1.0
+
+
 class ModelSpec(StrictModel):
     """Model shape: hashed sparse embeddings + dense features into one or two towers."""
 
@@ -215,6 +218,24 @@ class ModelSpec(StrictModel):
         description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the "
         "rows its batch touches (about 2x faster on CPU). DDP training uses dense gradients either way.",
     )
+    memory_lr_scale: float = Field(
+        default=_MEMORY_LR_SCALE,
+        gt=0,
+        le=100,
+        description="MTRM only: the memory tower learns at training.learning_rate x this (the adapt tower at "
+        "training.learning_rate). The memory tower sees only the batch data, each sample once; 3 raised MTRM's "
+        "AUC on the quality bench (lr 5e-4), but the adapt tower reads a memory state that then moves faster, "
+        "which cost AUC at a higher base rate: docs/training.md.",
+    )
+
+    @model_validator(mode="after")
+    def _memory_lr_scale_needs_mtrm(self) -> ModelSpec:
+        # the default passes (a dumped spec carries it), any other value on a single tower is a mistake
+        if self.type != "mtrm" and self.memory_lr_scale != _MEMORY_LR_SCALE:
+            raise ValueError(
+                f"memory_lr_scale applies to the MTRM's memory tower; type {self.type!r} has none (remove it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _table_fits(self) -> ModelSpec:

@@ -15,23 +15,26 @@ Example (YAML)::
     layout: hive
     columns: {ts: event_time, label: click, id: sample_id, dense: [d0, d1], sparse: [user_id]}
     quality: {dense_invalid: repair, null_label: drop, ts_outside_partition: fail}
+    checks: {label_rate: [0.01, 0.5], max_staleness: 15m}
 
 ``quality`` (see :class:`QualityPolicy`) says, per rule, what happens to a row that breaks it:
 ``repair`` (the repair is named in :data:`REPAIRS`), ``drop`` or ``fail`` (the read task fails at
 once, naming file and column; not retried). Whatever the action, every row touched is counted
-per rule and per read task.
+per rule and per read task. ``checks`` (see :class:`SourceChecks`) bounds the blocking asset checks
+``label_rate_in_range`` and ``freshness`` of the source's Dagster asset.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from datetime import timedelta
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from primus_dagster.spec.base import StrictModel
-from primus_dagster.spec.durations import NonNegativeDuration, duration_default
+from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default, format_duration
 from primus_dagster.spec.names import dagster_name_problem
 
 SOURCE_TYPES = ("parquet", "delta", "iceberg", "kafka")
@@ -126,6 +129,39 @@ class KafkaQualityPolicy(QualityPolicy):
     missing_field: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['missing_field']}.")
 
 
+_GRANULARITY = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class SourceChecks(StrictModel):
+    """Bounds of the blocking asset checks ``label_rate_in_range`` and ``freshness`` of a source asset.
+
+    ``label_rate: [lo, hi]``: the share of positive labels among a partition's labelled rows must lie in
+    ``[lo, hi]``. ``max_staleness``: the partition's newest event time may lie at most this long before
+    the partition's end (a source that stopped writing mid-partition fails). A bound left out is not
+    configured: its check still runs, passes, and records the measured value and ``bound: not configured``.
+
+    Example (YAML)::
+
+        checks: {label_rate: [0.01, 0.5], max_staleness: 15m}
+    """
+
+    label_rate: tuple[Share, Share] | None = Field(
+        default=None, description="[lo, hi]: allowed share of positive labels among a partition's labelled rows."
+    )
+    max_staleness: PositiveDuration | None = Field(
+        default=None,
+        description="How long before the partition's end its newest event time may lie (at most the granularity).",
+    )
+
+    @field_validator("label_rate")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and value[0] > value[1]:
+            raise ValueError(f"label_rate [lo, hi] needs lo <= hi, got [{value[0]}, {value[1]}]")
+        return value
+
+
 def _inside_root(location: str) -> str:
     """``location`` unless it is a relative path that leaves the data root (``..``): absolute paths and
     URLs are allowed as they are."""
@@ -151,6 +187,9 @@ class _SourceBase(StrictModel):
     quality: QualityPolicy = Field(
         default_factory=QualityPolicy, description="Data-quality policy: repair, drop or fail, per rule."
     )
+    checks: SourceChecks = Field(
+        default_factory=SourceChecks, description="Bounds of the label-rate and freshness asset checks."
+    )
 
     @field_validator("name")
     @classmethod
@@ -159,6 +198,17 @@ class _SourceBase(StrictModel):
         if problem:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _staleness_within_partition(self) -> _SourceBase:
+        bound, length = self.checks.max_staleness, _GRANULARITY[self.granularity]
+        if bound is not None and bound > length:
+            raise ValueError(
+                f"checks.max_staleness {format_duration(bound)} is longer than a partition of this "
+                f"{'hourly' if self.granularity == 'hour' else 'daily'} source ({format_duration(length)}): it could never fail; use at most "
+                f"{format_duration(length)}"
+            )
+        return self
 
 
 class ParquetSourceSpec(_SourceBase):

@@ -10,18 +10,28 @@ Example::
 
     held = evaluate_window(job, context, model, window.end, window.end + timedelta(hours=1))
     held.result.auc if held else "no data after the window yet"
+
+The *final* evaluation scores the same hours once their labels are complete (:func:`labels_complete_at`):
+only on :func:`final_labels` (the batch sources' complete labels where the job has any)::
+
+    if now >= labels_complete_at(job, window.end):
+        final = evaluate_window(job, context, model, window.end, eval_end(job, window.end), labels=(final_labels(job),))
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from primus_dagster.data import Planner, SourceContext, TimeWindow, read_batches
 from primus_dagster.spec import JobSpec
+from primus_dagster.training.final_eval import eval_end, final_labels, labels_complete_at
 from primus_dagster.training.metrics import EvalResult, evaluate
 from primus_dagster.training.models import RecModel
+
+__all__ = ["NextHourEvaluation", "eval_end", "evaluate_window", "final_labels", "labels_complete_at"]
 
 log = logging.getLogger(__name__)
 
@@ -43,22 +53,24 @@ def evaluate_window(
     end: datetime,
     *,
     max_rows: int | None = 2_000_000,
+    labels: Sequence[str] = ("batch", "stream"),
 ) -> NextHourEvaluation | None:
-    """Evaluate ``model`` on ``[start, end)``; None when no source has data there yet."""
+    """Evaluate ``model`` on ``[start, end)``; None when no source has data there yet. ``labels``: the
+    source kinds to take the held-out rows from, the first that has tasks wins (default: batch, else stream)."""
     window = TimeWindow(start, end)
     with Planner.for_job(job, context) as planner:
         tasks = list(planner.plan(window).tasks)
-    for labels in ("batch", "stream"):
-        chosen = [t for t in tasks if t.kind == labels]
+    for kind in labels:
+        chosen = [t for t in tasks if t.kind == kind]
         if not chosen:
             continue
-        if labels == "stream":
+        if kind == "stream" and "batch" in labels:
             log.warning("no batch data after the window yet: evaluating on the stream's incomplete labels")
         try:
             result = evaluate(model, read_batches(job, context, chosen), max_rows=max_rows)
         except ValueError as exc:  # no rows
             log.warning("held-out evaluation on %s: %s", window, exc)
             return None
-        return NextHourEvaluation(result, labels, window)
-    log.warning("no data after the window (%s) to evaluate on", window)
+        return NextHourEvaluation(result, kind, window)
+    log.warning("no %s data after the window (%s) to evaluate on", "/".join(labels), window)
     return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import secrets
 import shutil
@@ -65,6 +66,10 @@ from primus_dagster.training.trainer import Trainer
 log = logging.getLogger(__name__)
 
 
+#: Places (files, Kafka offset ranges) kept per source and rule where rows were repaired or dropped (the
+#: result, its metadata and checkpoints), and how many of them a run-log line names.
+QUALITY_PLACES_KEPT = 20
+QUALITY_PLACES_LOGGED = 3
 RUN_KIND_TAG = "primus.run_kind"  # "window": a planned window (a training partition); "live": a stream increment
 
 
@@ -146,6 +151,8 @@ class TrainingResult:
     skipped_partitions: list[dict[str, Any]] = field(default_factory=list)  # not ready inside the window
     consumed: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source: see consumed_sources
     data_quality: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> quality rule -> rows touched
+    # source -> quality rule -> ["<file or offset range>: N rows", ..., "... and N more"]
+    data_quality_where: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -168,6 +175,7 @@ class TrainingResult:
             "consumed_partitions": {name: entry["partitions"] for name, entry in self.consumed.items()},
             "data_quality": self.data_quality,
             "data_quality_rows": sum(n for counts in self.data_quality.values() for n in counts.values()),
+            "data_quality_where": self.data_quality_where,
         }
         if self.evaluation is not None:
             out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
@@ -323,9 +331,14 @@ class TrainingRun:
         self.checkpoints: list[int] = []
         self.data_pools: dict[str, dict[str, Any]] = {}  # phase -> what its data pool did (executors, scaling)
         self.data_quality: dict[str, dict[str, int]] = {}  # source -> quality rule -> rows repaired/dropped
+        # source -> rule -> {"where": {file or offset range: rows} (the first QUALITY_PLACES_KEPT), "more": places}
+        self.quality_places: dict[str, dict[str, dict[str, Any]]] = {}
         self.next_checkpoint = self.spec.checkpoint_every_steps
-        # One scratch folder per run key, emptied at start: what a killed attempt left is reclaimed.
-        self.workdir = primus_home() / "train" / hashlib.sha1(cfg.key().encode()).hexdigest()[:16]
+        # One scratch folder per run key, emptied at start: what a killed attempt left is reclaimed. The
+        # data root and spec path are part of its name: runs of one job and window over other data (tests,
+        # a second environment) must not share it.
+        scratch = f"{cfg.key()}|{Path(cfg.data_root).resolve()}|{Path(cfg.job_path).resolve()}"
+        self.workdir = primus_home() / "train" / hashlib.sha1(scratch.encode()).hexdigest()[:16]
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True)
         self._last_progress = 0.0
@@ -379,6 +392,9 @@ class TrainingRun:
                 "n_dense": trainer.model.n_dense,
                 "n_sparse": trainer.model.n_sparse,
                 "stats": stats,
+                # the finished phases' quality counts (the current phase's are in its driver snapshot)
+                "data_quality": self.data_quality,
+                "data_quality_places": self.quality_places,
             },
         )
         directory = save_checkpoint(ck, self.workdir / "checkpoint")
@@ -517,14 +533,67 @@ _TIMELINE_METRICS = {
 }
 
 
+def merge_quality_places(
+    into: dict[str, dict[str, dict[str, Any]]], by_location: dict[str, dict[str, dict[str, int]]], keep: int
+) -> None:
+    """Add a phase's ``by_location`` counts (source -> rule -> {place: rows}) to ``into`` (see
+    ``TrainingRun.quality_places``): the first ``keep`` places per source and rule are kept, the rest counted.
+
+    >>> places = {}
+    >>> merge_quality_places(places, {"imp": {"dense_invalid": {"a.parquet": 3, "b.parquet": 1}}}, keep=1)
+    >>> places
+    {'imp': {'dense_invalid': {'where': {'a.parquet': 3}, 'more': 1}}}
+    """
+    for name, rules in by_location.items():
+        for rule, places in rules.items():
+            entry = into.setdefault(name, {}).setdefault(rule, {"where": {}, "more": 0})
+            for where, rows in places.items():
+                if where in entry["where"] or len(entry["where"]) < keep:
+                    entry["where"][where] = entry["where"].get(where, 0) + rows
+                else:
+                    entry["more"] += 1
+
+
+def quality_places_text(places: dict[str, dict[str, Any]], limit: int) -> dict[str, list[str]]:
+    """Per rule, ``"<place>: N rows"`` for the first ``limit`` places of one source's ``quality_places``,
+    then ``"... and N more"`` when there are others.
+
+    >>> quality_places_text({"dense_invalid": {"where": {"a.parquet": 3, "b.parquet": 1}, "more": 2}}, 1)
+    {'dense_invalid': ['a.parquet: 3 rows', '... and 3 more']}
+    """
+    out: dict[str, list[str]] = {}
+    for rule, entry in sorted(places.items()):
+        shown = list(entry["where"].items())
+        lines = [f"{where}: {rows:,} rows" for where, rows in shown[:limit]]
+        more = max(len(shown) - limit, 0) + int(entry["more"])
+        out[rule] = lines + ([f"... and {more} more"] if more else [])
+    return out
+
+
 def _record_quality(run: TrainingRun, phase: Phase, driver: DataDriver) -> None:
     """The phase's data-quality counts (rows repaired or dropped per source and rule): added to the run's,
-    logged (one warning line per source) and sent to MLflow as ``data_quality.<source>.<rule>`` metrics."""
-    for name, counts in driver.quality_counts()["by_source"].items():
+    logged (one warning line per source, naming the files / Kafka offset ranges) and sent to MLflow as
+    ``data_quality.<source>.<rule>`` metrics."""
+    dataset = run.cfg.job.dataset
+    kafka = {source.name for _, source in dataset.all_sources() if source.type == "kafka"}
+    quality = driver.quality_counts(offset_sources=kafka)
+    phase_places: dict[str, dict[str, dict[str, Any]]] = {}
+    merge_quality_places(phase_places, quality["by_location"], QUALITY_PLACES_LOGGED)
+    merge_quality_places(run.quality_places, quality["by_location"], QUALITY_PLACES_KEPT)
+    for name, counts in quality["by_source"].items():
         mine = run.data_quality.setdefault(name, {})
         for rule, rows in counts.items():
             mine[rule] = mine.get(rule, 0) + rows
-        log.warning("data quality, phase %s: %s", phase.name, quality_summary(run.cfg.job.dataset.source(name), counts))
+        where = "; ".join(
+            f"{rule} in {', '.join(lines)}"
+            for rule, lines in quality_places_text(phase_places.get(name, {}), QUALITY_PLACES_LOGGED).items()
+        )
+        log.warning(
+            "data quality, phase %s: %s%s",
+            phase.name,
+            quality_summary(dataset.source(name), counts),
+            f" -- {where}" if where else "",
+        )
     metrics = {f"data_quality.{n}.{rule}": float(v) for n, c in run.data_quality.items() for rule, v in c.items()}
     if metrics:
         run.tracker.log_metrics(metrics, run.trainer.step if run.trainer is not None else 0)
@@ -655,6 +724,10 @@ def training_result(
         data_pools=run.data_pools,
         consumed=run.consumed,
         data_quality=run.data_quality,
+        data_quality_where={
+            name: quality_places_text(places, QUALITY_PLACES_KEPT)
+            for name, places in sorted(run.quality_places.items())
+        },
         skipped_partitions=[
             {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
         ],
@@ -713,6 +786,9 @@ def load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:
         return None
     checkpoint = load_checkpoint(directory)
     run.pending = checkpoint
+    # the quality counts of the phases finished before the kill (older checkpoints: none kept)
+    run.data_quality = {k: dict(v) for k, v in (checkpoint.extra.get("data_quality") or {}).items()}
+    run.quality_places = json.loads(json.dumps(checkpoint.extra.get("data_quality_places") or {}))
     log.info(
         "resuming run %s from its checkpoint at step %d (phase %s)", tracker.run_id, checkpoint.step, checkpoint.phase
     )

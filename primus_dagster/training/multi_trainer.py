@@ -25,6 +25,11 @@ each phase done by a group of N rank processes (``spawn``, gloo on loopback; ``d
   ranks, forwards their trained reader batches to ``hooks.on_batch`` (a checkpoint is logged only
   after every rank's batches up to it were handed over), logs progress and checkpoints, and at the
   end evaluates rank 0's model on the next hours and logs it with ``mlflow.pytorch``.
+* **What it tells.** The same run log as one trainer's (:class:`~primus_dagster.training.progress.Heartbeat`
+  stage lines: planning, tasks planned, the MLflow run, inputs, executors and ranks starting, first
+  progress, checkpoints, evaluation, the model; a heartbeat when a stage is silent), the consumed
+  sources as MLflow dataset inputs (``log_source_inputs``) and each phase's data-quality counts
+  (``job._record_quality``: result, metadata, MLflow metrics ``data_quality.<source>.<rule>``).
 * **Pool keys.** ``pools.training.cpu``: ``ceil(cpu)`` torch threads per rank, pinned to as many
   cores of their own when the machine has ``N * ceil(cpu)`` (else unpinned); ``memory``: a rank
   whose RSS exceeds it is killed (the group fails, see restart); ``restart: on_failure`` with
@@ -75,6 +80,8 @@ from primus_dagster.training.job import (
     TrainingJob,
     TrainingResult,
     TrainingRun,
+    _planned_line,
+    _record_quality,
     driver_for,
     evaluate_and_log,
     job_params,
@@ -86,6 +93,7 @@ from primus_dagster.training.job import (
 from primus_dagster.training.models import build_model
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
 from primus_dagster.training.priority import LoadingPriority, MixturePriority
+from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.tracking import MlflowTracker
 from primus_dagster.training.trainer import Trainer, TrainerStats
 
@@ -339,6 +347,7 @@ class _Group:
         self.pending: list[dict[str, Any]] = []
         self.results: dict[int, dict[str, Any]] = {}
         self.errors: dict[int, tuple[float, str]] = {}
+        self.progressed = False  # a rank's first progress message came (its stage line was logged)
 
     def run_group(self, plan: RankPlan, phase: Phase) -> None:
         ctx = mp.get_context("spawn")
@@ -390,6 +399,10 @@ class _Group:
             )
 
     def _handle(self, rank: int, kind: str, payload: Any, phase: Phase) -> None:
+        if not self.progressed and kind in ("batch", "progress", "mark", "checkpoint"):
+            # a short phase may end before a rank's first progress report: any training message counts
+            self.progressed = True
+            self.run.stage("phase %s: training (first progress from rank %d)", phase.name, rank)
         if kind == "batch":
             if self.hooks.on_batch is not None:
                 step, batch = payload
@@ -430,6 +443,8 @@ class _Group:
             phase.name,
             ", done" if info["phase_done"] else "",
         )
+        if self.run.beat is not None:
+            self.run.beat.quiet_stage(f"phase {phase.name}: training (step {step})")
 
     def _progress(self, rank: int, stats: dict[str, Any], phase: Phase) -> None:
         state = self.state
@@ -450,6 +465,8 @@ class _Group:
         self.run.tracker.log_metrics(metrics, step)
         if self.cfg.progress is not None:
             self.cfg.progress({"phase": phase.name, "step": step, "trainers": len(seen), **metrics})
+            if self.run.beat is not None:
+                self.run.beat.touch()
 
     def _check_memory(self, procs: list[Any]) -> None:
         for rank, proc in enumerate(procs):
@@ -496,22 +513,35 @@ def run_multi_trainer_job(
 ) -> TrainingResult:
     """Train ``cfg.job``'s model on ``cfg.window`` with ``pools.training.replicas`` trainers (module
     docstring). ``rank_hook(rank, round)`` runs in every rank before each round (tests inject faults)."""
-    hooks = hooks or JobHooks()
+    with Heartbeat() as beat:  # a line in the run log at least every few seconds, whatever the stage
+        return _train_window(cfg, hooks or JobHooks(), rank_hook, beat)
+
+
+def _train_window(cfg: TrainingJob, hooks: JobHooks, rank_hook: RankHook | None, beat: Heartbeat) -> TrainingResult:
     started = time.perf_counter()
     job, spec = cfg.job, cfg.job.training
     world = job.pools.training.replicas
     torch.set_num_threads(spec.threads)  # this process: evaluation
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
     skipped: list[NotReady] = []
+    if cfg.tasks is None:
+        names = [source.name for _, source in job.dataset.all_sources()]
+        beat.stage("planning window %s: listing %d source(s) (%s)", cfg.window, len(names), ", ".join(names))
     tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
+    beat.stage(_planned_line(job, tasks, skipped))
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", "primus.trainers": str(world), **cfg.tags}
+    beat.stage("MLflow: opening the run %s", cfg.key())
     tracker.start(cfg.key(), params={**job_params(job, cfg.window, executors), "trainers": world}, tags=tags)
     run = TrainingRun(cfg, tracker, tasks)
+    run.beat = beat
     state = _JobState()
     status = "FAILED"
     try:
+        log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
+        inputs = tracker.log_source_inputs(run.consumed)
+        log.info("MLflow: %d source dataset(s) recorded as the run's inputs (partitions, versions, offsets)", inputs)
         resume = load_resume(tracker, run)
         warm_from, cold_start = load_warm_start(tracker, run) if resume is None and cfg.warm_start else (None, None)
         start = resume if resume is not None else run.warm
@@ -531,8 +561,12 @@ def run_multi_trainer_job(
         final = load_checkpoint(state.init_path)
         model = build_model(spec.model, int(final.extra["n_dense"]), int(final.extra["n_sparse"]), seed=spec.seed)
         model.load_state_dict(final.model_state)
+        if cfg.evaluate:
+            beat.stage("evaluating the model on the %d hour(s) after the window", spec.eval_hours)
         evaluation = evaluate_and_log(cfg, context, model, tracker, final.step)
+        beat.stage("logging the model to MLflow")
         model_uri = tracker.log_model(model)
+        log.info("model logged: %s (%.1f s since the start)", model_uri, time.perf_counter() - started)
         stats = {
             **(final.extra.get("stats") or {}),
             "loss": _mean_loss(state.ranks),
@@ -600,6 +634,12 @@ def _run_phase_group(
     driver.loading_policy = LoadingPriority(job.kind_weights()) if phase.prioritised else None
     token = secrets.token_hex(16)
     start_plane = hooks.data_plane or functools.partial(PooledDataPlane, **data_plane_setup(job, run_id=cfg.key()))
+    run.stage(
+        "phase %s: %d task(s) to read; starting %d data executor(s)",
+        phase.name,
+        sum(driver.backlog_by_kind().values()),
+        executors,
+    )
     with start_plane(
         cfg.job_path,
         cfg.data_root,
@@ -612,7 +652,7 @@ def _run_phase_group(
         plan = RankPlan(
             location=plane.location,
             token=token,
-            spec_json=job.training.model_dump_json(),
+            spec_json=job.training.model_dump_json(exclude_unset=True),  # defaults re-derived in the ranks
             phase=phase.name,
             prioritised=phase.prioritised,
             kind_weights=job.kind_weights(),
@@ -629,8 +669,10 @@ def _run_phase_group(
             parent_pid=os.getpid(),
             rank_hook=rank_hook,
         )
+        run.stage("phase %s: data executors up; starting %d trainer rank(s)", phase.name, world)
         _Group(cfg, run, hooks, state, plane).run_group(plan, phase)
         summary = getattr(plane, "summary", None)
         if summary is not None:
             run.data_pools[phase.name] = summary()
         plane.driver.raise_if_failed()
+    _record_quality(run, phase, driver)

@@ -186,7 +186,8 @@ class RecOptimizer:
     """Adam for the dense parameters and a lazy :class:`torch.optim.SparseAdam` (:class:`LazyAdam`,
     its faster equal) for embedding tables with sparse gradients (a step updates only the rows its batch touched), behind one
     ``zero_grad`` / ``step`` / ``state_dict``. Parameters whose grad is None (MTRM's untrained
-    tower) are skipped by both.
+    tower) are skipped by both. A parameter learns at ``lr x model.lr_scale(name)`` where the model
+    has one (:meth:`~primus_dagster.training.models.RecModel.lr_scale`; MTRM's memory tower).
 
     Example::
 
@@ -195,12 +196,20 @@ class RecOptimizer:
     """
 
     def __init__(self, model: nn.Module, lr: float):
-        sparse = [m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse]
-        ids = {id(p) for p in sparse}
-        dense = [p for p in model.parameters() if id(p) not in ids]
-        self.parts: dict[str, torch.optim.Optimizer] = {"dense": torch.optim.Adam(dense, lr=lr)}
-        if sparse:
-            self.parts["sparse"] = LazyAdam(sparse, lr=lr)
+        sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+        scale_of = getattr(model, "lr_scale", None)
+        # one parameter group per learning rate (RecModel.lr_scale: MTRM's memory tower may learn faster)
+        groups: dict[str, dict[float, list[nn.Parameter]]] = {"dense": {}, "sparse": {}}
+        for name, param in model.named_parameters():
+            scale = float(scale_of(name)) if callable(scale_of) else 1.0
+            groups["sparse" if id(param) in sparse_ids else "dense"].setdefault(scale, []).append(param)
+
+        def param_groups(part: str) -> list[dict[str, Any]]:
+            return [{"params": params, "lr": lr * scale} for scale, params in groups[part].items()]
+
+        self.parts: dict[str, torch.optim.Optimizer] = {"dense": torch.optim.Adam(param_groups("dense"), lr=lr)}
+        if groups["sparse"]:
+            self.parts["sparse"] = LazyAdam(param_groups("sparse"), lr=lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts.values():

@@ -2,20 +2,21 @@
 
 Headless Chromium from Debian's packages (``/usr/bin/chromium``, ``/usr/bin/chromedriver``; `.ci/run`
 installs them), driven by Selenium. A small demo (two source hours, the training partition of the second
-day) runs through the demo's own pieces -- the reference code location served by ``dagster-webserver``
-on the instance, runs of its defined jobs -- and the same webserver then serves the UI (the one ``dagster
-dev`` serves; no daemon, so the RUNNING sensors stay idle). The test opens the asset graph, the training
-partition (AUC, consumed Kafka offsets, model version), its checks, the automation page, re-executes a run
-from its page, then opens ``mlflow server`` on the demo's store: the run (AUC), its loss curve, the model
-version. Screenshots go to ``$PRIMUS_BROWSER_ARTIFACTS`` (default: a temp dir, printed). The test fails,
-not skips, when the browser is missing.
+day) runs through the demo's own pieces -- the reference code location served by ``dagster dev`` (webserver
+and daemon) on the instance, runs of its defined jobs. The deployment starts with ``PRIMUS_SENSORS=stopped``,
+so that its sensors do not launch runs of the 50 hours written while the test looks around. The test opens
+the asset graph, the training partition (AUC, consumed Kafka offsets, model version), its checks, runs the
+delayed ``auc_final`` check (the check-only job its schedule launches) and finds its result, opens the
+automation page and the daemons (all running), re-executes a run from its page, then opens ``mlflow server``
+on the demo's store: the run (AUC), its loss curve, the model version. Screenshots go to
+``$PRIMUS_BROWSER_ARTIFACTS`` (default: a temp dir, printed). The test fails, not skips, when the browser
+is missing.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,10 +30,12 @@ from dagster import AssetKey, DagsterRunStatus
 from rich.console import Console
 
 from primus_dagster.broker_discovery import KAFKA_ENV
+from primus_dagster.dagster_defs.schedules import auc_final_request
 from primus_dagster.data import SourceContext
-from primus_dagster.devtools.demo import REPO, ReferenceLocation, materialize_hours, train_day
+from primus_dagster.devtools.demo import REPO, LaunchedRun, ReferenceLocation, materialize_hours, train_day
+from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
-from primus_dagster.spec import load_job_spec
+from primus_dagster.spec import JobSpec, load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 pytestmark = pytest.mark.integration
@@ -170,14 +173,7 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process_tree(proc)
 
 
 def test_dagster_and_mlflow_uis_show_the_demo(
@@ -200,6 +196,7 @@ def test_dagster_and_mlflow_uis_show_the_demo(
         "PRIMUS_JOB_SPEC": str(SPEC),
         KAFKA_ENV: bootstrap,
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PRIMUS_SENSORS": "stopped",
         "TMPDIR": str(tmp_path / "tmp"),  # MLflow's SQLite init locks of the runs and the server stay here
     }
     (tmp_path / "tmp").mkdir()
@@ -207,14 +204,14 @@ def test_dagster_and_mlflow_uis_show_the_demo(
     page = Page(browser, artifacts)
     console = Console(file=sys.stdout, width=160)
 
-    with ReferenceLocation(dagster_home, env, tmp_path / "webserver.log") as location:
+    with ReferenceLocation(dagster_home, env, tmp_path / "dagster-dev.log", daemon=True) as location:
         _, failed = materialize_hours(job, location, 2, console)
         assert not failed, failed
         _, failed = train_day(job, location, console)
         assert not failed, failed
         mlflow_proc, mlflow_url = _serve_mlflow(tracking_uri, tmp_path / "mlflow.log", env)
         try:
-            _browse_dagster(page, location, job.name)
+            _browse_dagster(page, location, job)
             _wait_http(f"{mlflow_url}/health", 120)
             _browse_mlflow(page, location, mlflow_url)
         finally:
@@ -223,8 +220,8 @@ def test_dagster_and_mlflow_uis_show_the_demo(
     assert len(shots) >= 8, shots
 
 
-def _browse_dagster(page: Page, location: ReferenceLocation, job_name: str) -> None:
-    url = location.url
+def _browse_dagster(page: Page, location: ReferenceLocation, job: JobSpec) -> None:
+    url, name = location.url, job.name.replace("-", "_")
     page.open(f"{url}/asset-groups", "01-asset-graph", "Global asset lineage")
     # Upstream of the training asset: its sources (long names are cut short on the nodes).
     upstream = ("impressions_delta", "events_kafka", "_parquet", "_iceberg")
@@ -249,9 +246,23 @@ def _browse_dagster(page: Page, location: ReferenceLocation, job_name: str) -> N
     assert re.search(rf"{re.escape(topic_partition)}\D+{first}\D+{last}", text), "consumed offsets not shown"
     assert re.search(rf"model_version\s+{version}\b", text), "model version not shown"
 
-    page.open(f"{url}/assets/ctr_demo_model?view=checks", "04-training-checks", "auc_not_regressed", "Passed")
-    name = job_name.replace("-", "_")
+    checks = page.open(
+        f"{url}/assets/ctr_demo_model?view=checks", "04-training-checks", "auc_not_regressed", "auc_final"
+    )
+    assert re.search(r"auc_not_regressed\s+Succeeded", checks), "the blocking AUC check did not pass"
+    # The delayed evaluation: the day after the partition has complete labels in the written data.
+    request = auc_final_request(job, TRAINING_PARTITION)
+    final = location.launch(LaunchedRun(f"{name}_auc_final_job", ""), run_config=request.run_config)
+    deadline = time.monotonic() + 180
+    while (run := location.instance.get_run_by_id(final.run_id)) is None or not run.is_finished:
+        assert time.monotonic() < deadline, "the auc_final run did not finish"
+        time.sleep(1)
+    assert run.status == DagsterRunStatus.SUCCESS, run.status
+    checks = page.open(f"{url}/assets/ctr_demo_model?view=checks", "04b-auc-final", "auc_final", "auc_change")
+    # evaluated (a tiny demo model may sit near 0.5: passed or warned, never "not evaluated")
+    assert re.search(r"auc_final\s+(Succeeded|Failed)", checks), "auc_final was not evaluated on complete labels"
     page.open(f"{url}/automation", "05-automation", f"{name}_batch_sensor", f"{name}_training_schedule")
+    page.open(f"{url}/deployment/daemons", "05b-daemons", "Sensors", "Scheduler", "Backfill", "Running")
 
     # Re-execute a source run from its page: the run belongs to the code location, the UI launches a new one.
     (parent,) = [r for r in location.instance.get_runs() if r.job_name == f"{name}_files_hour_job"][:1]

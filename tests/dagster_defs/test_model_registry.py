@@ -5,17 +5,30 @@ versions and ``champion`` are in test_training_asset.py.)"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 from dagster import AssetKey, DagsterInstance, MetadataValue, materialize
 
 from primus_dagster.dagster_defs import ExecutorPoolResource, KafkaResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.live_asset import LIVE_ALIAS, build_live_asset
 from primus_dagster.dagster_defs.source_assets import build_source_assets
 from primus_dagster.dagster_defs.training_asset import CHAMPION_ALIAS
+from primus_dagster.devtools.model_load import (
+    copy_package_source,
+    load_and_score,
+    model_requirements_of,
+    repo_root,
+    venv_python,
+)
+from primus_dagster.spec.job import ModelSpec
+from primus_dagster.training.models import build_model
 from primus_dagster.training.tracking import MlflowTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
@@ -71,3 +84,66 @@ def test_a_live_increment_is_a_registered_version_under_the_live_alias(tmp_path:
     assert version.run_id == meta["mlflow_run_id"].value and version.source == meta["model_uri"].value
     client = mlflow.MlflowClient(job.tracking.tracking_uri)
     assert str(client.get_model_version_by_alias("train-test", LIVE_ALIAS).version) == "1"
+    # the engine's stage lines reach the Dagster run log (run_log.engine_logs_to), as the training asset's do
+    messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any(m.startswith("MLflow: opening the run") for m in messages)
+    assert any(m.startswith("phase ") and "data executors up" in m for m in messages)
+
+
+@pytest.mark.integration
+def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package_installed(tmp_path: Path) -> None:
+    """``models:/<name>@champion`` loads, and scores as it did when logged, in a fresh virtualenv whose
+    ``primus_dagster`` comes from a wheel built from this checkout, with the working directory in tmp.
+
+    What the venv borrows, to need no network install: it is made with ``python -m venv --without-pip``
+    and its site-packages gets a ``.pth`` naming this venv's site-packages, for the third-party packages
+    only (torch, mlflow and the rest). A path in a ``.pth`` is put on ``sys.path`` without processing the
+    ``.pth`` files inside it, so the editable install's finder (``__editable__*.pth``) stays off, and that
+    folder holds no ``primus_dagster`` package. The package itself is the wheel of ``pip wheel --no-deps``,
+    unpacked into the venv's site-packages (package and dist-info, as pip would put them). The interpreter
+    runs isolated (``-I``: no ``PYTHONPATH``, no working directory on ``sys.path``), and it must import
+    ``primus_dagster`` from that site-packages. ``primus-dagster-dev check-model-load`` does the same with
+    a real ``pip install`` from the index instead."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MlflowTracker(uri, "load-test")
+    tracker.start("load-test/run", {"job": "load-test"})
+    spec = ModelSpec(type="mtrm", embedding_dim=8, hash_buckets=512, memory_hidden=[8], adapt_hidden=[8])
+    model = build_model(spec, n_dense=3, n_sparse=2, seed=7)
+    version = tracker.register_model(tracker.log_model(model), "load-test")
+    tracker.set_alias("load-test", CHAMPION_ALIAS, version)
+    tracker.finish()
+
+    # The stored environment names this package at its version, beside torch.
+    installed = importlib.metadata.version("primus_dagster")
+    stored = model_requirements_of(uri, f"models:/load-test@{CHAMPION_ALIAS}", tmp_path / "model-env")
+    assert f"primus_dagster=={installed}" in stored["requirements.txt"].split()
+    assert "torch" in stored["requirements.txt"].split()
+    assert f"primus_dagster=={installed}" in stored["conda.yaml"]
+
+    wheels = tmp_path / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
+    subprocess.run([*build, str(copy_package_source(repo_root(), tmp_path / "src"))], check=True, timeout=120)
+    (wheel,) = wheels.glob("primus_dagster-*.whl")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    (site,) = venv.glob("lib/python*/site-packages")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    borrowed = Path(mlflow.__file__).resolve().parents[1]
+    assert (borrowed / "torch").is_dir() and not (borrowed / "primus_dagster").exists()
+    (site / "borrowed-third-party.pth").write_text(f"{borrowed}\n")
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    answer = load_and_score(venv_python(venv), uri, f"models:/load-test@{CHAMPION_ALIAS}", cwd=work, rows=64, seed=3)
+    assert Path(answer["primus_dagster_file"]).resolve().is_relative_to(site.resolve())
+    assert answer["primus_dagster_version"] == installed
+    assert answer["model_class"] == "primus_dagster.training.models.MTRM" and answer["finite"]
+
+    generator = torch.Generator().manual_seed(3)  # the batch SCORE_SCRIPT scores
+    dense = torch.randn(64, 3, generator=generator)
+    sparse = torch.randint(0, 2**40, (64, 2), generator=generator)
+    with torch.no_grad():
+        expected = model.eval().predict(dense, sparse)[:8].tolist()
+    assert answer["logits"] == pytest.approx(expected, abs=1e-5)

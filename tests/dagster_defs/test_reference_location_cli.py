@@ -10,9 +10,7 @@ partition whose rows lie in another hour is materialised and fails its blocking 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from pathlib import Path
 import pytest
 from locationkit import DAGSTER, REPO, reference_env
 
+from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -61,6 +60,8 @@ def test_cli_materializes_each_source_kind(world_env: dict[str, str], asset: str
         "schema_matches_spec": True,
         "not_empty": True,
         "event_times_in_partition": True,
+        "label_rate_in_range": True,
+        "freshness": True,
     }
 
 
@@ -73,7 +74,8 @@ checks = {
     record.dagster_event.event_specific_data.check_name: record.dagster_event.event_specific_data.passed
     for record in instance.all_logs(event.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
 }
-metadata = {k: getattr(v, "value", None) for k, v in event.asset_materialization.metadata.items()}
+metadata = {k: getattr(v, "value", None) for k, v in event.asset_materialization.metadata.items()
+            if k != "dagster/column_schema"}  # a TableSchema is not JSON
 print(json.dumps({"partition": event.asset_materialization.partition, "metadata": metadata, "checks": checks},
                  default=str))
 """
@@ -117,6 +119,8 @@ def test_cli_materializes_a_faulty_partition_and_fails_its_blocking_check(world_
         "schema_matches_spec": True,
         "not_empty": True,
         "event_times_in_partition": False,
+        "label_rate_in_range": True,
+        "freshness": True,
     }
 
 
@@ -160,15 +164,11 @@ def test_dagster_dev_serves_the_code_location(world_env: dict[str, str]) -> None
             node["assetKey"]["path"][-1]: {c["name"] for c in node["assetChecksOrError"]["checks"]} for node in nodes
         }
         assert "schema_matches_spec" in checks["impressions_parquet"] and checks["ctr_demo_model"] == {
-            "auc_not_regressed"
+            "auc_not_regressed",
+            "auc_final",
         }
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_tree(proc)
 
 
 def test_dg_launch_materializes_a_partition(world_env: dict[str, str]) -> None:

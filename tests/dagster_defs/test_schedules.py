@@ -3,13 +3,27 @@ closed) and the reference deployment's automation: sensors on, the schedule offe
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions, build_schedule_context
+from dagster import (
+    AssetCheckSeverity,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    Definitions,
+    build_schedule_context,
+    instance_for_test,
+)
 
-from primus_dagster.dagster_defs import build_definitions, build_schedules, build_sensors
-from primus_dagster.dagster_defs.schedules import schedule_offset
+from primus_dagster.dagster_defs import (
+    MlflowResource,
+    PrimusStorageResource,
+    build_definitions,
+    build_schedules,
+    build_sensors,
+    default_resources,
+)
+from primus_dagster.dagster_defs.schedules import auc_final_request, schedule_offset
 from primus_dagster.spec import JobSpec, parse_job_spec
 
 
@@ -40,9 +54,15 @@ training: {{mode: mixed, partition: {partition}, batch_lag: 24h}}
 )
 def test_the_schedule_fires_after_the_stream_label_delay(partition: str, delay: str, cron: str) -> None:
     job = job_for(partition, delay)
-    (schedule,) = build_schedules(job)
+    schedule, final = build_schedules(job)
     assert schedule.cron_schedule == cron and schedule.execution_timezone == "UTC"
     assert schedule.default_status == DefaultScheduleStatus.STOPPED and schedule.job_name == "sched_training_job"
+    # the final evaluation: hourly, at the minute labels complete (eval_hours 1 + batch label_delay 24h)
+    assert (final.cron_schedule, final.job_name, final.default_status) == (
+        "0 * * * *",
+        "sched_auc_final_job",
+        DefaultScheduleStatus.STOPPED,
+    )
     assert schedule_offset(job).total_seconds() == int(cron.split()[0]) * 60 + (
         int(cron.split()[1]) * 3600 if partition == "day" else 0
     )
@@ -50,13 +70,60 @@ def test_the_schedule_fires_after_the_stream_label_delay(partition: str, delay: 
 
 def test_a_tick_asks_for_the_partition_that_just_closed() -> None:
     job = job_for("day", "15m")
-    (schedule,) = build_schedules(job)
+    schedule, _ = build_schedules(job)
     with build_schedule_context(scheduled_execution_time=datetime(2026, 11, 5, 0, 15, tzinfo=timezone.utc)) as context:
         request = schedule(context)
     assert request.partition_key == "2026-11-04" and request.tags["primus/trigger"] == "training schedule"
     # The first training partition is 2026-11-02 (24h batch lag): nothing closed before it.
     with build_schedule_context(scheduled_execution_time=datetime(2026, 11, 2, 0, 15, tzinfo=timezone.utc)) as context:
         assert "no training partition has closed yet" in schedule(context).skip_message
+
+
+def at(day: int, hour: int) -> datetime:
+    return datetime(2026, 11, day, hour, tzinfo=timezone.utc)
+
+
+def test_the_final_auc_tick_asks_for_the_newest_partition_with_complete_labels() -> None:
+    job = job_for("day", "15m")
+    _, final = build_schedules(job)
+    # 2026-11-04 ends 11-05 00:00; its held-out hour 00:00-01:00 has complete batch labels 24h later
+    for now, partition in [(at(6, 1), "2026-11-04"), (at(6, 0), "2026-11-03"), (at(4, 1), "2026-11-02")]:
+        with build_schedule_context(scheduled_execution_time=now) as context:
+            request = final(context)
+        assert request.run_key == f"auc_final/{partition}" and request.tags["primus/partition"] == partition
+        assert request.run_config == {"ops": {"sched_model_auc_final": {"config": {"partition": partition}}}}
+    with build_schedule_context(scheduled_execution_time=at(4, 0)) as context:
+        assert "no training partition has complete labels yet" in final(context).skip_message
+
+
+def test_the_final_auc_check_does_not_evaluate_before_the_labels_are_complete(tmp_path) -> None:
+    job = job_for("hour", "15m")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(job.model_dump_json())
+    defs = build_definitions(
+        spec,
+        resources=default_resources()
+        | {"storage": PrimusStorageResource(data_root=str(tmp_path))}
+        | {"mlflow": MlflowResource(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")},
+    )
+    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    recent = (now - timedelta(hours=2)).strftime("%Y-%m-%d-%H:00")  # its labels: complete in ~23 h
+    with instance_for_test() as instance:
+        result = defs.resolve_job_def("sched_auc_final_job").execute_in_process(
+            run_config=auc_final_request(job, recent).run_config, instance=instance
+        )
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.check_name == "auc_final" and not evaluation.passed
+    assert evaluation.severity == AssetCheckSeverity.WARN  # not blocking, not an error: not evaluated yet
+    complete = now - timedelta(hours=2) + timedelta(hours=1 + 1 + 24)
+    assert evaluation.description == f"labels not complete until {complete.isoformat()}"
+    assert evaluation.metadata["partition"].value == recent
+    with instance_for_test() as instance:
+        result = defs.resolve_job_def("sched_auc_final_job").execute_in_process(
+            run_config=auc_final_request(job, "2026-13-01-00:00").run_config, instance=instance
+        )
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert "'2026-13-01-00:00' is not a training partition of job sched" in evaluation.description
 
 
 def test_schedules_and_sensors_load_with_the_job(tmp_path) -> None:
@@ -66,7 +133,12 @@ def test_schedules_and_sensors_load_with_the_job(tmp_path) -> None:
     defs = build_definitions(spec, sensors=build_sensors(job), schedules=build_schedules(job))
     Definitions.validate_loadable(defs)
     repo = defs.get_repository_def()
-    assert {j.name for j in repo.get_all_jobs()} >= {"sched_training_job", "sched_files_hour_job", "sched_ev_hour_job"}
+    assert {j.name for j in repo.get_all_jobs()} >= {
+        "sched_training_job",
+        "sched_auc_final_job",
+        "sched_files_hour_job",
+        "sched_ev_hour_job",
+    }
 
 
 def test_the_reference_deployment_runs_its_sensors_and_offers_the_schedule() -> None:
@@ -80,6 +152,7 @@ def test_the_reference_deployment_runs_its_sensors_and_offers_the_schedule() -> 
         "ctr_demo_events_kafka_stream_sensor": DefaultSensorStatus.RUNNING,
     }
     assert [(s.name, s.default_status) for s in SCHEDULES] == [
-        ("ctr_demo_training_schedule", DefaultScheduleStatus.STOPPED)
+        ("ctr_demo_training_schedule", DefaultScheduleStatus.STOPPED),
+        ("ctr_demo_auc_final_schedule", DefaultScheduleStatus.STOPPED),
     ]
     assert all(s.minimum_interval_seconds == 30 for s in SENSORS)  # automation.sensor_interval

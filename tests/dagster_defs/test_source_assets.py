@@ -22,6 +22,7 @@ from dagster import (
     Definitions,
     HourlyPartitionsDefinition,
     MaterializeResult,
+    MetadataValue,
     asset,
     instance_for_test,
     materialize,
@@ -40,6 +41,7 @@ from primus_dagster.dagster_defs import (
     build_source_assets,
     build_training_asset,
 )
+from primus_dagster.dagster_defs.source_checks import FRESHNESS, LABEL_RATE_IN_RANGE, NOT_CONFIGURED
 from primus_dagster.data import SourceContext, make_adapter, scan_partition, scan_problems
 from primus_dagster.spec import JobSpec, parse_job_spec
 
@@ -48,7 +50,7 @@ HOUR_0 = "2026-11-01-00:00"
 CLICKS = AssetKey("clicks")
 
 
-def job_yaml(granularity: str = "hour", allow_empty: bool = False) -> str:
+def job_yaml(granularity: str = "hour", allow_empty: bool = False, checks: str = "{}") -> str:
     return f"""
 name: t
 dataset:
@@ -61,6 +63,7 @@ dataset:
           type: parquet
           granularity: {granularity}
           allow_empty: {str(allow_empty).lower()}
+          checks: {checks}
           path: pq
           columns: {{ts: event_time, label: click, id: sample_id, dense: [d0], sparse: [user_id]}}
 training:
@@ -68,8 +71,8 @@ training:
 """
 
 
-def job_for(granularity: str = "hour", allow_empty: bool = False) -> JobSpec:
-    return parse_job_spec(job_yaml(granularity, allow_empty))
+def job_for(granularity: str = "hour", allow_empty: bool = False, checks: str = "{}") -> JobSpec:
+    return parse_job_spec(job_yaml(granularity, allow_empty, checks))
 
 
 def write_partition(
@@ -134,6 +137,8 @@ def test_every_source_asset_declares_the_blocking_checks() -> None:
             SCHEMA_MATCHES_SPEC,
             NOT_EMPTY,
             EVENT_TIMES_IN_PARTITION,
+            LABEL_RATE_IN_RANGE,
+            FRESHNESS,
         }
     )
     assert all(spec.blocking and spec.asset_key == CLICKS for spec in specs.values())
@@ -151,6 +156,53 @@ def test_materialize_records_metadata_and_passes_every_check(tmp_path: Path) -> 
     assert len(metadata["schema_hash"].value) == 16
     assert "sample_id" in metadata["preview"].value
     assert check_outcomes(result) == dict.fromkeys(SOURCE_CHECK_DESCRIPTIONS, True)
+    # bounds not configured: the checks pass and say so, with what they measured
+    checks = {e.check_name: e.metadata for e in result.get_asset_check_evaluations()}
+    assert checks[LABEL_RATE_IN_RANGE]["bound"].value == checks[FRESHNESS]["bound"].value == NOT_CONFIGURED
+    assert 0.3 < checks[LABEL_RATE_IN_RANGE]["label_rate"].value < 0.7
+    assert checks[FRESHNESS]["staleness_s"].value == 3600 - 499  # newest row at 499 s of the hour
+
+
+def test_typed_metadata_reads_back_through_the_instance(tmp_path: Path) -> None:
+    write_partition(tmp_path, T0, 300)
+    with instance_for_test() as instance:
+        assert materialize(
+            build_source_assets(job_for()), partition_key=HOUR_0, resources=resources(tmp_path), instance=instance
+        ).success
+        event = instance.get_latest_materialization_event(CLICKS)
+    metadata = event.asset_materialization.metadata
+    assert metadata["dagster/row_count"] == MetadataValue.int(300)
+    schema = metadata["dagster/column_schema"].value
+    columns = {column.name: column for column in schema.columns}
+    assert list(columns) == ["sample_id", "ts", "label", "dense", "user_id", "source", "kind"]
+    assert columns["ts"].type.startswith("timestamp") and columns["ts"].description == "clicks: event_time"
+    assert columns["label"].description == "clicks: click" and columns["dense"].description == "clicks: d0"
+    assert metadata["location"] == MetadataValue.path(str(tmp_path / "pq" / "dt=2026-11-01" / "hour=00"))
+
+
+@pytest.mark.parametrize(
+    ("checks", "rows", "failing", "named"),
+    [
+        ("{label_rate: [0.9, 1.0]}", 400, LABEL_RATE_IN_RANGE, "outside checks.label_rate [0.9, 1.0]"),
+        ("{label_rate: [0.2, 0.8], max_staleness: 30m}", 400, FRESHNESS, "more than checks.max_staleness 30m"),
+        ("{label_rate: [0.2, 0.8], max_staleness: 30m}", 3600, None, ""),
+    ],
+)
+def test_label_rate_and_freshness_checks_use_the_spec_bounds(
+    tmp_path: Path, checks: str, rows: int, failing: str | None, named: str
+) -> None:
+    write_partition(tmp_path, T0, rows)  # rows one second apart from the hour's start; labels ~50 % positive
+    result = materialize(
+        build_source_assets(job_for(checks=checks)),
+        partition_key=HOUR_0,
+        resources=resources(tmp_path),
+        raise_on_error=False,
+    )
+    assert result.success == (failing is None)  # blocking: a failed bound fails the step
+    assert {name for name, passed in check_outcomes(result).items() if not passed} == ({failing} if failing else set())
+    if failing:
+        evaluation = failed_check(result, failing)
+        assert named in evaluation.description and evaluation.metadata["partition"].value == HOUR_0
 
 
 def test_daily_partition(tmp_path: Path) -> None:
@@ -308,7 +360,8 @@ def test_reference_code_location_loads_with_the_checks() -> None:
     assert keys == {*sources, "ctr_demo_model", "ctr_demo_live_model"}
     check_keys = {(k.asset_key.to_user_string(), k.name) for k in asset_graph.asset_check_keys}
     assert ("events_kafka", SCHEMA_MATCHES_SPEC) in check_keys and ("ctr_demo_model", "auc_not_regressed") in check_keys
-    assert len(check_keys) == 4 * len(SOURCE_CHECK_DESCRIPTIONS) + 1
+    assert ("ctr_demo_model", "auc_final") in check_keys
+    assert len(check_keys) == 4 * len(SOURCE_CHECK_DESCRIPTIONS) + 2
 
 
 def test_build_definitions_from_a_path_with_extra_assets() -> None:

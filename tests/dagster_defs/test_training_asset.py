@@ -12,7 +12,16 @@ import mlflow
 import mlflow.pytorch
 import pytest
 import torch
-from dagster import AssetCheckResult, AssetKey, DagsterInstance, MetadataValue, materialize
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterInstance,
+    Definitions,
+    MetadataValue,
+    materialize,
+)
 
 from primus_dagster.dagster_defs import (
     ExecutorPoolResource,
@@ -21,8 +30,10 @@ from primus_dagster.dagster_defs import (
     build_training_asset,
 )
 from primus_dagster.dagster_defs import training_asset as training_asset_module
+from primus_dagster.dagster_defs.schedules import auc_final_job, auc_final_request
 from primus_dagster.dagster_defs.training_asset import (
     auc_check,
+    build_auc_final_check,
     promotes,
     source_deps,
     training_partitions_def,
@@ -154,6 +165,44 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     assert check.metadata["previous_auc"].value == pytest.approx(
         instance.fetch_materializations(key, limit=2).records[1].asset_materialization.metadata["eval_auc"].value
     )
+    # Lineage and the column schema, read back through the instance.
+    latest = instance.get_latest_materialization_event(key).asset_materialization
+    assert latest.partition == "2026-11-01-02:00"
+    columns = {c.name: c for c in latest.metadata["dagster/column_schema"].value.columns}
+    assert list(columns)[:4] == ["sample_id", "ts", "label", "dense"] and {"user_id", "item_id"} <= set(columns)
+    assert columns["label"].description == "imp: click; events: click"
+    assert set(latest.metadata["consumed_partitions"].value) == {"imp", "events"}
+    assert latest.metadata["source_versions"].value == meta["source_versions"]
+    assert latest.metadata["mlflow_run_id"] == MetadataValue.text(meta["mlflow_run_id"])
+    assert latest.metadata["model_version_uri"] == MetadataValue.text("models:/train-test/2")
+
+    # The delayed final evaluation of partition 01:00 (its hour after has complete labels here): a check-only
+    # run that loads the partition's registered version and scores it on the batch source's labels.
+    job = env["job"]
+    defs = Definitions(
+        assets=[asset], asset_checks=[build_auc_final_check(job)], jobs=[auc_final_job(job)], resources=resources
+    )
+    final = defs.resolve_job_def("train_test_auc_final_job").execute_in_process(
+        run_config={**QUIET, **auc_final_request(job, "2026-11-01-01:00").run_config}, instance=instance
+    )
+    (evaluation,) = final.get_asset_check_evaluations()
+    assert evaluation.check_name == "auc_final" and evaluation.asset_key == key
+    assert (
+        evaluation.metadata["model"].value == "models:/train-test/1" and evaluation.metadata["labels"].value == "batch"
+    )
+    first = (
+        instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=key, asset_partitions=["2026-11-01-01:00"]), limit=1
+        )
+        .records[0]
+        .asset_materialization.metadata
+    )
+    auc_final = evaluation.metadata["auc_final"].value
+    # the batch hour after was there at materialisation: the same rows and model, so the same AUC
+    assert first["eval_labels"].value == "batch" and auc_final == pytest.approx(first["eval_auc"].value, abs=1e-6)
+    assert evaluation.passed == (auc_final > 0.5) and evaluation.severity == AssetCheckSeverity.WARN
+    assert client.get_metric_history(first["mlflow_run_id"].value, "final_auc")[-1].value == pytest.approx(auc_final)
+    assert float(client.get_model_version("train-test", "1").tags["primus.final_auc"]) == pytest.approx(auc_final)
 
     # A forced regression: the previous partition "had" an AUC the next one cannot come near.
     monkeypatch.setattr(training_asset_module, "previous_auc", lambda *args: 2.0)

@@ -23,7 +23,8 @@ from primus_dagster.spec import load_job_spec
 from primus_dagster.training.tracking import default_tracking_uri, use_tracking_uri
 
 event = DagsterInstance.get().get_latest_materialization_event(AssetKey("ctr_demo_model"))
-meta = {k: getattr(v, "value", None) for k, v in event.asset_materialization.metadata.items()}
+meta = {k: getattr(v, "value", None) for k, v in event.asset_materialization.metadata.items()
+        if k != "dagster/column_schema"}  # a TableSchema is not JSON
 client = mlflow.MlflowClient(default_tracking_uri())
 checkpoints = [a.path for a in client.list_artifacts(meta["mlflow_run_id"], "checkpoints")]
 with use_tracking_uri(default_tracking_uri()):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from primus_dagster.dagster_defs import (
     PrimusStorageResource,
     build_training_asset,
 )
+from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
 from primus_dagster.spec import load_job_spec
 
@@ -134,7 +134,8 @@ instance = DagsterInstance.get()
 out = []
 for record in instance.fetch_materializations(AssetKey("train_test_model"), limit=10, ascending=True).records:
     run = instance.get_run_record_by_id(record.run_id)
-    meta = {k: getattr(v, "value", None) for k, v in record.asset_materialization.metadata.items()}
+    meta = {k: getattr(v, "value", None) for k, v in record.asset_materialization.metadata.items()
+            if k != "dagster/column_schema"}  # a TableSchema is not JSON
     out.append({"partition": record.partition_key, "start": run.start_time, "end": run.end_time, "meta": meta,
                 "backfill": run.dagster_run.tags.get("dagster/backfill")})
 print(json.dumps(out, default=str))
@@ -190,12 +191,7 @@ def test_a_backfill_through_the_daemon_trains_partitions_in_order(tmp_path: Path
             time.sleep(3)
         assert status and status["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), status
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_tree(proc)
     out = subprocess.run(
         [sys.executable, "-c", READ_RUNS], env=proc_env, capture_output=True, text=True, check=True
     ).stdout

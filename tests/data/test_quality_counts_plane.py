@@ -79,6 +79,7 @@ def test_counts_per_rule_and_file_arrive_at_the_driver(tmp_path: Path) -> None:
     assert counts["total"] == expected and counts["by_source"] == {"src": expected}
     ((task_id, per_task),) = counts["by_task"].items()
     assert task_id.endswith(str(bad)) and per_task == expected
+    assert counts["by_location"] == {"src": {rule: {str(bad): n} for rule, n in expected.items()}}  # the file named
     assert driver.status()["quality"] == expected and driver.status()["done"]
     consumed = [b.batch_id for b in batches]
     assert all(driver.claim_many("trainer-0", consumed))

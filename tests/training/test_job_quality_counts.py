@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from jobkit import make_job
 
-from primus_dagster.training.job import TrainingJob, run_training_job
+from primus_dagster.data import Batch
+from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
 
 pytestmark = pytest.mark.integration
 
@@ -55,3 +56,41 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
     line = next(r.getMessage() for r in caplog.records if "data quality" in r.getMessage())
     assert "imp: 2 rows dense_invalid (repaired: NaN, +-inf or null dense values -> 0.0)" in line
     assert "3 rows null_label (dropped)" in line
+    assert f"dense_invalid in {bad}: 2 rows" in line  # the file is named
+    assert meta["data_quality_where"] == {"imp": {rule: [f"{bad}: {n} rows"] for rule, n in expected.items()}}
+
+
+class KilledInStream(RuntimeError):
+    """The process 'dies' in the stream phase, after a checkpoint of that phase."""
+
+
+def test_quality_counts_of_a_finished_phase_survive_a_resume(tmp_path: Path) -> None:
+    """Killed in its stream phase and resumed, the run still reports the batch phase's counts (kept in the
+    checkpoint), and the stream phase's once: the same totals as an uninterrupted run."""
+    env = make_job(tmp_path, mode="batch_then_stream", model="single", every=3, hours=1, rows_per_hour=3000)
+    spoiled = [
+        sorted((tmp_path / "parquet" / name).rglob("hour=00/*.parquet"))[0] for name in ("impressions", "events")
+    ]
+    for path in spoiled:
+        table = pq.read_table(path)
+        d2 = table.column("d2").to_numpy().copy()
+        d2[0], d2[1] = np.nan, -np.inf
+        pq.write_table(table.set_column(table.schema.get_field_index("d2"), "d2", pa.array(d2)), path)
+    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+    first_stream_step: list[int] = []
+
+    def die_in_stream(step: int, batch: Batch) -> None:
+        if batch.kind == "stream":
+            first_stream_step[:] = first_stream_step or [step]
+            if step > first_stream_step[0] + 3:  # past the stream phase's first checkpoint (every 3 steps)
+                raise KilledInStream(f"killed at step {step}")
+
+    with pytest.raises(KilledInStream):
+        run_training_job(cfg, JobHooks(on_batch=die_in_stream))
+    result = run_training_job(cfg)
+    assert result.resumed_from_step is not None and result.resumed_from_step >= first_stream_step[0]
+    expected = {"imp": {"dense_invalid": 2}, "events": {"dense_invalid": 2}}
+    assert result.data_quality == expected
+    assert result.metadata()["data_quality_where"] == {
+        name: {"dense_invalid": [f"{path}: 2 rows"]} for name, path in zip(("imp", "events"), spoiled, strict=True)
+    }

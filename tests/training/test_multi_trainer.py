@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,7 +20,10 @@ from collections import Counter
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from jobkit import dev_train_command, expected_ids, make_job
 
@@ -39,8 +43,15 @@ def _two_trainers(env: dict, pool: str = "replicas: 2") -> dict:
     return env
 
 
-def test_two_trainers_train_every_sample_once_with_checkpoints(tmp_path: Path) -> None:
+def test_two_trainers_train_every_sample_once_with_checkpoints(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     env = _two_trainers(make_job(tmp_path, mode="mixed", model="mtrm", every=5))
+    bad = sorted((tmp_path / "parquet" / "impressions").rglob("*.parquet"))[0]
+    table = pq.read_table(bad)
+    d2 = table.column("d2").to_numpy().copy()
+    d2[:2] = [np.nan, np.inf]  # dense_invalid: repaired (rows kept), counted
+    pq.write_table(table.set_column(table.schema.get_field_index("d2"), "d2", pa.array(d2)), bad)
     trained: Counter = Counter()
     steps: list[int] = []
 
@@ -48,10 +59,11 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(tmp_path: Path) -
         trained.update(batch.sample_id.tolist())
         steps.append(step)
 
-    result = run_training_job(
-        TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2),
-        JobHooks(on_batch=on_batch),
-    )
+    with caplog.at_level(logging.INFO, logger="primus_dagster"):
+        result = run_training_job(
+            TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2),
+            JobHooks(on_batch=on_batch),
+        )
     expected = expected_ids(env)
     assert trained == expected  # each sample exactly once across the two ranks
     assert result.stats["samples"] == sum(expected.values()) and result.stats["trainers"] == 2
@@ -65,7 +77,17 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(tmp_path: Path) -
     client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
     logged = [a.path for a in client.list_artifacts(result.run_id, "checkpoints")]
     assert len(logged) == min(len(set(result.checkpoints)), env["job"].training.checkpoint_keep_last)  # retention
-    assert client.get_run(result.run_id).data.params["trainers"] == "2"
+    run = client.get_run(result.run_id)
+    assert run.data.params["trainers"] == "2"
+    # as one trainer's job: stage lines, the consumed sources as dataset inputs, data-quality counts
+    lines = [r.getMessage() for r in caplog.records]
+    for stage in ("planning window", "planned ", "MLflow: opening the run", "logging the model to MLflow"):
+        assert any(line.startswith(stage) for line in lines), stage
+    assert any("data executors up; starting 2 trainer rank(s)" in line for line in lines)
+    assert any("training (first progress from rank" in line for line in lines)
+    assert sorted(d.dataset.name for d in run.inputs.dataset_inputs) == sorted(result.consumed) == ["events", "imp"]
+    assert result.data_quality == {"imp": {"dense_invalid": 2}}
+    assert run.data.metrics["data_quality.imp.dense_invalid"] == 2.0
 
 
 def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path: Path) -> None:

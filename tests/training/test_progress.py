@@ -73,6 +73,7 @@ def test_the_cli_run_log_has_a_line_every_5_s_and_mlflow_a_loss_per_step(tmp_pat
     ended = time.monotonic()
     proc.stdout.read()  # type: ignore[union-attr]
     assert proc.wait(300) == 0, "\n".join(text for _, text in lines[-40:])
+    exit_s = time.monotonic() - ended  # no interpreter teardown after the result (cli.exit_without_teardown)
     reader.join(10)
     engine = [(t, text) for t, text in lines if " primus_dagster." in text or text.startswith("[")]
     first = next(t for t, text in engine if "planning window" in text)
@@ -80,6 +81,7 @@ def test_the_cli_run_log_has_a_line_every_5_s_and_mlflow_a_loss_per_step(tmp_pat
     gaps = [b - a for a, b in itertools.pairwise(times)]
     text = "\n".join(text for _, text in lines)
     assert max(gaps) <= 5.0, f"a {max(gaps):.1f} s silence in the run log:\n{text}"
+    assert exit_s <= 5.0, f"the command took {exit_s:.1f} s to exit after printing its result"
     for stage in ("planned ", "data executors up", "first batch after", "checkpoint at step", "evaluation: "):
         assert stage in text, f"no {stage!r} line:\n{text}"
     assert "MLflow run " in text and "model logged: " in text

@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -45,7 +45,7 @@ from primus_dagster.data.driver.task_record import (
     JobFailedError,
     TaskRecord,
 )
-from primus_dagster.data.tasks import BatchId, DataTask
+from primus_dagster.data.tasks import BatchId, DataTask, read_location
 from primus_dagster.spec import DataPlaneSpec
 
 P = ParamSpec("P")
@@ -592,21 +592,34 @@ class DataDriver:
             "quality": {rule: n for rule, n in sorted(self._quality_total.items()) if n},
         }
 
-    def quality_counts(self) -> dict[str, Any]:
+    def quality_counts(self, offset_sources: Collection[str] = ()) -> dict[str, Any]:
         """Rows the succeeded tasks touched per data-quality rule (repaired or dropped):
-        ``{"total": {rule: rows}, "by_source": {source: {rule: rows}}, "by_task": {task_id: {rule: rows}}}``.
+        ``{"total": {rule: rows}, "by_source": {source: {rule: rows}}, "by_task": {task_id: {rule: rows}},
+        "by_location": {source: {rule: {where: rows}}}}``; ``where`` names the file (and row groups of a split
+        one), or for the sources in ``offset_sources`` (Kafka) the topic, partition and offset range.
 
-        >>> driver.quality_counts()["total"]  # doctest: +SKIP
-        {'dense_invalid': 12, 'null_label': 3}
+        >>> driver.quality_counts(offset_sources={"clicks"})["by_location"]  # doctest: +SKIP
+        {'clicks': {'dense_invalid': {'topic clicks partition 0 offsets 0-500': 12}}}
         """
         with self._lock:
             by_source: dict[str, Counter[str]] = {}
+            by_location: dict[str, dict[str, Counter[str]]] = {}
             for task_id, counts in self._quality.items():
-                by_source.setdefault(self._tasks[task_id].task.read.source, Counter()).update(counts)
+                read = self._tasks[task_id].task.read
+                by_source.setdefault(read.source, Counter()).update(counts)
+                where = read_location(read, offsets=read.source in offset_sources)
+                rules = by_location.setdefault(read.source, {})
+                for rule, rows in counts.items():
+                    if rows:
+                        rules.setdefault(rule, Counter())[where] += rows
             return {
                 "total": {rule: n for rule, n in sorted(self._quality_total.items()) if n},
                 "by_source": {name: dict(sorted(c.items())) for name, c in sorted(by_source.items())},
                 "by_task": {task_id: dict(counts) for task_id, counts in sorted(self._quality.items())},
+                "by_location": {
+                    name: {rule: dict(sorted(c.items())) for rule, c in sorted(rules.items())}
+                    for name, rules in sorted(by_location.items())
+                },
             }
 
     def backlog_by_kind(self) -> dict[str, int]:

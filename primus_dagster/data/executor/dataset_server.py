@@ -39,6 +39,9 @@ from primus_dagster.data.shm.slots import SHM_ACTION, ShmDir, Slot, SlotPool, sh
 
 log = logging.getLogger(__name__)
 
+# Polling for the reader's receipts while no batch is waiting: from 2 ms, doubling to 20 ms.
+_REAP_MIN_S, _REAP_MAX_S = 0.002, 0.02
+
 
 class BatchFeed(Protocol):
     """What the dataset server needs from the executor."""
@@ -139,16 +142,24 @@ class DatasetServer(fl.FlightServerBase):
 
         with self._lock:
             self.active_streams += 1
+        idle = _REAP_MIN_S
         try:
             while True:
                 reap()
                 if sent:  # keep reaping while waiting: a task completes once its batches are received
-                    item = self.feed.next_for(trainer, timeout=0.005)
+                    # The reader's receipts are words in shared memory (no wake-up): poll them, less
+                    # often the longer nothing happens (a paused trainer costs ~1/_REAP_MAX_S wake-ups a second).
+                    waited = time.monotonic()
+                    item = self.feed.next_for(trainer, timeout=idle)
                     if item is None:
                         if stop():
                             return
-                        time.sleep(0.001)  # (next_for returns at once when the feed has ended)
+                        rest = idle - (time.monotonic() - waited)
+                        if rest > 0:  # next_for returns at once when the feed has ended
+                            time.sleep(rest)
+                        idle = min(idle * 2, _REAP_MAX_S)
                         continue
+                    idle = _REAP_MIN_S
                 else:
                     item = self.feed.next_for(trainer)
                     if item is None:

@@ -5,7 +5,16 @@ files (:mod:`.slots`), a reader on the same host maps them zero-copy (:mod:`.slo
 """
 
 from primus_dagster.data.shm.slot_reader import ShmClient, ShmError, connect_shm, is_local
-from primus_dagster.data.shm.slots import SHM_ACTION, SHM_DIR_ENV, SHM_ENV, ShmDir, SlotPool, shm_enabled, sweep_stale
+from primus_dagster.data.shm.slots import (
+    SHM_ACTION,
+    SHM_DIR_ENV,
+    SHM_ENV,
+    ShmDir,
+    SlotPool,
+    shm_enabled,
+    sweep_dead_executors,
+    sweep_stale,
+)
 
 __all__ = [
     "SHM_ACTION",
@@ -18,5 +27,6 @@ __all__ = [
     "connect_shm",
     "is_local",
     "shm_enabled",
+    "sweep_dead_executors",
     "sweep_stale",
 ]

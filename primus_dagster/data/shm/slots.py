@@ -107,6 +107,14 @@ def sweep_stale(root: str | Path) -> list[str]:
     return removed
 
 
+def sweep_dead_executors() -> list[str]:
+    """Remove the shared-memory directories of executors that died without cleaning up (SIGKILL, OOM
+    kill) under this process's shared-memory root; a plane calls it when it closes, so that a killed
+    executor's slots do not outlive the job. Live executors' directories stay (their lock is held)."""
+    root = shm_root()
+    return sweep_stale(root) if root is not None else []
+
+
 class ShmDir:
     """An executor's shared-memory directory, locked for its lifetime (``docs/shared_memory.md``)."""
 
@@ -217,6 +225,7 @@ class SlotPool:
         self.slots: dict[int, Slot] = {}
         self._names = itertools.count()
         self._seq = 0
+        self._largest = 0  # the largest slot size this stream needed so far
         self._no_space = False
         self.shm_batches = 0
         self.inline_batches = 0
@@ -229,14 +238,15 @@ class SlotPool:
         """Has the reader received batch ``seq`` of ``slot``?"""
         return slot.state() != SENT or slot.seq() != seq
 
-    def wait(self, ready: Callable[[], bool], stop: Callable[[], bool]) -> bool:
-        """Poll until ``ready()`` (True) or ``stop()`` (False)."""
+    def wait(self, ready: Callable[[], bool], stop: Callable[[], bool], max_delay_s: float = 0.02) -> bool:
+        """Poll until ``ready()`` (True) or ``stop()`` (False), from 0.2 ms apart, doubling up to
+        ``max_delay_s`` (a reader paused for long costs ~1/max_delay_s polls a second)."""
         delay = 0.0002
         while not ready():
             if stop():
                 return False
             time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            delay = min(delay * 2, max_delay_s)
         return True
 
     def put(self, batch: pa.RecordBatch) -> tuple[dict[str, Any], Slot] | None:
@@ -266,7 +276,11 @@ class SlotPool:
             index = min(set(range(self.max_slots)) - set(self.slots))
         else:
             return None
-        size = -(-(need + need // 4) // (1 << 16)) << 16  # a quarter more: later batches may be a bit larger
+        # A quarter more than the largest batch so far: later batches may be a bit larger, and a slot
+        # made for a task's short last batch must not be replaced (unlinked, re-made, faulted in
+        # again) by the next full one.
+        self._largest = max(self._largest, need)
+        size = -(-(self._largest + self._largest // 4) // (1 << 16)) << 16
         path = self.dir.path / f"s{self.stream}-{index}-{next(self._names)}"
         try:
             slot = self.slots[index] = Slot(path, size, index)

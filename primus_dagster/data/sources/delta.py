@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from primus_dagster.data.canonical import native_columns
 from primus_dagster.data.sources.base import (
@@ -66,6 +67,38 @@ class DeltaTableNotFoundError(FileNotFoundError):
 
 class UnsupportedDeltaFeatureError(RuntimeError):
     """The table needs a reader feature (deletion vectors, column mapping, ...) not handled here."""
+
+
+class DeltaLogError(RuntimeError):
+    """delta-rs could not load the table's transaction log; the message names the broken log entry when
+    one of the ``_delta_log/*.json`` files does not parse, else the log folder."""
+
+
+_MAX_LOG_ENTRIES_CHECKED = 10_000
+
+
+def broken_log_entry(log_files: list[tuple[str, bytes]]) -> str | None:
+    """The first entry of ``log_files`` (name, content) holding a line that is not one JSON object:
+    ``"<name> line <n>: <why>"``; None when every line parses.
+
+    >>> broken_log_entry([("00000000000000000001.json", b'{"add": {"path": ')])
+    '00000000000000000001.json line 1: not valid JSON (Expecting value at column 18)'
+    """
+    for name, data in log_files:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"{name}: not UTF-8 ({exc.reason} at byte {exc.start})"
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                action = json.loads(line)
+            except json.JSONDecodeError as exc:
+                return f"{name} line {number}: not valid JSON ({exc.msg} at column {exc.colno})"
+            if not isinstance(action, dict):
+                return f"{name} line {number}: not a JSON object (a {type(action).__name__})"
+    return None
 
 
 def check_reader_protocol(
@@ -120,11 +153,49 @@ class DeltaSource(SourceAdapter):
         self._remote_fs: pafs.FileSystem | None = None
 
     # ---- table loading -------------------------------------------------------------
+    def _log_files(self) -> tuple[str, list[tuple[str, bytes]]]:
+        """The log folder and its JSON commit files (name, content), newest first (the error path only)."""
+        root = self.uri.rstrip("/")
+        if _is_local(root):
+            folder = f"{_local_path(root)}/_delta_log"
+            fs: pafs.FileSystem = pafs.LocalFileSystem()
+            prefix = folder
+        else:
+            from deltalake.fs import DeltaStorageHandler
+
+            fs = pafs.PyFileSystem(DeltaStorageHandler(root, self.spec.storage_options or None))
+            folder, prefix = f"{root}/_delta_log", "_delta_log"
+        infos = fs.get_file_info(pafs.FileSelector(prefix, allow_not_found=True))
+        names = sorted((i.path for i in infos if i.path.endswith(".json")), reverse=True)
+        out = []
+        for path in names[:_MAX_LOG_ENTRIES_CHECKED]:
+            with fs.open_input_stream(path) as stream:
+                out.append((path.rsplit("/", 1)[-1], stream.read()))
+        return folder, out
+
+    def _log_error(self, exc: Exception) -> DeltaLogError:
+        """delta-rs's ``exc`` with the broken log entry named (or the log folder, when none is found)."""
+        where = f"Delta table {self.uri!r} (source {self.spec.name!r})"
+        try:
+            folder, files = self._log_files()
+            broken = broken_log_entry(files)
+        except Exception as inspect_exc:  # the log cannot be listed either: say so beside delta-rs's error
+            return DeltaLogError(f"{where}: cannot load the table, nor list its log ({inspect_exc}); delta-rs: {exc}")
+        if broken is not None:
+            return DeltaLogError(f"{where}: corrupt transaction log entry {folder}/{broken}; delta-rs: {exc}")
+        newest = f", newest entry {folder}/{files[0][0]}" if files else ""
+        return DeltaLogError(
+            f"{where}: cannot load the table; its transaction log {folder} ({len(files)} JSON entries{newest}) "
+            f"parses line by line as JSON objects; delta-rs: {exc}"
+        )
+
     def _open_table(self, version: int | None = None) -> DeltaTable:
         try:
             table = DeltaTable(self.uri, version=version, storage_options=self.spec.storage_options or None)
         except TableNotFoundError as exc:
             raise DeltaTableNotFoundError(f"no Delta table at {self.uri!r} (source {self.spec.name!r}): {exc}") from exc
+        except DeltaError as exc:
+            raise self._log_error(exc) from exc
         protocol = table.protocol()
         check_reader_protocol(
             self.uri, protocol.min_reader_version, protocol.reader_features, table.metadata().configuration
@@ -136,7 +207,12 @@ class DeltaSource(SourceAdapter):
         if self._table is None:
             self._table = self._open_table()
         elif refresh:
-            self._table.update_incremental()
+            try:
+                self._table.update_incremental()
+            except TableNotFoundError:
+                raise
+            except DeltaError as exc:
+                raise self._log_error(exc) from exc
             protocol = self._table.protocol()
             check_reader_protocol(
                 self.uri, protocol.min_reader_version, protocol.reader_features, self._table.metadata().configuration

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from primus_dagster.data.driver import DataDriver, ExecutorReport, JobFailedError
-from primus_dagster.data.tasks import BatchId
+from primus_dagster.data.sources.base import ReadTask
+from primus_dagster.data.tasks import BatchId, DataTask
 
 
 def test_transitions_new_pending_running_succeeded(clock, task_factory):
@@ -365,3 +366,26 @@ def test_release_hands_unfinished_tasks_out_again_without_a_failure(clock, task_
     assert info["state"] == "pending" and info["failures"] == 0
     [again, _] = driver.lease("staying", max_tasks=2)  # at once, not after the 60 s lease
     assert again.task == a and again.attempt == 2
+
+
+def test_quality_counts_name_the_file_or_the_kafka_offset_range(clock, task_factory):
+    driver = DataDriver(clock=clock)
+    files = [task_factory(i) for i in range(2)]
+    kafka = DataTask.for_read("live", "stream", ReadTask("clicks", files[0].partition, "clicks:3", 100, 600, rows=500))
+    driver.add_tasks([*files, kafka])
+    quality = {
+        files[0].task_id: {"dense_invalid": 4},
+        files[1].task_id: {"dense_invalid": 1, "null_label": 2},
+        kafka.task_id: {"bad_id": 5},
+    }
+    for lease in driver.lease("exec-0", max_tasks=3):
+        driver.complete("exec-0", lease.task.task_id, rows=10, batches=1, quality=quality[lease.task.task_id])
+    places = driver.quality_counts(offset_sources={"clicks"})["by_location"]
+    assert places == {
+        "clicks": {"bad_id": {"topic clicks partition 3 offsets 100-600": 5}},
+        "events": {
+            "dense_invalid": {files[0].read.uri: 4, files[1].read.uri: 1},
+            "null_label": {files[1].read.uri: 2},
+        },
+    }
+    assert driver.quality_counts()["by_location"]["clicks"] == {"bad_id": {"clicks:3 row groups 100-600": 5}}

@@ -125,6 +125,20 @@ def test_a_larger_batch_replaces_a_free_slot(shm_root: Path) -> None:
     shm.close()
 
 
+def test_a_new_slot_fits_the_largest_batch_so_far(shm_root: Path) -> None:
+    # A task's short last batch must not get a small slot that the next full batch replaces again.
+    shm = ShmDir()
+    pool = SlotPool(shm, max_slots=2)
+    client = ShmClient(shm.path)
+    big_desc, _ = pool.put(batch(100_000))  # type: ignore[misc]
+    held = client.read(big_desc)  # the reader holds it: the next batch needs a new slot
+    small_desc, small_slot = pool.put(batch(10))  # type: ignore[misc]
+    assert small_desc["slot"] != big_desc["slot"] and small_slot.size >= big_desc["length"]
+    assert held.num_rows == 100_000
+    pool.close()
+    shm.close()
+
+
 def test_no_space_falls_back_inline(shm_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shm = ShmDir()
     pool = SlotPool(shm)

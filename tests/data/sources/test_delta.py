@@ -16,9 +16,11 @@ from primus_dagster.data.sources.base import (
     TimeWindow,
 )
 from primus_dagster.data.sources.delta import (
+    DeltaLogError,
     DeltaSource,
     DeltaTableNotFoundError,
     UnsupportedDeltaFeatureError,
+    broken_log_entry,
     check_reader_protocol,
 )
 from primus_dagster.spec.sources import DeltaSourceSpec
@@ -184,3 +186,30 @@ def test_column_added_later_reads_as_null_in_older_files_repaired_and_counted(tm
     extra = table.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 14)[:, 13]
     assert (extra[:10] == 0).all() and (extra[10:] == 1).all()  # quality.dense_invalid: repair (null -> 0)
     assert source.normalize.take() == {"dense_invalid": 10}
+
+
+def test_a_corrupt_log_entry_is_named_with_the_table(hourly) -> None:
+    path, _ = hourly
+    entry = sorted((path / "_delta_log").glob("*.json"))[-1]
+    entry.write_text('{"add": {"path": "part-broken.parquet", "size": \n')
+    source = DeltaSource(make_spec(str(path)), SourceContext())
+    with pytest.raises(DeltaLogError) as caught:
+        source.partitions(TimeWindow.hours_from(T0, 1))
+    message = str(caught.value)
+    assert f"{path}/_delta_log/{entry.name} line 1: not valid JSON" in message
+    assert "source 'imp_delta'" in message and "delta-rs:" in message
+
+
+def test_broken_log_entry_finds_the_first_bad_line() -> None:
+    good = b'{"commitInfo": {}}\n{"add": {"path": "a.parquet"}}\n'
+    assert broken_log_entry([("1.json", good), ("0.json", good)]) is None
+    assert broken_log_entry([("1.json", good + b"[1]\n")]) == "1.json line 3: not a JSON object (a list)"
+    assert broken_log_entry([("1.json", b"\xff")]).startswith("1.json: not UTF-8")  # type: ignore[union-attr]
+
+
+def test_a_log_that_parses_but_delta_rs_refuses_names_its_newest_entry(hourly) -> None:
+    path, _ = hourly
+    entry = sorted((path / "_delta_log").glob("*.json"))[-1]
+    entry.write_text('{"add": {"path": "x.parquet"}}\n')  # JSON, but not a valid add action
+    with pytest.raises(DeltaLogError, match=f"newest entry {path}/_delta_log/{entry.name}"):
+        DeltaSource(make_spec(str(path)), SourceContext()).partitions(TimeWindow.hours_from(T0, 1))
