@@ -7,7 +7,7 @@ and daemon) on the instance, runs of its defined jobs. The deployment starts wit
 so that its sensors do not launch runs of the 50 hours written while the test looks around. The test opens
 the asset graph, the training partition (AUC, consumed Kafka offsets, model version), its checks, runs the
 delayed ``auc_final`` check (the check-only job its schedule launches) and finds its result, opens the
-automation page and the daemons (all running), re-executes a run from its page, then opens ``mlflow server``
+automation page and the daemons (all running), re-executes a run from its page, then opens ``mlflow ui``
 on the demo's store: the run (AUC), its loss curve, the model version. Screenshots go to
 ``$PRIMUS_BROWSER_ARTIFACTS`` (default: a temp dir, printed). The test fails, not skips, when the browser
 is missing.
@@ -153,7 +153,7 @@ class Page:
 def _serve_mlflow(tracking_uri: str, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     mlflow = str(Path(sys.executable).with_name("mlflow"))
-    command = [mlflow, "server", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1", "--port", str(port)]
+    command = [mlflow, "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [*command, "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
