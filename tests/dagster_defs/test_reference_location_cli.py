@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from locationkit import DAGSTER, REPO, reference_env
 
+from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
 
@@ -27,9 +29,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def world_env(tmp_path_factory: pytest.TempPathFactory, kafka_broker) -> dict[str, str]:
+def world_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The reference world in a broker of this module's own (the spec's topic is fixed: see own_kafka_broker)."""
     home = tmp_path_factory.mktemp("primus_home")
-    return reference_env(home, kafka_broker.bootstrap_servers, hours=2, rows_per_hour=300, timeout=240)
+    with EmbeddedBroker(log_path=str(tmp_path_factory.mktemp("kafka-broker") / "tansu.log")) as broker:
+        yield reference_env(home, broker.bootstrap_servers, hours=2, rows_per_hour=300, timeout=240)
 
 
 @pytest.mark.parametrize(

@@ -42,11 +42,11 @@ print(json.dumps({"meta": meta, "checkpoints": checkpoints, "scored": int(scores
 """
 
 
-def test_dagster_asset_materialize_trains_and_mlflow_holds_a_loadable_model(tmp_path: Path, kafka_broker) -> None:
+def test_dagster_asset_materialize_trains_and_mlflow_holds_a_loadable_model(tmp_path: Path, own_kafka_broker) -> None:
     # Two days and two hours: day 1 (batch, lagged 24 h), day 2 (stream), an evaluation hour, and
     # one more hour so the stream has moved past the evaluation hour.
     env = reference_env(
-        tmp_path / "primus_home", kafka_broker.bootstrap_servers, hours=50, rows_per_hour=150, timeout=400
+        tmp_path / "primus_home", own_kafka_broker.bootstrap_servers, hours=50, rows_per_hour=150, timeout=400
     )
     proc = subprocess.run(
         [

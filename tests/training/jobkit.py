@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from datetime import timedelta
@@ -59,12 +60,14 @@ def make_job(
     every: int = 5,
     hours: int = 3,
     kafka: str | None = None,
-    topic: str = "train-events",
+    topic: str | None = None,
     rows_per_hour: int = 1500,
     extra_training: str = "",
 ) -> dict:
     """Write the job spec and ``hours`` + 2 hours of the world (an evaluation hour, and one more so
     Kafka's hours are complete); returns paths, the window and the spec."""
+    # a topic of its own by default: the session's broker is shared, and two worlds in one topic interleave
+    topic = topic or f"train-events-{uuid.uuid4().hex[:8]}"
     stream = KAFKA_STREAM.replace("TOPIC", topic) if kafka else PARQUET_STREAM
     root.mkdir(parents=True, exist_ok=True)
     job_path = root / "job.yaml"
