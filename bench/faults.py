@@ -281,6 +281,18 @@ def tail(run: Run) -> str:
     return "".join(run.stderr[-5:]).strip()[-600:]
 
 
+def ended_ok(out: Outcome, run: Run, bound: float, what: str) -> bool:
+    """Whether ``run`` ended within ``bound`` with exit code 0; if not, ``out`` records a hang or the failure."""
+    if not run.finish(bound):
+        out.hang = True
+        out.note = f"{what} exceeded its bound"
+        return False
+    if run.proc.returncode != 0:
+        out.note = f"{what} failed: {tail(run)}"
+        return False
+    return True
+
+
 def kill_whole_run(name: str, env: dict[str, Any], work: Path, when: str, rng: random.Random, bound: float) -> Outcome:
     """SIGKILL the run's process group (``when``: planning | step | checkpoint) or only the driver's
     process (``driver``), start it again, compare."""
@@ -318,12 +330,7 @@ def kill_whole_run(name: str, env: dict[str, Any], work: Path, when: str, rng: r
         first.kill_group()
         first.finish(30)
     second = Run(train_command(env, log2, slow_ms=0))
-    if not second.finish(bound):
-        out.hang = True
-        out.note = "the restarted run exceeded its bound"
-        return out
-    if second.proc.returncode != 0:
-        out.note = f"the restarted run failed: {tail(second)}"
+    if not ended_ok(out, second, bound, "the restarted run"):
         return out
     meta = second.meta()
     resumed = meta.get("resumed_from_step") or 0
@@ -352,12 +359,7 @@ def kill_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> O
     if victims:
         victims[0].kill()
     out.extra["killed_executors"] = len(victims[:1])
-    if not run.finish(bound):
-        out.hang = True
-        out.note = "the run exceeded its bound after the executor was killed"
-        return out
-    if run.proc.returncode != 0:
-        out.note = f"the run failed: {tail(run)}"
+    if not ended_ok(out, run, bound, "the run with a killed executor"):
         return out
     compare(out, Counter(int(i) for _, ids in records(log) for i in ids), env["expected"])
     out.survived = out.lost == 0 and out.duplicated == 0
