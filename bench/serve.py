@@ -19,6 +19,11 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   consumer) + every executor process from the moment it announced it was ready until it exited
   (its start-up -- interpreter and imports, about a second of CPU each -- is reported apart as
   ``executor_startup_cpu_s``).
+* **primus_in_process** -- the same plane with ``LocalDataPlane(executors_in_process=True)``: the
+  ``--workers`` executors are threads of this process (a trainer co-located with its data), the
+  reader takes their batches by calling them -- the same driver, leases, exactly-once claims,
+  normaliser and ``Batch`` tensors, without the executor processes, the Flight stream and the copy
+  into a slot. **Counted**: this process (there is no other).
 * **batched_dataloader** -- what a competent user writes: a ``torch.utils.data.IterableDataset`` whose
   workers each read a share of the files (``ParquetFile.iter_batches``, the same columns and batch
   size, one thread) and turn every record batch into the same three tensors (``np.stack`` of the
@@ -36,6 +41,13 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
 * **pyarrow_1t** -- ``pyarrow.parquet.ParquetFile.iter_batches(use_threads=False)`` over the files,
   the same columns and batch size, nothing else (no tensors): one core's decode ceiling (measured
   here: faster per core than ``pyarrow.dataset`` with ``use_threads=False``). **Counted**: this process.
+* **tensors_1t** (reference: the per-core ceiling of any reader that delivers these tensors) -- the
+  ``batched_dataloader``'s dataset iterated in this process, no DataLoader, no worker: decode with one
+  thread (as ``pyarrow_1t``) plus the same three tensors, nothing else. Every reader that hands a
+  trainer tensors does at least this work, so ``tensors_1t_vs_pyarrow_1t`` bounds what
+  ``ratio_vs_pyarrow_1t`` can reach, and ``ratio_vs_tensors_1t`` is the serving path's distance from
+  that bound (what the executor processes, the shared-memory hand-over, the exactly-once claims and
+  the RPCs cost). **Counted**: this process.
 * **pyarrow** -- ``pyarrow.dataset(...).to_batches(columns, batch_size)`` with its default threads.
   **Counted**: this process (all its threads).
 * **per_sample_dataloader** (secondary, ``--per-sample-rows`` rows) -- the naive loader kept for
@@ -144,13 +156,20 @@ class RowDataset(Dataset):
         return torch.from_numpy(self.dense[i]), torch.from_numpy(self.sparse[i]), torch.tensor(self.label[i])
 
 
-def run_primus(job_path, root, window, workers: int, startup: dict, shm: bool) -> tuple[int, float, float]:
+def run_primus(
+    job_path, root, window, workers: int, startup: dict, shm: bool, in_process: bool = False
+) -> tuple[int, float, float]:
     job = load_job_spec(job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(root)), threads=4).plan(window).tasks)
     rows = 0
-    with LocalDataPlane(job_path, root, tasks, executors=workers, trainers=1, shm=shm, fields=FIELDS) as plane:
-        # Steady state: from the moment every executor is up (start-up is reported separately).
+    plane = LocalDataPlane(
+        job_path, root, tasks, executors=workers, trainers=1, shm=shm, fields=FIELDS, executors_in_process=in_process
+    )
+    if in_process:  # the executors start in this process: count from before they start
         cpu0, wall0 = cpu_self(), time.perf_counter()
+    with plane:
+        if not in_process:  # steady state: from the moment every executor is up (start-up reported apart)
+            cpu0, wall0 = cpu_self(), time.perf_counter()
         with plane.reader(0, prefetch=16) as reader:
             for batch in reader:
                 rows += batch.rows
@@ -158,6 +177,8 @@ def run_primus(job_path, root, window, workers: int, startup: dict, shm: bool) -
         wall = time.perf_counter() - wall0
         cpu = cpu_self() - cpu0
         plane.wait_executors(30)
+        if in_process:
+            return rows, cpu, wall
         startup.setdefault("executor_startup_cpu_s", []).append(
             round(plane.cpu_seconds() - plane.cpu_seconds(include_startup=False), 3)
         )
@@ -193,6 +214,10 @@ def _drain(loader: Any) -> tuple[int, float, float]:
         _ = dense.sum()
     wall = time.perf_counter() - wall0
     return rows, cpu_self() - cpu0 + cpu_children() - children0, wall
+
+
+def run_tensors_1t(files: list[str], batch_size: int) -> tuple[int, float, float]:
+    return _drain(ParquetBatches(files, batch_size))
 
 
 def run_batched_dataloader(files: list[str], workers: int, batch_size: int) -> tuple[int, float, float]:
@@ -332,8 +357,13 @@ def main() -> None:
     readers: dict[str, tuple[Callable[[], tuple[int, float, float]], int]] = {
         "pyarrow": (lambda: run_pyarrow(files, args.batch_rows), expected),
         "pyarrow_1t": (lambda: run_pyarrow_1t(files, args.batch_rows), expected),
+        "tensors_1t": (lambda: run_tensors_1t(files, args.batch_rows), expected),
         "primus": (
             lambda: run_primus(job_path, root, window, args.workers, startup, args.transport == "shm"),
+            expected,
+        ),
+        "primus_in_process": (
+            lambda: run_primus(job_path, root, window, args.workers, startup, False, in_process=True),
             expected,
         ),
         "batched_dataloader": (lambda: run_batched_dataloader(files, args.workers, args.batch_rows), expected),
@@ -378,6 +408,9 @@ def main() -> None:
     def ratio(name: str, digits: int = 3) -> float | None:
         return round(ours / median[name], digits) if name in median else None
 
+    def in_process_ratio(name: str) -> float:
+        return round(median["primus_in_process"] / median[name], 3)
+
     def per_repeat(name: str) -> list[float] | None:
         if name not in runs:
             return None
@@ -393,12 +426,19 @@ def main() -> None:
             "ratio_vs_ray_data": ratio("ray_data"),
             "ratio_vs_pyarrow_1t": ratio("pyarrow_1t"),
             "rows_checked": True,
+            "ratio_vs_tensors_1t": ratio("tensors_1t"),
+            "in_process_ratio_vs_pyarrow_1t": in_process_ratio("pyarrow_1t"),
+            "in_process_ratio_vs_tensors_1t": in_process_ratio("tensors_1t"),
+            "in_process_ratio_vs_batched_dataloader": in_process_ratio("batched_dataloader"),
+            "tensors_1t_vs_pyarrow_1t": round(median["tensors_1t"] / median["pyarrow_1t"], 3),
             "ratio_vs_pyarrow": ratio("pyarrow"),
             "ratio_vs_per_sample_dataloader": ratio("per_sample_dataloader", 1),
             "rows_per_s_per_core": ours,
+            "in_process_rows_per_s_per_core": median["primus_in_process"],
             "batched_dataloader_rows_per_s_per_core": median["batched_dataloader"],
             "ray_data_rows_per_s_per_core": median.get("ray_data"),
             "pyarrow_1t_rows_per_s_per_core": median["pyarrow_1t"],
+            "tensors_1t_rows_per_s_per_core": median["tensors_1t"],
             "pyarrow_rows_per_s_per_core": median["pyarrow"],
             "per_sample_dataloader_rows_per_s_per_core": median["per_sample_dataloader"],
             "wall_rows_per_s": wall,
@@ -409,7 +449,8 @@ def main() -> None:
             "batch_rows": args.batch_rows,
             "repeat": args.repeat,
             "ratios_per_repeat": {
-                name: per_repeat(name) for name in ("batched_dataloader", "ray_data", "pyarrow_1t", "pyarrow")
+                name: per_repeat(name)
+                for name in ("batched_dataloader", "ray_data", "pyarrow_1t", "tensors_1t", "pyarrow")
             },
             "notes": notes,
             **startup,

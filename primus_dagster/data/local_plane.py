@@ -1,5 +1,11 @@
 """A data plane on this machine: the driver served over Flight plus N data executor processes.
 
+``executors_in_process=True`` runs the N executors as threads of this process instead (a trainer
+co-located with its data): readers then take their batches by calling the executors -- no Flight
+stream, no shared-memory copy, no executor start-up --, at the price of the isolation a process
+gives (a crashed executor is a crashed trainer, and its decoding shares the trainer's cores and
+interpreter). Leases, claims, shuffles, checkpoints and quality counts are the same.
+
 The local executor pool of the roadmap builds on this; tests, benchmarks and the training
 job use it to run the real processes (``python -m primus_dagster.data.executor``).
 
@@ -26,7 +32,7 @@ import psutil
 
 from primus_dagster.data.canonical import check_fields
 from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
-from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
+from primus_dagster.data.executor import DataExecutor, ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.reader.remote_reader import RemoteReader
 from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.tasks import DataTask
@@ -51,7 +57,10 @@ class LocalDataPlane:
         heartbeat_s: float | None = None,
         shm: bool = True,
         fields: Sequence[str] | None = None,
+        executors_in_process: bool = False,
     ):
+        if executors_in_process and slow_ms_per_batch:
+            raise ValueError("slow_ms_per_batch slows executor streams; executors in this process have none")
         self.job_path = str(job_path)
         self.job: JobSpec = load_job_spec(job_path)
         self.data_root = str(data_root)
@@ -71,6 +80,8 @@ class LocalDataPlane:
         self._cpu: dict[int, float] = {}  # pid -> CPU seconds at exit
         self._startup_cpu: dict[int, float] = {}  # pid -> CPU seconds when it announced it was ready
         self._executors = executors
+        self.executors_in_process = executors_in_process
+        self.in_process: dict[str, DataExecutor] = {}  # location -> executor (executors_in_process)
 
     @property
     def location(self) -> str:
@@ -102,10 +113,31 @@ class LocalDataPlane:
 
     def start_executor(self, index: int) -> str:
         """Start executor ``index`` (again, after a kill); returns its dataset-server address."""
+        if self.executors_in_process:
+            raise NotImplementedError("executors in this process cannot be restarted one by one")
         return self._await_ready(self._spawn(index))
+
+    def _start_in_process(self) -> None:
+        for index in range(self._executors):
+            executor = DataExecutor(
+                self.driver,
+                self.job,
+                f"data-{index}",
+                self.data_root,
+                executor_index=index,
+                trainers=self.trainers,
+                kafka_bootstrap=self.kafka_bootstrap,
+                heartbeat_s=self.heartbeat_s,
+                serve=False,
+                fields=self.fields,
+            )
+            self.in_process[executor.location] = executor.start()
 
     def __enter__(self) -> LocalDataPlane:
         self.server.serve_in_thread()
+        if self.executors_in_process:
+            self._start_in_process()
+            return self
         try:  # all at once: their start-ups (interpreter, imports) overlap
             for proc in [self._spawn(index) for index in range(self._executors)]:
                 self._await_ready(proc)
@@ -116,10 +148,14 @@ class LocalDataPlane:
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
         """A trainer-side reader of this plane (see :func:`reader_for`)."""
+        if self.in_process:
+            kwargs.setdefault("feeds", self.in_process)
         return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
 
     def kill(self, index: int) -> None:
         """SIGKILL executor ``index`` (fault injection) and reap it."""
+        if self.executors_in_process:
+            raise NotImplementedError("executors in this process cannot be killed one by one")
         proc = self.processes[index]
         os.kill(proc.pid, signal.SIGKILL)
         self._reap(proc, 10)
@@ -140,12 +176,17 @@ class LocalDataPlane:
             time.sleep(0.02)
 
     def wait_executors(self, timeout: float = 60.0) -> list[int | None]:
-        """Exit codes of the executors once they stopped by themselves (the driver is done)."""
+        """Exit codes of the executors once they stopped by themselves (the driver is done); in
+        process: 0 for an executor that finished within ``timeout``, else None."""
+        if self.in_process:
+            deadline = time.monotonic() + timeout
+            return [0 if e.wait(max(0.0, deadline - time.monotonic())) else None for e in self.in_process.values()]
         return [self._reap(proc, timeout) for proc in self.processes.values()]
 
     def cpu_seconds(self, include_startup: bool = True) -> float:
         """CPU seconds used by the executor processes so far (live and exited ones); without
-        ``include_startup``, only what they used after announcing they were ready."""
+        ``include_startup``, only what they used after announcing they were ready. Executors in
+        this process: 0 (their CPU is this process's)."""
         total = 0.0
         for proc in self.processes.values():
             total += self._cpu[proc.pid] if proc.pid in self._cpu else _cpu_of(proc)
@@ -154,6 +195,8 @@ class LocalDataPlane:
         return total
 
     def close(self) -> None:
+        for executor in self.in_process.values():
+            executor.close()
         for proc in self.processes.values():
             if proc.returncode is None:
                 proc.terminate()

@@ -119,11 +119,17 @@ def test_sigkill_of_an_executor_mid_serving_loses_and_repeats_nothing(world: dic
     assert len(got) == sum(world["expected"].values())
 
 
-def test_restore_from_a_barrier_snapshot_replays_exactly_the_unseen_batches(world: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_process", [False, True], ids=["executor-processes", "executors-in-process"])
+def test_restore_from_a_barrier_snapshot_replays_exactly_the_unseen_batches(
+    world: dict, tmp_path: Path, in_process: bool
+) -> None:
+    """The crashed run's executors are processes or threads of the trainer's process (the restored
+    run's are processes): the snapshot means the same either way."""
     before: list[tuple[str, int]] = []
     lost: list[tuple[str, int]] = []
     snapshot_path = tmp_path / "driver.json"
-    with plane(world, tasks=world["tasks"], executors=1) as dp, dp.reader(0, refresh_s=0.1) as reader:
+    first = plane(world, tasks=world["tasks"], executors=1, executors_in_process=in_process)
+    with first as dp, dp.reader(0, refresh_s=0.1) as reader:
         for _ in range(12):
             before.extend(delivered(reader.next_batch(timeout=30)))
         snapshot = reader.barrier(1, wait_s=10)
@@ -143,3 +149,40 @@ def test_restore_from_a_barrier_snapshot_replays_exactly_the_unseen_batches(worl
     assert len(after) == len(set(after)), "a sample was delivered twice after the restore"
     assert Counter(before) + Counter(after) == world["expected"]
     assert not (set(before) & set(after))
+
+
+def test_executors_in_process_serve_two_trainers_every_sample_once(world: dict) -> None:
+    """Executors as threads of this process (no executor process, no Flight stream): two trainers'
+    readers together get every sample of both kinds exactly once, and the driver ends done."""
+    got: list[list[tuple[str, int]]] = [[], []]
+    with plane(world, tasks=world["tasks"], executors=2, trainers=2, executors_in_process=True) as dp:
+        assert not dp.processes and sorted(dp.in_process) == ["inproc://data-0", "inproc://data-1"]
+        readers = [dp.reader(t, refresh_s=0.1) for t in (0, 1)]
+
+        def consume(trainer: int) -> None:
+            for batch in readers[trainer]:
+                got[trainer].extend(delivered(batch))
+
+        threads = [threading.Thread(target=consume, args=(t,), daemon=True) for t in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+            assert not thread.is_alive(), "a reader did not end"
+        for reader in readers:
+            reader.close()
+        assert dp.wait_executors(10) == [0, 0]
+        status = dp.driver.status()
+    assert status["done"] and not status["failed"]
+    assert got[0] and got[1], "both trainers should have been served"
+    assert Counter(got[0] + got[1]) == world["expected"]
+
+
+def test_executors_in_process_refuse_what_only_processes_can_do(world: dict) -> None:
+    with pytest.raises(ValueError, match="slow_ms_per_batch"):
+        plane(world, executors=1, executors_in_process=True, slow_ms_per_batch={0: 5})
+    with plane(world, executors=1, executors_in_process=True) as dp:
+        with pytest.raises(NotImplementedError, match="killed"):
+            dp.kill(0)
+        with pytest.raises(NotImplementedError, match="restarted"):
+            dp.start_executor(0)

@@ -176,6 +176,10 @@ class DataExecutor:
         """No more work and every trainer buffer drained."""
         return self._no_more_work.is_set() and not any(self.buffers.fills())
 
+    def drained(self, trainer: int) -> bool:
+        """No more work and ``trainer``'s buffer empty: every batch for it has been taken."""
+        return self._no_more_work.is_set() and not self.buffers.fills()[trainer]
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until :meth:`finished`; True if it is."""
         deadline = None if timeout is None else time.monotonic() + timeout

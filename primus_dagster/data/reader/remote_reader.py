@@ -9,6 +9,11 @@ an executor died), then queued as a :class:`~primus_dagster.data.batch.Batch` by
 (and, when executors are discovered through the driver, the driver says the job is done) and its
 queues are empty.
 
+Executors in this very process (``feeds``: :class:`~primus_dagster.data.executor.DataExecutor`
+objects started with ``serve=False``, located at ``inproc://<id>``) are read by calling them: no
+Flight, no shared memory, no copy -- the reader's tensors are views over the executor's own Arrow
+buffers (``LocalDataPlane(executors_in_process=True)``).
+
 An executor on this host (loopback address) that offers it serves through shared memory: the
 stream then carries only descriptors and the batch is read zero-copy from the executor's slot,
 which stays reserved while the trainer holds the batch (``docs/shared_memory.md``);
@@ -36,14 +41,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from primus_dagster.data.batch import Batch
+from primus_dagster.data.batch import Batch, BatchMeta
 from primus_dagster.data.driver.api import DriverAPI
+from primus_dagster.data.executor.dataset_server import BatchFeed
 from primus_dagster.data.flight_auth import bearer_options
 from primus_dagster.data.flight_protocol import encode_ticket, split_meta
 from primus_dagster.data.reader.queue_policy import ChooseQueue, QueueStat, batch_first
@@ -54,13 +60,21 @@ from primus_dagster.data.tasks import BatchId
 log = logging.getLogger(__name__)
 
 
+class InProcessFeed(BatchFeed, Protocol):
+    """An executor in the reader's process (a :class:`~primus_dagster.data.executor.DataExecutor`)."""
+
+    def drained(self, trainer: int) -> bool:
+        """No more work, and nothing left buffered for ``trainer``: its batches have all been taken."""
+
+
 class RemoteReader:
     """Reads trainer ``trainer_id``'s batches from every data executor (see module docstring).
 
     ``executors``: a list of Flight locations, a callable returning the current ones, or None
     (then the addresses in ``driver.executors()``, refreshed every ``refresh_s``). ``shm``: read the
     batches of executors on this host through shared memory when they offer it (default: unless
-    ``$PRIMUS_SHM=0``; see ``primus_dagster.data.shm.slots``).
+    ``$PRIMUS_SHM=0``; see ``primus_dagster.data.shm.slots``). ``feeds``: executors in this process,
+    by location (``inproc://<id>``), read by calling them instead of over Flight.
     """
 
     def __init__(
@@ -76,8 +90,10 @@ class RemoteReader:
         refresh_s: float = 0.5,
         max_retries: int = 5,
         shm: bool | None = None,
+        feeds: Mapping[str, InProcessFeed] | None = None,
     ):
         self.driver = driver
+        self._feeds = dict(feeds or {})
         self.trainer_id = trainer_id
         self.claimant = f"trainer-{trainer_id}"  # the trainer id the driver sees (claims, barriers)
         self.token = token
@@ -102,6 +118,7 @@ class RemoteReader:
         self._fetchers: dict[str, threading.Thread] = {}
         self._streams: dict[str, Any] = {}
         self._alive = 0
+        self._ended_unseen = False  # a fetcher ended since the refresher last looked
         self._closing = False
         self._error: BaseException | None = None
         self._consumed: list[BatchId] = []
@@ -120,7 +137,11 @@ class RemoteReader:
 
     # ----------------------------------------------------------------- discovery and fetchers
     def _driver_executors(self) -> list[str]:
-        return [r.address for r in self.driver.executors().values() if r.address.startswith("grpc")]
+        return [
+            r.address
+            for r in self.driver.executors().values()
+            if r.address.startswith("grpc") or r.address in self._feeds
+        ]
 
     def _discover(self) -> set[str] | None:
         """Start fetchers for new locations; the current listing (None when listing failed)."""
@@ -155,7 +176,10 @@ class RemoteReader:
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._cond.wait_for(lambda: self._closing, self.refresh_s)
+                # Woken early when a fetcher's stream ends: the data may have ended with it, and the
+                # reader (the trainer's phase) ends only once the driver says so.
+                self._cond.wait_for(lambda: self._closing or self._ended_unseen, self.refresh_s)
+                self._ended_unseen = False
 
     def _retry(self, location: str, attempts: int) -> bool:
         """Reconnect to a failed stream? Static list: up to ``max_retries``; discovered: while the
@@ -165,6 +189,9 @@ class RemoteReader:
         return not self._discovery_done and location in self._listed
 
     def _fetch(self, location: str) -> None:
+        if location in self._feeds:
+            self._fetch_in_process(self._feeds[location])
+            return
         attempts = 0
         try:
             while not self._closing:
@@ -208,9 +235,33 @@ class RemoteReader:
         except BaseException as exc:
             self._fail(exc)
         finally:
-            with self._cond:
-                self._alive -= 1
-                self._cond.notify_all()
+            self._fetcher_ended()
+
+    def _fetch_in_process(self, feed: InProcessFeed) -> None:
+        """Take this trainer's batches from an executor in this process until it has no more."""
+        try:
+            while not self._closing:
+                batch = feed.next_for(self.trainer_id, timeout=0.1)
+                if batch is None:
+                    if feed.drained(self.trainer_id):
+                        return
+                    continue
+                try:
+                    self._accept(batch)
+                except BaseException:
+                    feed.unserved(batch, self.trainer_id)
+                    raise
+                feed.served(batch)
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            self._fetcher_ended()
+
+    def _fetcher_ended(self) -> None:
+        with self._cond:
+            self._alive -= 1
+            self._ended_unseen = True  # the refresher asks the driver at once whether the data ended
+            self._cond.notify_all()
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
@@ -226,8 +277,11 @@ class RemoteReader:
             if shm is None:
                 raise ValueError(f"batch {meta.batch_id.key()} arrived in shared memory on a plain stream")
             data = shm.read(desc)
-        if meta.rows != data.num_rows:
-            raise ValueError(f"batch {meta.batch_id.key()}: metadata says {meta.rows} rows, got {data.num_rows}")
+        self._accept(Batch(data, meta))  # source/kind stay in the metadata; rows checked there
+
+    def _accept(self, batch: Batch) -> None:
+        """Claim ``batch`` and queue it by kind (dropped when the claim is refused: a duplicate)."""
+        meta: BatchMeta = batch.meta
         with self._cond:
             self.stats["received"] += 1
         if meta.kind not in self._queues:
@@ -238,7 +292,6 @@ class RemoteReader:
             with self._cond:
                 self.stats["dropped"] += 1
             return
-        batch = Batch(data, meta)  # source/kind stay in the metadata
         batch.tensors  # noqa: B018 - converted here, in the fetcher thread, not on the trainer's
         item = (time.monotonic(), batch)
         with self._cond:
