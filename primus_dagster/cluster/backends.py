@@ -4,6 +4,9 @@ strategies are disabled).
 
 * ``local`` -- :class:`~primus_dagster.cluster.local.LocalPool` processes; the driver listens on
   loopback;
+* ``in_trainer`` -- no pool: :func:`data_plane_starter` starts a
+  :class:`~primus_dagster.data.LocalDataPlane` whose executors are threads of the trainer's process
+  (``executors_in_process``); there is nothing for :func:`data_plane_setup` to set up;
 * ``kubernetes`` -- :class:`~primus_dagster.cluster.kubernetes.KubernetesPool` pods of
   ``pools.image`` in ``pools.namespace``, owned by this process's pod when it runs in one
   (``$HOSTNAME``); the driver listens on this pod's address (``$PRIMUS_DRIVER_HOST``, default the
@@ -18,13 +21,20 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from primus_dagster.cluster.autoscaler import DataPoolAutoscaler
-from primus_dagster.cluster.pooled_plane import local_data_pool
+from primus_dagster.cluster.pooled_plane import PooledDataPlane, local_data_pool
+from primus_dagster.data import LocalDataPlane
 from primus_dagster.spec import JobSpec
+
+DataPlaneStarter = Callable[..., LocalDataPlane | PooledDataPlane]
+"""Starts a run's data plane: ``(job_path, data_root, tasks=(), *, driver, executors, trainers,
+token, kafka_bootstrap)``, :class:`~primus_dagster.data.LocalDataPlane`'s signature."""
 
 DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
 
@@ -32,6 +42,8 @@ DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
 def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
     """The ``pool_factory`` and ``driver_host`` keyword arguments of a ``PooledDataPlane`` for
     ``job``'s backend (``run_id`` names and labels the Kubernetes objects of the run)."""
+    if job.pools.backend == "in_trainer":
+        raise ValueError(f"job {job.name}: pools.backend in_trainer runs no executor pool (see data_plane_starter)")
     scaling = job.scaling
     controller = DataPoolAutoscaler(job) if scaling.horizontal.enabled or scaling.vertical.enabled else None
     if job.pools.backend == "local":
@@ -48,3 +60,19 @@ def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
         "driver_host": host,
         "controller": controller,
     }
+
+
+def data_plane_starter(job: JobSpec, *, run_id: str) -> DataPlaneStarter:
+    """What starts ``job``'s data plane for a run: a :class:`PooledDataPlane` on the pool of its
+    ``pools.backend``, or for ``in_trainer`` a :class:`~primus_dagster.data.LocalDataPlane` with
+    its executors in this process.
+
+    Example::
+
+        start = data_plane_starter(job, run_id=context.run_id)
+        with start("job.yaml", "/data", driver=driver, executors=2, trainers=1, token=token) as plane:
+            ...
+    """
+    if job.pools.backend == "in_trainer":
+        return functools.partial(LocalDataPlane, executors_in_process=True)
+    return functools.partial(PooledDataPlane, **data_plane_setup(job, run_id=run_id))

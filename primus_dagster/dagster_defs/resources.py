@@ -23,9 +23,9 @@ from pydantic import Field, PrivateAttr
 
 from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV, read_broker_state
-from primus_dagster.cluster.backends import data_plane_setup
+from primus_dagster.cluster.backends import data_plane_starter
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
-from primus_dagster.data import SourceContext
+from primus_dagster.data import LocalDataPlane, SourceContext
 from primus_dagster.spec import JobSpec, SourceSpec
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class ExecutorPoolResource(ConfigurableResource):
     """
 
     data_executors: int | None = Field(default=None, ge=1, description="Data executors (default: the spec's).")
-    _planes: list[PooledDataPlane] = PrivateAttr(default_factory=list)
+    _planes: list[LocalDataPlane | PooledDataPlane] = PrivateAttr(default_factory=list)
     _run_id: str = PrivateAttr(default="local")
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -114,14 +114,15 @@ class ExecutorPoolResource(ConfigurableResource):
     def executors(self, job: JobSpec) -> int:
         return self.data_executors or job.pools.data.replicas or 1
 
-    def data_plane_factory(self, job: JobSpec) -> Callable[..., PooledDataPlane]:
+    def data_plane_factory(self, job: JobSpec) -> Callable[..., LocalDataPlane | PooledDataPlane]:
         """What :class:`~primus_dagster.training.job.JobHooks` ``data_plane`` takes: a pooled data
-        plane on ``job``'s data pool, remembered so that teardown closes it."""
+        plane on ``job``'s data pool (or, for ``pools.backend: in_trainer``, executors in the run's
+        process), remembered so that teardown closes it."""
 
-        setup = data_plane_setup(job, run_id=self._run_id)
+        starter = data_plane_starter(job, run_id=self._run_id)
 
-        def start(*args: Any, **kwargs: Any) -> PooledDataPlane:
-            plane = PooledDataPlane(*args, **{**setup, **kwargs})
+        def start(*args: Any, **kwargs: Any) -> LocalDataPlane | PooledDataPlane:
+            plane = starter(*args, **kwargs)
             self._planes.append(plane)
             return plane
 

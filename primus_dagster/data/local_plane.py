@@ -82,6 +82,7 @@ class LocalDataPlane:
         self._executors = executors
         self.executors_in_process = executors_in_process
         self.in_process: dict[str, DataExecutor] = {}  # location -> executor (executors_in_process)
+        self._closed = False
 
     @property
     def location(self) -> str:
@@ -195,6 +196,10 @@ class LocalDataPlane:
         return total
 
     def close(self) -> None:
+        """Stop the executors and the driver server (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         for executor in self.in_process.values():
             executor.close()
         for proc in self.processes.values():

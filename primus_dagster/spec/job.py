@@ -77,10 +77,16 @@ class PoolSpec(StrictModel):
 
 class PoolsSpec(StrictModel):
     """Executor pools and the backend that runs them. ``namespace`` and ``image`` belong to the kubernetes
-    backend (``image`` is required there); with ``backend: local`` either one is an error, since it could
-    do nothing (docs/kubernetes.md)."""
+    backend (``image`` is required there); with another backend either one is an error, since it could
+    do nothing (docs/kubernetes.md). ``in_trainer`` runs ``pools.data.replicas`` data executors as
+    threads of the trainer's process (one trainer; no pool: no restarts, limits or scaling), which
+    saves the executor processes, the Flight stream and the copy into shared memory
+    (docs/data_plane.md)."""
 
-    backend: Literal["local", "kubernetes"] = "local"
+    backend: Literal["local", "kubernetes", "in_trainer"] = Field(
+        default="local",
+        description="Where the data executors run: local processes, Kubernetes pods, or threads of the trainer.",
+    )
     namespace: str | None = Field(
         default=None,
         max_length=63,
@@ -118,13 +124,34 @@ class PoolsSpec(StrictModel):
     @classmethod
     def _kubernetes_keys(cls, value: str | None, info: ValidationInfo) -> str | None:
         backend = info.data.get("backend")  # absent when the backend itself was invalid
-        if backend == "local" and value is not None:
+        if backend in ("local", "in_trainer") and value is not None:
             raise ValueError(
                 f"only the kubernetes backend uses pools.{info.field_name}: remove it or set pools.backend: kubernetes"
             )
         if backend == "kubernetes" and info.field_name == "image" and value is None:
             raise ValueError("required when pools.backend is kubernetes: the container image of the executor pods")
         return value
+
+    @model_validator(mode="after")
+    def _in_trainer_keys(self) -> PoolsSpec:
+        """Executors that are threads of one trainer have a count and task runners, nothing a pool
+        of processes has (limits, restarts, blacklist, memory), and serve that one trainer."""
+        if self.backend != "in_trainer":
+            return self
+        if "data" in self.model_fields_set:
+            unused = sorted(self.data.model_fields_set - {"replicas", "task_runners"})
+            if unused:
+                raise ValueError(
+                    f"pools.backend in_trainer runs the data executors as threads of the trainer: "
+                    f"pools.data.{', pools.data.'.join(unused)} would do nothing (only replicas and task_runners "
+                    "apply); remove it or use backend local"
+                )
+        if self.training.replicas != 1:
+            raise ValueError(
+                f"pools.backend in_trainer serves one trainer, pools.training.replicas is {self.training.replicas}: "
+                "a multi-trainer job runs its ranks as processes, use backend local"
+            )
+        return self
 
 
 class MetricSpec(StrictModel):
@@ -324,6 +351,18 @@ class JobSpec(StrictModel):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     automation: AutomationSpec = Field(default_factory=AutomationSpec)
+
+    @field_validator("scaling")
+    @classmethod
+    def _scaling_has_a_pool(cls, value: ScalingSpec, info: ValidationInfo) -> ScalingSpec:
+        pools = info.data.get("pools")  # absent when pools itself was invalid
+        # Defaults are validated too: only a policy the spec asks for (not the default) is an error.
+        if pools is not None and pools.backend == "in_trainer" and value != ScalingSpec():
+            raise ValueError(
+                "pools.backend in_trainer has no executor pool to scale (its executors are threads of the "
+                "trainer): remove scaling or use backend local"
+            )
+        return value
 
     @model_validator(mode="after")
     def _source_names_free(self) -> JobSpec:

@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -37,14 +36,12 @@ from typing import Any
 
 import torch
 
-from primus_dagster.cluster.backends import data_plane_setup
-from primus_dagster.cluster.pooled_plane import PooledDataPlane
+from primus_dagster.cluster.backends import DataPlaneStarter, data_plane_starter
 from primus_dagster.data import (
     Batch,
     ChooseQueue,
     DataDriver,
     DataTask,
-    LocalDataPlane,
     NotReady,
     Planner,
     SourceContext,
@@ -116,10 +113,11 @@ class JobHooks:
     """Extension points of :func:`run_training_job` that are not part of *what* to run.
 
     ``on_batch(step, batch)`` is called after each trained reader batch (audits: which samples a
-    step consumed); ``data_plane`` starts the data plane of a phase (default: a
-    :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane` on the pool of the job's
-    ``pools.backend``; anything with :class:`LocalDataPlane`'s signature works -- tests pass one with
-    injected faults).
+    step consumed); ``data_plane`` starts the data plane of a phase (default: what
+    :func:`~primus_dagster.cluster.backends.data_plane_starter` picks for the job's ``pools.backend``
+    -- a :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane` on its pool, or executors in
+    this process for ``in_trainer``; anything with :class:`LocalDataPlane`'s signature works -- tests
+    pass one with injected faults).
 
     Example::
 
@@ -128,7 +126,7 @@ class JobHooks:
     """
 
     on_batch: Callable[[int, Batch], None] | None = None
-    data_plane: Callable[..., LocalDataPlane | PooledDataPlane] | None = None
+    data_plane: DataPlaneStarter | None = None
 
 
 @dataclass
@@ -468,7 +466,7 @@ def _run_phase(
     )
     driver.loading_policy = LoadingPriority(weights) if phase.prioritised else None
     token = secrets.token_hex(16)
-    start_plane = hooks.data_plane or functools.partial(PooledDataPlane, **data_plane_setup(cfg.job, run_id=cfg.key()))
+    start_plane = hooks.data_plane or data_plane_starter(cfg.job, run_id=cfg.key())
     run.stage(
         "phase %s: %d task(s) to read; starting %d data executor(s)",
         phase.name,

@@ -47,7 +47,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -65,9 +64,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from primus_dagster.cluster.backends import data_plane_setup
+from primus_dagster.cluster.backends import data_plane_starter
 from primus_dagster.cluster.pool import memory_bytes
-from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import DriverClient, NotReady, RemoteReader, SourceContext
 from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
@@ -633,7 +631,7 @@ def _run_phase_group(
     job, world = cfg.job, cfg.job.pools.training.replicas
     driver.loading_policy = LoadingPriority(job.kind_weights()) if phase.prioritised else None
     token = secrets.token_hex(16)
-    start_plane = hooks.data_plane or functools.partial(PooledDataPlane, **data_plane_setup(job, run_id=cfg.key()))
+    start_plane = hooks.data_plane or data_plane_starter(job, run_id=cfg.key())
     run.stage(
         "phase %s: %d task(s) to read; starting %d data executor(s)",
         phase.name,

@@ -78,3 +78,48 @@ def test_the_rule_holds_for_models_built_in_code() -> None:
     pools = PoolsSpec(backend="kubernetes", image="img:1")
     with pytest.raises(ValidationError, match="required"):
         pools.image = None  # assignments are validated too
+
+
+IN_TRAINER = """
+name: in-trainer
+pools:
+  backend: in_trainer
+{pools}dataset:
+  start: 2026-11-01
+  streams:
+    - name: s
+      window: 1h
+      sources:
+        - {{name: src, type: parquet, kind: batch, path: p, columns: {{ts: t, label: click, dense: [d0], sparse: [u]}}}}
+{extra}"""
+
+
+def in_trainer(pools: str = "", extra: str = "") -> str:
+    return IN_TRAINER.format(pools=pools, extra=extra)
+
+
+def test_in_trainer_takes_the_executor_count_and_task_runners() -> None:
+    job = parse_job_spec(in_trainer("  data: {replicas: 3, task_runners: 1}\n"))
+    assert (job.pools.backend, job.pools.data.replicas, job.pools.data.task_runners) == ("in_trainer", 3, 1)
+    assert parse_job_spec(in_trainer()).pools.data.replicas == 2  # the default pool's count
+
+
+@pytest.mark.parametrize(
+    "pools,extra,path,message",
+    [
+        (
+            "  data: {replicas: 2, max_replicas: 8, memory: 4Gi}\n",
+            "",
+            "pools",
+            "pools.data.max_replicas, pools.data.memory would do nothing",
+        ),
+        ("  data: {replicas: 0}\n", "", "pools.data", "min_replicas <= replicas"),
+        ("  training: {replicas: 2, max_replicas: 2}\n", "", "pools", "serves one trainer"),
+        ("  image: img:1\n", "", "pools.image", "only the kubernetes backend"),
+        ("", "scaling: {interval: 10s}\n", "scaling", "no executor pool to scale"),
+    ],
+)
+def test_in_trainer_rejects_what_only_a_pool_of_processes_uses(pools: str, extra: str, path: str, message: str) -> None:
+    found = problems(in_trainer(pools, extra))
+    assert any(message in text for text in found.values()), found
+    assert path in found or any(key.startswith(path) for key in found), found

@@ -20,14 +20,19 @@ from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
 pytestmark = pytest.mark.integration
 
 
-def test_mixed_mtrm_job_learns_the_synthetic_world(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "in_trainer"])
+def test_mixed_mtrm_job_learns_the_synthetic_world(tmp_path: Path, backend: str) -> None:
+    """``local``: executor processes, shared memory; ``in_trainer``: executors as threads of the
+    trainer's process (no executor process, no Flight stream) -- the same data, the same learning."""
     # 3 hours of 6 000 rows (~38 k samples, ~150 steps): enough to learn the topic trends, the item
     # popularity and the dense effects with a one-pass rate of 0.02 (measured: AUC ~0.66 on ~5 000 rows)
     env = make_job(tmp_path, mode="mixed", model="mtrm", every=1000, rows_per_hour=6000)
     text = env["job_path"].read_text()
-    assert "learning_rate: 0.003" in text
-    env["job_path"].write_text(text.replace("learning_rate: 0.003", "learning_rate: 0.02"))
+    assert "learning_rate: 0.003" in text and "\npools: {data:" in text
+    text = text.replace("learning_rate: 0.003", "learning_rate: 0.02")
+    env["job_path"].write_text(text.replace("\npools: {data:", f"\npools: {{backend: {backend}, data:"))
     job = load_job_spec(env["job_path"])
+    assert job.pools.backend == backend
     result = run_training_job(TrainingJob(job, env["job_path"], env["root"], env["window"], executors=2), JobHooks())
     assert result.stats["samples_batch"] > 0 and result.stats["samples_stream"] > 0
     assert result.evaluation is not None and result.evaluation.labels == "batch"
