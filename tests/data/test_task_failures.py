@@ -96,11 +96,12 @@ def read_everything(plane: LocalDataPlane, timeout: float = 30.0) -> list[int]:
 
 
 @pytest.mark.integration
-def test_corrupt_file_is_retried_then_reported_and_the_rest_is_delivered_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_process", [False, True], ids=["executor-processes", "executors-in-process"])
+def test_corrupt_file_is_retried_then_reported_and_the_rest_is_delivered_once(tmp_path: Path, in_process: bool) -> None:
     spec, tasks, ids = tree(tmp_path, max_attempts=3, threshold=0.5)  # 1 of 6 failing < 50 %
     bad = 1
     garbage(tasks[bad].read.uri)
-    with LocalDataPlane(spec, tmp_path, tasks, executors=2, trainers=1) as plane:
+    with LocalDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
         got = read_everything(plane)
         codes = plane.wait_executors(30)
         driver = plane.driver
@@ -128,14 +129,15 @@ def test_corrupt_file_is_retried_then_reported_and_the_rest_is_delivered_once(tm
 
 
 @pytest.mark.integration
-def test_failures_past_the_threshold_fail_the_job_naming_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_process", [False, True], ids=["executor-processes", "executors-in-process"])
+def test_failures_past_the_threshold_fail_the_job_naming_the_file(tmp_path: Path, in_process: bool) -> None:
     spec, tasks, ids = tree(tmp_path, max_attempts=2, threshold=0.1)  # 1 of 6 failing > 10 %
     # The last task handed out: the job fails while the reader is reading. (With the first one the
     # executors can be gone before the reader connects, which trips a start-up race in RemoteReader:
     # a fetcher failing at once reads ``_discovery_done`` before __init__ has set it.)
     bad = len(tasks) - 1
     truncate(tasks[bad].read.uri)
-    with LocalDataPlane(spec, tmp_path, tasks, executors=2, trainers=1) as plane:
+    with LocalDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
         got = read_everything(plane)
         codes = plane.wait_executors(30)
         status = plane.driver.status()
