@@ -112,10 +112,13 @@ def write_spec(root: Path, mode: str, args: argparse.Namespace, config: WorldCon
         JOB.format(
             mode=mode,
             model=MODEL_TYPE[mode],
-            model_extra=(
-                f", memory_lr_scale: {args.memory_lr_scale}"
-                if MODEL_TYPE[mode] == "mtrm" and args.memory_lr_scale is not None
-                else ""
+            model_extra="".join(
+                f", {key}: {value}"
+                for key, value in (
+                    ("memory_lr_scale", args.memory_lr_scale),
+                    ("adapt_batch_weight", args.adapt_batch_weight),
+                )
+                if MODEL_TYPE[mode] == "mtrm" and value is not None
             ),
             mode_name=mode.replace("_", "-"),
             executors=args.executors,
@@ -224,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument(
         "--memory-lr-scale", type=float, default=None, help="MTRM's memory_lr_scale (default: the ModelSpec's)"
+    )
+    parser.add_argument(
+        "--adapt-batch-weight",
+        type=float,
+        default=None,
+        help="MTRM's adapt_batch_weight (default: the ModelSpec's, 0; the quality bench runs 0.25)",
     )
     parser.add_argument("--executors", type=int, default=1, help="data executors of the pipeline runs")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))

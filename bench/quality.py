@@ -52,14 +52,17 @@ use the same optimiser (Adam, ``--lr``, micro-batches of ``--batch-size``: the p
                         a few %: ``embedding_dim`` doubled -- MTRM has two embedding tables -- and
                         ``adapt_hidden`` widened to close the rest; ``params`` in the JSON);
 * ``mtrm_mixed``     -- ``MTRM`` on the same sequence (batch-kind micro-batches train the memory
-                        tower, stream-kind ones the adapt tower with the detached memory state),
-                        scored with its serving output (the adapt tower, ``model.predict``).
+                        tower and, with ``--adapt-batch-weight`` w > 0, the adapt tower at loss
+                        weight w; stream-kind ones the adapt tower; the adapt tower always reads the
+                        detached memory state), scored with its serving output (the adapt tower,
+                        ``model.predict``).
 
 **Calibration: every variant, the same way.** A variant's serving logit gets a constant shift
 ``logit(r_batch) - logit(r_trained)``: ``r_batch`` the positive rate of the complete-label batch
 copies available at T, ``r_trained`` that of the labels its serving tower trained on (batch: the
-batch copies -> shift 0; stream and MTRM's adapt tower: the stream copies; the single towers on
-the mixed sequence: the mixture). That is exactly MTRM's own label-delay calibration
+batch copies -> shift 0; stream: the stream copies; MTRM's adapt tower: the stream copies plus
+the batch copies weighted ``--adapt-batch-weight``; the single towers on the mixed sequence: the
+mixture). That is exactly MTRM's own label-delay calibration
 (``MTRM.delay_offset``), which the bench takes off MTRM's ``predict`` and applies to all alike. A
 constant shift leaves AUC unchanged; it moves log loss only (``log_loss_raw``: without it).
 
@@ -81,7 +84,9 @@ free; add ``default`` to ``--worlds`` for a 4th world, +1/3); ``--quick``: seeds
 first world, about a minute. Model sizes are
 the ``ModelSpec`` defaults (embedding_dim 16, hash_buckets 100 000, memory_hidden [64, 32],
 adapt_hidden [128, 64]; MTRM with ``memory_lr_scale`` 3: its memory tower at 3x the rate, chosen on
-the tuning seeds 100-102 -- the spec's default is 1); batch_size 1024; Adam lr 5e-4 for every variant. torch runs
+the tuning seeds 100-102 -- the spec's default is 1 -- and ``adapt_batch_weight`` 0.25: a batch
+micro-batch also trains its adapt tower, that loss weighted 0.25, chosen on the tuning seeds 100-102
+-- the spec's default is 0); batch_size 1024; Adam lr 5e-4 for every variant. torch runs
 single-threaded per process (``--threads``).
 
 Last line: {"bench": "quality", "worlds": {name: {"auc": {variant: [mean, std]}, "auc_paired_delta":
@@ -127,9 +132,10 @@ TRAINED_LABELS = {"batch": "batch", "stream": "stream", "mtrm_mixed": "stream"} 
 REPORTED_SEEDS = tuple(range(10, 20))
 TUNING_SEEDS = {
     1: "learning rate 5e-4 chosen by the earlier 3-seed bench (default world, 20 000 rows/h, 2.5e-4..3e-3)",
-    100: "scenario sizing of this bench (time per seed; every variant learns); MTRM's h_aux and memory_lr_scale (3)",
-    101: "scenario sizing of this bench; MTRM's h_aux and memory_lr_scale",
-    102: "scenario sizing of this bench; MTRM's h_aux and memory_lr_scale",
+    100: "scenario sizing of this bench (time per seed; every variant learns); MTRM's h_aux, memory_lr_scale (3) "
+    "and adapt_batch_weight (0.25)",
+    101: "scenario sizing of this bench; MTRM's h_aux, memory_lr_scale and adapt_batch_weight",
+    102: "scenario sizing of this bench; MTRM's h_aux, memory_lr_scale and adapt_batch_weight",
 }
 QUICK_SEEDS = (10, 11)
 
@@ -268,6 +274,7 @@ class SeedData:
         rows = {k: sum(b.rows for b in part.values()) for k, part in self._parts()}
         self.rate = {k: pos[k] / rows[k] for k in pos}
         self.rate["mixed"] = (pos["batch"] + pos["stream"]) / (rows["batch"] + rows["stream"])
+        self.pos = pos
         self.rows = rows | {"eval": sum(b.rows for b in self.eval.values())}
 
     def _parts(self) -> list[tuple[str, dict[int, Batch]]]:
@@ -294,8 +301,14 @@ class SeedData:
             out += interleave(parts)
         return out
 
-    def calibration_offset(self, variant: str) -> float:
-        """``logit(r_batch) - logit(r_trained)``: the same label-delay shift for every variant."""
+    def calibration_offset(self, variant: str, adapt_batch_weight: float = 0.0) -> float:
+        """``logit(r_batch) - logit(r_trained)``: the same label-delay shift for every variant. MTRM's
+        adapt tower with ``adapt_batch_weight`` w learnt the stream labels and w x the batch labels:
+        its ``r_trained`` is that weighted mixture (as ``MTRM.delay_offset`` computes it)."""
+        if variant == REFERENCE and adapt_batch_weight:
+            w, pos, rows = adapt_batch_weight, self.pos, self.rows
+            trained = (pos["stream"] + w * pos["batch"]) / (rows["stream"] + w * rows["batch"])
+            return _logit(self.rate["batch"]) - _logit(trained)
         return _logit(self.rate["batch"]) - _logit(self.rate[TRAINED_LABELS.get(variant, "mixed")])
 
 
@@ -323,7 +336,9 @@ def interleave(parts: list[list[Batch]]) -> list[Batch]:
 
 # -- models ------------------------------------------------------------------------------------------
 def base_spec(args: argparse.Namespace, model_type: str) -> ModelSpec:
-    mtrm_only = {"memory_lr_scale": args.memory_lr_scale} if model_type == "mtrm" and args.memory_lr_scale else {}
+    mtrm_only: dict[str, Any] = {}
+    if model_type == "mtrm":
+        mtrm_only = {"memory_lr_scale": args.memory_lr_scale, "adapt_batch_weight": args.adapt_batch_weight}
     return ModelSpec(
         type=model_type,
         embedding_dim=args.embedding_dim,
@@ -364,7 +379,7 @@ def variant_specs(args_key: tuple, n_dense: int, n_sparse: int) -> dict[str, Mod
 
 
 def _args_key(args: argparse.Namespace) -> tuple:
-    keys = ("embedding_dim", "hash_buckets", "memory_hidden", "adapt_hidden", "memory_lr_scale")
+    keys = ("embedding_dim", "hash_buckets", "memory_hidden", "adapt_hidden", "memory_lr_scale", "adapt_batch_weight")
     return tuple(
         (k, tuple(getattr(args, k))) if isinstance(getattr(args, k), list) else (k, getattr(args, k)) for k in keys
     )
@@ -434,7 +449,7 @@ def run_variant(args: argparse.Namespace, data: SeedData, seed: int, variant: st
     for micro in data.sequence(variant, args.batch_size):
         trainer.train_step(micro)
     train_s = time.perf_counter() - started
-    result = evaluate_hours(model, data, data.calibration_offset(variant))
+    result = evaluate_hours(model, data, data.calibration_offset(variant, spec.adapt_batch_weight))
     stats = trainer.stats()
     result.update(train_s=round(train_s, 2), steps=stats["step"], params=model_summary(model)["params"])
     return result
@@ -614,6 +629,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="MTRM's memory tower learns at --lr x this (ModelSpec.memory_lr_scale; 3: chosen on the tuning "
         "seeds 100-102; the spec's default is 1)",
     )
+    parser.add_argument(
+        "--adapt-batch-weight",
+        type=float,
+        default=0.25,
+        help="MTRM's adapt tower also learns the batch samples, its loss weighted by this "
+        "(ModelSpec.adapt_batch_weight; 0.25: chosen on the tuning seeds 100-102; 0: the stream alone, "
+        "the spec's default)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     parser.add_argument("--jobs", type=int, default=1, help="processes, one (world, seed) at a time each")
     parser.add_argument(
@@ -697,8 +720,16 @@ def main() -> None:
         "model_specs": {
             v: {
                 k: getattr(specs[v], k)
-                for k in ("type", "embedding_dim", "hash_buckets", "memory_hidden", "adapt_hidden", "memory_lr_scale")
-                if k != "memory_lr_scale" or specs[v].type == "mtrm"
+                for k in (
+                    "type",
+                    "embedding_dim",
+                    "hash_buckets",
+                    "memory_hidden",
+                    "adapt_hidden",
+                    "memory_lr_scale",
+                    "adapt_batch_weight",
+                )
+                if k not in ("memory_lr_scale", "adapt_batch_weight") or specs[v].type == "mtrm"
             }
             for v in variants
         },

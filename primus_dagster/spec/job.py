@@ -225,6 +225,7 @@ class DataPlaneSpec(StrictModel):
 
 
 _MEMORY_LR_SCALE = 1.0
+_ADAPT_BATCH_WEIGHT = 0.0
 
 
 class ModelSpec(StrictModel):
@@ -254,14 +255,25 @@ class ModelSpec(StrictModel):
         "AUC on the quality bench (lr 5e-4), but the adapt tower reads a memory state that then moves faster, "
         "which cost AUC at a higher base rate: docs/training.md.",
     )
+    adapt_batch_weight: float = Field(
+        default=_ADAPT_BATCH_WEIGHT,
+        ge=0,
+        le=100,
+        description="MTRM only: a batch sample also trains the adapt tower (on the detached memory state), its "
+        "loss weighted by this; 0 (the default): the adapt tower learns the stream alone. 0.25 closed MTRM's "
+        "gap to the single tower in the affinity-dominated world of the quality bench: docs/training.md. "
+        "Single-trainer jobs only (the multi-trainer exchange sends a batch rank's memory-tower gradients only).",
+    )
 
     @model_validator(mode="after")
-    def _memory_lr_scale_needs_mtrm(self) -> ModelSpec:
-        # the default passes (a dumped spec carries it), any other value on a single tower is a mistake
-        if self.type != "mtrm" and self.memory_lr_scale != _MEMORY_LR_SCALE:
-            raise ValueError(
-                f"memory_lr_scale applies to the MTRM's memory tower; type {self.type!r} has none (remove it)"
-            )
+    def _mtrm_keys_need_mtrm(self) -> ModelSpec:
+        # the defaults pass (a dumped spec carries them), any other value on a single tower is a mistake
+        for key, default, tower in (
+            ("memory_lr_scale", _MEMORY_LR_SCALE, "memory"),
+            ("adapt_batch_weight", _ADAPT_BATCH_WEIGHT, "adapt"),
+        ):
+            if self.type != "mtrm" and getattr(self, key) != default:
+                raise ValueError(f"{key} applies to the MTRM's {tower} tower; type {self.type!r} has none (remove it)")
         return self
 
     @model_validator(mode="after")
@@ -361,6 +373,17 @@ class JobSpec(StrictModel):
             raise ValueError(
                 "pools.backend in_trainer has no executor pool to scale (its executors are threads of the "
                 "trainer): remove scaling or use backend local"
+            )
+        return value
+
+    @field_validator("training")
+    @classmethod
+    def _adapt_batch_weight_single_trainer(cls, value: TrainingSpec, info: ValidationInfo) -> TrainingSpec:
+        pools = info.data.get("pools")  # absent when pools itself was invalid
+        if pools is not None and pools.training.replicas > 1 and value.model.adapt_batch_weight:
+            raise ValueError(
+                f"model.adapt_batch_weight needs one trainer, pools.training.replicas is {pools.training.replicas}: "
+                "the multi-trainer exchange sends a batch rank's memory-tower gradients only (set it to 0)"
             )
         return value
 

@@ -526,6 +526,11 @@ class RankLoop:
 
     def build(self, n_dense: int, n_sparse: int) -> Trainer:
         """Build the model and its trainer (every rank at the same round, same seed), then ``on_build``."""
+        if self.spec.model.type == "mtrm" and self.spec.model.adapt_batch_weight and dist.get_world_size() > 1:
+            raise ValueError(
+                "training.model.adapt_batch_weight needs a single trainer: the multi-trainer exchange sends a "
+                "batch rank's memory-tower gradients only (set it to 0 or run one trainer)"
+            )
         if self.exchange == "row_sparse":
             model = build_model(self.spec.model, n_dense, n_sparse, seed=self.spec.seed)
             self.sparse = RowSparseExchange(model) if dist.get_world_size() > 1 else None

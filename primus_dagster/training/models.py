@@ -31,6 +31,7 @@ import math
 import mmap
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from primus_dagster.data import Batch
@@ -237,6 +238,12 @@ class RecModel(nn.Module):
         """The factor on ``training.learning_rate`` for the parameter called ``name`` (1: the same rate)."""
         return 1.0
 
+    def auxiliary_loss(
+        self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, label: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A loss the trainer adds to ``BCE(model(dense, sparse, kind), label)`` (None: nothing)."""
+        return None
+
 
 class SingleTower(RecModel):
     """DLRM-style baseline: one tower learns every kind; ``predict == forward``.
@@ -267,6 +274,9 @@ class MTRM(RecModel):
     ``forward(.., "batch")`` -> memory head logits (gradients reach the memory tower only);
     ``forward(.., "stream")`` -> adapt head logits on the detached memory state ``h_aux`` (gradients
     reach the adapt tower only); ``predict`` -> the adapt tower, shifted by :meth:`delay_offset`.
+    With ``spec.adapt_batch_weight`` w > 0, a batch sample also trains the adapt tower
+    (:meth:`auxiliary_loss`: w x its BCE on the same detached ``h_aux``; the memory tower still gets no
+    gradient from the adapt tower).
 
     **Label-delay calibration.** The adapt tower learns stream labels, which miss the clicks that
     arrive after the stream's label window, so its probabilities run low (ranking, AUC, is not
@@ -303,10 +313,15 @@ class MTRM(RecModel):
             self.label_counts[index] += labels.numel()
 
     def delay_offset(self) -> float:
-        """``logit(batch positive rate) - logit(stream positive rate)``; 0 until both kinds were seen."""
+        """``logit(batch positive rate) - logit(adapt tower's positive rate)``; 0 until both kinds were
+        seen. The adapt tower's rate is the stream's, or with ``adapt_batch_weight`` w the w-weighted
+        mixture ``(sum_stream + w sum_batch) / (n_stream + w n_batch)`` of the labels it learnt."""
         if bool((self.label_counts < _MIN_OBSERVED).any()):
             return 0.0
-        rates = (self.label_sums / self.label_counts).clamp(1e-6, 1 - 1e-6)
+        w = self.spec.adapt_batch_weight
+        sums, counts = self.label_sums, self.label_counts
+        adapt_rate = (sums[1] + w * sums[0]) / (counts[1] + w * counts[0])
+        rates = torch.stack([sums[0] / counts[0], adapt_rate]).clamp(1e-6, 1 - 1e-6)
         logits = torch.log(rates / (1 - rates))
         return float(logits[0] - logits[1])
 
@@ -326,6 +341,18 @@ class MTRM(RecModel):
         its state. 3x raised both towers' AUC in every world of the quality bench (docs/training.md);
         the default stays 1 (a faster memory tower is also a faster-moving ``h_aux``)."""
         return self.spec.memory_lr_scale if name.startswith("memory.") else 1.0
+
+    def auxiliary_loss(
+        self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, label: torch.Tensor
+    ) -> torch.Tensor | None:
+        """On a batch sample with ``spec.adapt_batch_weight`` w > 0: w x the adapt tower's BCE on the
+        detached ``h_aux`` (the stream-only adapt tower had to relearn the long-term affinity from the
+        stream's incomplete labels; a single tower learns it from both copies in one table). None else."""
+        w = self.spec.adapt_batch_weight
+        if kind != "batch" or w == 0:
+            return None
+        logits = self.adapt(dense, sparse, self.memory_state(dense, sparse))
+        return w * F.binary_cross_entropy_with_logits(logits, label)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
         _check_inputs(self, dense, sparse)

@@ -2,8 +2,9 @@
 
 A reader batch (an executor's batch, often tens of thousands of rows) is cut into micro-batches of
 ``TrainingSpec.batch_size``; each is one step of ``BCEWithLogits(model(dense, sparse, kind), label)``
-with Adam. The model decides what a kind trains (MTRM: ``batch`` -> memory tower, ``stream`` ->
-adapt tower; the single tower learns both). Checkpoints are taken between reader batches only, so
+(plus the model's ``auxiliary_loss``, if any) with Adam. The model decides what a kind trains
+(MTRM: ``batch`` -> memory tower, and the adapt tower too with ``adapt_batch_weight`` > 0;
+``stream`` -> adapt tower; the single tower learns both). Checkpoints are taken between reader batches only, so
 a checkpoint always covers whole batches -- what the data driver's barrier snapshot records.
 
 Example::
@@ -291,6 +292,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.module(dense, sparse, batch.kind)
         loss = self.loss_fn(logits, label)
+        extra = self.model.auxiliary_loss(dense, sparse, batch.kind, label)  # MTRM: adapt_batch_weight
+        if extra is not None:
+            loss = loss + extra
         self._recent.append((logits.detach(), label))
         if self._observe is not None:
             self._observe(batch.kind, label)

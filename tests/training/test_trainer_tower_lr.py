@@ -23,11 +23,9 @@ def test_memory_lr_scale_is_validated_and_only_for_mtrm() -> None:
             ModelSpec(type="mtrm", memory_lr_scale=bad)
 
 
-def _deltas(scale: float, kind: str) -> dict[str, torch.Tensor]:
-    """Parameter changes of one Adam step on a ``kind`` batch of an MTRM with ``memory_lr_scale=scale``."""
-    spec = TrainingSpec(
-        mode="mixed", batch_size=64, learning_rate=1e-3, model=ModelSpec(memory_lr_scale=scale, **SMALL)
-    )
+def step_deltas(kind: str, **model: float) -> dict[str, torch.Tensor]:
+    """Parameter changes of one Adam step on a ``kind`` batch of a small MTRM with the ``model`` keys."""
+    spec = TrainingSpec(mode="mixed", batch_size=64, learning_rate=1e-3, model=ModelSpec(**model, **SMALL))
     trainer = Trainer(build_model(spec.model, 3, 2, seed=4), spec)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train_step(batch(kind))
@@ -35,14 +33,14 @@ def _deltas(scale: float, kind: str) -> dict[str, torch.Tensor]:
 
 
 def test_the_memory_tower_steps_scale_times_further_and_the_adapt_tower_not_at_all() -> None:
-    one, three = _deltas(1.0, "batch"), _deltas(3.0, "batch")
+    one, three = step_deltas("batch", memory_lr_scale=1.0), step_deltas("batch", memory_lr_scale=3.0)
     memory = [n for n in one if n.startswith("memory.")]
     assert memory and all(bool(one[n].abs().sum() > 0) for n in memory)
     for name in memory:  # Adam's first step is lr x g / (|g| + eps): linear in the rate
         torch.testing.assert_close(three[name], 3.0 * one[name], rtol=1e-4, atol=1e-9)
     assert all(not bool(d.any()) for n, d in three.items() if n.startswith("adapt."))
     # a stream step trains the adapt tower alone, at the base rate whatever the memory scale
-    one, three = _deltas(1.0, "stream"), _deltas(3.0, "stream")
+    one, three = step_deltas("stream", memory_lr_scale=1.0), step_deltas("stream", memory_lr_scale=3.0)
     for name, delta in one.items():
         assert torch.equal(three[name], delta), name
 
