@@ -13,23 +13,14 @@ from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource
 from primus_dagster.data import LocalDataPlane
 from primus_dagster.spec import parse_job_spec
-
-SPEC = """
-name: backends
-pools: {{backend: {backend}, data: {{replicas: 2, task_runners: 1}}}}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: s
-      window: 1h
-      sources:
-        - {{name: src, type: parquet, kind: batch, path: p, columns: {{ts: t, label: y, dense: [d0], sparse: [u]}}}}
-"""
+from tests.speckit import one_source_spec
 
 
 def write_job(tmp_path: Path, backend: str) -> Path:
     path = tmp_path / f"{backend}.yaml"
-    path.write_text(SPEC.format(backend=backend))
+    path.write_text(
+        one_source_spec("backends", f"pools: {{backend: {backend}, data: {{replicas: 2, task_runners: 1}}}}\n")
+    )
     return path
 
 

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from primus_dagster.spec import PoolsSpec, SpecError, load_job_spec, parse_job_spec
+from tests.speckit import one_source_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "job.yaml"
 
@@ -80,22 +81,8 @@ def test_the_rule_holds_for_models_built_in_code() -> None:
         pools.image = None  # assignments are validated too
 
 
-IN_TRAINER = """
-name: in-trainer
-pools:
-  backend: in_trainer
-{pools}dataset:
-  start: 2026-11-01
-  streams:
-    - name: s
-      window: 1h
-      sources:
-        - {{name: src, type: parquet, kind: batch, path: p, columns: {{ts: t, label: click, dense: [d0], sparse: [u]}}}}
-{extra}"""
-
-
 def in_trainer(pools: str = "", extra: str = "") -> str:
-    return IN_TRAINER.format(pools=pools, extra=extra)
+    return one_source_spec("in-trainer", "pools:\n  backend: in_trainer\n" + pools, extra)
 
 
 def test_in_trainer_takes_the_executor_count_and_task_runners() -> None:

@@ -13,6 +13,7 @@ from test_trainer_tower_lr import step_deltas
 from primus_dagster.spec import SpecError, parse_job_spec
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.models import build_model, model_inputs
+from tests.speckit import one_source_spec
 
 
 def test_adapt_batch_weight_is_validated_and_only_for_mtrm() -> None:
@@ -66,18 +67,11 @@ def test_the_calibration_uses_the_rate_of_the_labels_the_adapt_tower_learnt() ->
 
 
 def test_a_multi_trainer_spec_with_a_weight_is_refused_at_validation() -> None:
-    text = """
-name: abw
-pools: {{training: {{replicas: {replicas}, max_replicas: 2}}}}
-dataset:
-  start: 2026-11-01
-  streams:
-    - name: s
-      window: 1h
-      sources:
-        - {{name: src, type: parquet, kind: batch, path: p, columns: {{ts: t, label: y, dense: [d0], sparse: [u]}}}}
-training: {{model: {{type: mtrm, adapt_batch_weight: 0.25}}, mode: batch_then_stream}}
-"""
-    assert parse_job_spec(text.format(replicas=1)).training.model.adapt_batch_weight == 0.25
+    def text(replicas: int) -> str:
+        pools = f"pools: {{training: {{replicas: {replicas}, max_replicas: 2}}}}\n"
+        training = "training: {model: {type: mtrm, adapt_batch_weight: 0.25}, mode: batch_then_stream}\n"
+        return one_source_spec("abw", pools, training)
+
+    assert parse_job_spec(text(1)).training.model.adapt_batch_weight == 0.25
     with pytest.raises(SpecError, match=r"adapt_batch_weight needs one trainer, pools\.training\.replicas is 2"):
-        parse_job_spec(text.format(replicas=2))
+        parse_job_spec(text(2))
