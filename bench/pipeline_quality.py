@@ -54,9 +54,9 @@ from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 from primus_dagster.spec import JobSpec, format_duration, load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 from primus_dagster.training.evaluation import evaluate_window
-from primus_dagster.training.job import plan_training_tasks
 from primus_dagster.training.models import build_model
 from primus_dagster.training.modes import phase_tasks, phases
+from primus_dagster.training.planning import plan_training_tasks
 from primus_dagster.training.trainer import Trainer
 
 from _common import COLUMNS, emit

@@ -8,7 +8,7 @@ count (the files' footers; a mismatch ends the bench with an error, ``"rows_chec
 the JSON says it held). The readers, measured in one run, ``--repeat`` times, interleaved:
 
 * **primus** -- the planner (DTGG) plans the window, the driver (Flight, loopback) hands the tasks to
-  ``--workers`` executor processes (``LocalDataPlane(fields=("label", "dense", "sparse"))``: the
+  ``--workers`` executor processes (``DirectDataPlane(fields=("label", "dense", "sparse"))``: the
   trainer reads no ``ts``/``sample_id``, so the executors decode only the model's columns), each
   reads through the Parquet adapter, normalises to the canonical schema and serves; the
   ``RemoteReader`` in this process claims every batch (exactly-once ledger) and hands it over as a
@@ -19,7 +19,7 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   consumer) + every executor process from the moment it announced it was ready until it exited
   (its start-up -- interpreter and imports, about a second of CPU each -- is reported apart as
   ``executor_startup_cpu_s``).
-* **primus_in_process** -- the same plane with ``LocalDataPlane(executors_in_process=True)``: the
+* **primus_in_process** -- the same plane with ``DirectDataPlane(executors_in_process=True)``: the
   ``--workers`` executors are threads of this process (a trainer co-located with its data), the
   reader takes their batches by calling them -- the same driver, leases, exactly-once claims,
   normaliser and ``Batch`` tensors, without the executor processes, the Flight stream and the copy
@@ -84,7 +84,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from primus_dagster.data import LocalDataPlane, Planner, SourceContext, TimeWindow
+from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -162,7 +162,7 @@ def run_primus(
     job = load_job_spec(job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(root)), threads=4).plan(window).tasks)
     rows = 0
-    plane = LocalDataPlane(
+    plane = DirectDataPlane(
         job_path, root, tasks, executors=workers, trainers=1, shm=shm, fields=FIELDS, executors_in_process=in_process
     )
     if in_process:  # the executors start in this process: count from before they start

@@ -27,7 +27,7 @@ The model, and why it is built this way:
   stream buffers usually give enough slack to hide it. A synchronous trainer needs an end-of-data
   signal per trainer, or this join rule, to be safe.) While tasks are still pending, starving
   trainers wait: that is the cost being measured.
-* Executors: E real executor processes (``LocalDataPlane``) reading the same synthetic Parquet
+* Executors: E real executor processes (``DirectDataPlane``) reading the same synthetic Parquet
   files with the job spec's stream ``shuffle`` set per mode. On one small box the executors share
   its cores, so their capacities are not independent as on separate nodes: whatever CPU a slowed
   executor leaves idle would simply go to the others, and no executor would ever be short. So
@@ -78,7 +78,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from primus_dagster.data import LocalDataPlane, Planner, SourceContext, TimeWindow
+from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -108,7 +108,7 @@ dataset:
 class SyncGroup:
     """T trainer threads stepping in lock-step (see the module docstring)."""
 
-    def __init__(self, plane: LocalDataPlane, trainers: int, step_s: float, prefetch: int):
+    def __init__(self, plane: DirectDataPlane, trainers: int, step_s: float, prefetch: int):
         self.readers = [plane.reader(t, prefetch=prefetch, refresh_s=0.1) for t in range(trainers)]
         self.driver = plane.driver
         self.step_s = step_s
@@ -192,7 +192,7 @@ def run_once(job_path, root, tasks, args, slowed: bool) -> dict:
     slow = {i: args.base_ms for i in range(args.executors)}
     if slowed:
         slow[args.slow_executor] = args.base_ms + args.slow_ms
-    with LocalDataPlane(
+    with DirectDataPlane(
         job_path, root, tasks, executors=args.executors, trainers=args.trainers, slow_ms_per_batch=slow
     ) as plane:
         group = SyncGroup(plane, args.trainers, args.step_ms / 1000.0, args.prefetch)

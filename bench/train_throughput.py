@@ -16,7 +16,7 @@ its 1-rank figure is below part 1's.
    tower ignores the kind). Samples per CPU-second of this process (``getrusage``; wall figures in
    "detail"), after 5 warm-up steps. ``mtrm_overhead_ratio`` = single / mtrm (> 1: MTRM is slower).
 2. ``pipeline_samples_per_s``: the whole pipeline for the **single tower** on the batch copy --
-   Parquet written by ``write_world`` (2 files an hour) -> planner -> ``LocalDataPlane`` (driver +
+   Parquet written by ``write_world`` (2 files an hour) -> planner -> ``DirectDataPlane`` (driver +
    2 executor processes, shared memory) -> ``RemoteReader`` -> ``Batch`` ->
    ``Trainer.train`` -- in samples per CPU-second of *every* process (this one: trainer, reader,
    driver; plus the executors after they were ready, ``plane.cpu_seconds(include_startup=False)``),
@@ -105,7 +105,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from primus_dagster.data import Batch, LocalDataPlane, Normalizer, Planner, SourceContext, TimeWindow
+from primus_dagster.data import Batch, DirectDataPlane, Normalizer, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
@@ -184,7 +184,7 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
     job = load_job_spec(job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(root)), threads=2).plan(window).tasks)
     trainer = Trainer(build_model(spec.model, 13, 5, seed=0), spec)
-    with LocalDataPlane(job_path, root, tasks, executors=executors, trainers=1) as plane:
+    with DirectDataPlane(job_path, root, tasks, executors=executors, trainers=1) as plane:
         cpu0, wall0 = cpu_self(), time.perf_counter()
         with plane.reader(0) as reader:
             for batch in reader:

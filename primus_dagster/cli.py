@@ -31,7 +31,7 @@ from primus_dagster.spec import SpecError, job_spec_json_schema, load_job_spec
 from primus_dagster.synth.cli import add_arguments as synth_arguments
 
 if TYPE_CHECKING:
-    from primus_dagster.training.job import JobHooks
+    from primus_dagster.training.job import RunHooks
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -138,10 +138,10 @@ def _log_to_stderr() -> None:
     logger.propagate = False
 
 
-def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
+def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> int:
     """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
     from primus_dagster.data.sources import TimeWindow
-    from primus_dagster.training.job import TrainingJob, progress_line, run_training_job
+    from primus_dagster.training.job import TrainingRequest, progress_line, train_window
     from primus_dagster.training.tracking import MlflowTracker
 
     _log_to_stderr()
@@ -152,8 +152,8 @@ def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> in
         print(progress_line(p), file=sys.stderr, flush=True)
 
     tracker = MlflowTracker(args.tracking_uri or job.tracking.tracking_uri, job.tracking.experiment)
-    result = run_training_job(
-        TrainingJob(
+    result = train_window(
+        TrainingRequest(
             job,
             args.spec,
             args.data_root,
@@ -178,7 +178,7 @@ def train_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> in
     return 0
 
 
-def live_command(args: argparse.Namespace, hooks: JobHooks | None = None) -> int:
+def live_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> int:
     """``primus-dagster live``: one live increment (the stream since the newest model), or ``--follow``."""
     import time
 
@@ -354,10 +354,10 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # a job that cannot run or failed (no ready data, failed tasks past the threshold)
-        from primus_dagster.data.driver import JobFailedError
-        from primus_dagster.training.job import NoTrainingDataError
+        from primus_dagster.data.driver import DataFailedError
+        from primus_dagster.training.planning import NoTrainingDataError
 
-        if not isinstance(exc, (NoTrainingDataError, JobFailedError)):
+        if not isinstance(exc, (NoTrainingDataError, DataFailedError)):
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1

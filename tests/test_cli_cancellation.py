@@ -24,7 +24,7 @@ SLOW_CLI = """
 import sys, time
 from pathlib import Path
 from primus_dagster import cli
-from primus_dagster.training.job import JobHooks
+from primus_dagster.training.job import RunHooks
 
 marker = Path(sys.argv[1])
 train = cli.train_command
@@ -33,7 +33,7 @@ def slow_train(args, hooks=None):
     def on_batch(step, batch):
         marker.touch()
         time.sleep(0.2)
-    return train(args, JobHooks(on_batch=on_batch))
+    return train(args, RunHooks(on_batch=on_batch))
 
 cli.train_command = slow_train
 sys.exit(cli.main(sys.argv[2:]))

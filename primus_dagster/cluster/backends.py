@@ -5,7 +5,7 @@ strategies are disabled).
 * ``local`` -- :class:`~primus_dagster.cluster.local.LocalPool` processes; the driver listens on
   loopback;
 * ``in_trainer`` -- no pool: :func:`data_plane_starter` starts a
-  :class:`~primus_dagster.data.LocalDataPlane` whose executors are threads of the trainer's process
+  :class:`~primus_dagster.data.DirectDataPlane` whose executors are threads of the trainer's process
   (``executors_in_process``); there is nothing for :func:`data_plane_setup` to set up;
 * ``kubernetes`` -- :class:`~primus_dagster.cluster.kubernetes.KubernetesPool` pods of
   ``pools.image`` in ``pools.namespace``, owned by this process's pod when it runs in one
@@ -29,12 +29,12 @@ from typing import Any
 
 from primus_dagster.cluster.autoscaler import DataPoolAutoscaler
 from primus_dagster.cluster.pooled_plane import PooledDataPlane, local_data_pool
-from primus_dagster.data import LocalDataPlane
+from primus_dagster.data import DirectDataPlane
 from primus_dagster.spec import JobSpec
 
-DataPlaneStarter = Callable[..., LocalDataPlane | PooledDataPlane]
+DataPlaneStarter = Callable[..., DirectDataPlane | PooledDataPlane]
 """Starts a run's data plane: ``(job_path, data_root, tasks=(), *, driver, executors, trainers,
-token, kafka_bootstrap)``, :class:`~primus_dagster.data.LocalDataPlane`'s signature."""
+token, kafka_bootstrap)``, :class:`~primus_dagster.data.DirectDataPlane`'s signature."""
 
 DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
 
@@ -64,7 +64,7 @@ def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
 
 def data_plane_starter(job: JobSpec, *, run_id: str) -> DataPlaneStarter:
     """What starts ``job``'s data plane for a run: a :class:`PooledDataPlane` on the pool of its
-    ``pools.backend``, or for ``in_trainer`` a :class:`~primus_dagster.data.LocalDataPlane` with
+    ``pools.backend``, or for ``in_trainer`` a :class:`~primus_dagster.data.DirectDataPlane` with
     its executors in this process.
 
     Example::
@@ -74,5 +74,5 @@ def data_plane_starter(job: JobSpec, *, run_id: str) -> DataPlaneStarter:
             ...
     """
     if job.pools.backend == "in_trainer":
-        return functools.partial(LocalDataPlane, executors_in_process=True)
+        return functools.partial(DirectDataPlane, executors_in_process=True)
     return functools.partial(PooledDataPlane, **data_plane_setup(job, run_id=run_id))

@@ -14,7 +14,7 @@ every executor: gracefully once the job is done (they have exited already), and 
 ``cancel_grace_s`` before SIGKILL when it is not (a cancelled or failed run: no trainer will take
 what the executors buffered, so their drain on SIGTERM would only delay the end of the run).
 
-It has :class:`~primus_dagster.data.LocalDataPlane`'s interface (``reader``, ``driver``,
+It has :class:`~primus_dagster.data.DirectDataPlane`'s interface (``reader``, ``driver``,
 ``location``, ``close``), so the training job runs on either.
 
 Example::
@@ -161,7 +161,7 @@ class PooledDataPlane:
         self.server.shutdown()
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
-        """A trainer-side reader (see :meth:`primus_dagster.data.LocalDataPlane.reader`)."""
+        """A trainer-side reader (see :meth:`primus_dagster.data.DirectDataPlane.reader`)."""
         return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
 
     def raise_if_failed(self) -> None:

@@ -3,7 +3,7 @@ column schemas (``dagster/column_schema``) of the source and training assets.
 
 Example::
 
-    TrainingJob(..., tags=dagster_run_tags(context))   # MLflow tags dagster.run_id, dagster.asset, ...
+    TrainingRequest(..., tags=dagster_run_tags(context))   # MLflow tags dagster.run_id, dagster.asset, ...
     {"dagster/column_schema": source_column_schema(source, scan.schema)}   # canonical columns <- native ones
 """
 

@@ -98,7 +98,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import JobHooks, progress_line
+        from primus_dagster.training.job import RunHooks, progress_line
         from primus_dagster.training.live import LiveIncrement, run_live_increment
 
         source_context = storage.source_context(source for _, source in sources)
@@ -120,7 +120,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
                     tags=run_tags,
                     progress=log_progress,
                 ),
-                JobHooks(data_plane=executor_pool.data_plane_factory(job)),
+                RunHooks(data_plane=executor_pool.data_plane_factory(job)),
             )
         context.log.info(f"live increment: {result.start.why}; {result.records} new record(s)")
         values = result.metadata()

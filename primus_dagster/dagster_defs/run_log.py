@@ -8,7 +8,7 @@ stage -- without the instance having to manage Python loggers (``python_logs``).
 Example::
 
     with engine_logs_to(context.log):
-        result = run_training_job(...)
+        result = train_window(...)
 """
 
 from __future__ import annotations

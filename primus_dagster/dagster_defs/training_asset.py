@@ -3,7 +3,7 @@
 It depends on the source assets through time-window partition mappings: the stream sources on
 the same window, the batch sources on the window shifted back by ``training.batch_lag`` (MTRM:
 today's stream with yesterday's complete batch data). A materialisation runs
-:func:`~primus_dagster.training.job.run_training_job` on the executor pool resource, resumes its
+:func:`~primus_dagster.training.job.train_window` on the executor pool resource, resumes its
 MLflow run if an earlier attempt died, continues from the previous partition's model (continuous
 training: the asset depends on its own previous partition, so backfills run partitions in order, and
 a partition whose predecessor has no model fails unless ``automation.cold_start: allow``), and
@@ -278,7 +278,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import JobHooks, TrainingJob, progress_line, run_training_job
+        from primus_dagster.training.job import RunHooks, TrainingRequest, progress_line, train_window
 
         source_context = storage.source_context(source for _, source in job.dataset.all_sources())
         partition_window = context.partition_time_window
@@ -295,8 +295,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         tracker = mlflow.tracker(job)
         run_tags = dagster_run_tags(context)
         with engine_logs_to(context.log):  # planning, executors, phases, checkpoints, heartbeats
-            result = run_training_job(
-                TrainingJob(
+            result = train_window(
+                TrainingRequest(
                     job,
                     job_path,
                     storage.data_root,
@@ -309,7 +309,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                     progress=log_progress,
                     warm_start=f"{job.name}/{previous_key}" if previous_key else None,
                 ),
-                JobHooks(data_plane=executor_pool.data_plane_factory(job)),
+                RunHooks(data_plane=executor_pool.data_plane_factory(job)),
             )
         result_metadata = result.metadata()
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)

@@ -7,11 +7,11 @@ subpackages' ``__init__``), never from their modules; ``make lint`` checks it.
 
 Example::
 
-    from primus_dagster.data import Batch, LocalDataPlane, Planner, SourceContext, TimeWindow
+    from primus_dagster.data import Batch, DirectDataPlane, Planner, SourceContext, TimeWindow
 
     with Planner.for_job(job, SourceContext(data_root)) as planner:
         plan = planner.plan(TimeWindow.hours_from(start, 24))
-    with LocalDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:
+    with DirectDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:
         with plane.reader(0) as reader:
             for batch in reader:                      # Batch: Arrow columns, tensors, metadata
                 logits = model(batch.dense, batch.sparse, batch.kind)
@@ -26,17 +26,17 @@ from primus_dagster.data.canonical import (
     quality_summary,
     schema_hash,
 )
+from primus_dagster.data.direct_plane import DirectDataPlane, reader_for
 from primus_dagster.data.driver import (
+    DataAbortedError,
     DataDriver,
+    DataFailedError,
     DriverAPI,
     DriverClient,
     DriverServer,
-    JobAbortedError,
-    JobFailedError,
 )
 from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
-from primus_dagster.data.local_plane import LocalDataPlane, reader_for
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
 from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.sources import (
@@ -63,17 +63,17 @@ __all__ = [
     "BatchMeta",
     "BatchTensors",
     "ChooseQueue",
+    "DataAbortedError",
     "DataDriver",
+    "DataFailedError",
     "DataTask",
+    "DirectDataPlane",
     "DriverAPI",
     "DriverClient",
     "DriverServer",
     "ExecutorConfig",
-    "JobAbortedError",
-    "JobFailedError",
     "KafkaSource",
     "ListingCache",
-    "LocalDataPlane",
     "Normalizer",
     "NotReady",
     "Partition",

@@ -17,10 +17,10 @@ import sys
 from typing import Any
 
 from primus_dagster import cli, paths
-from primus_dagster.data import LocalDataPlane
+from primus_dagster.data import DirectDataPlane
 from primus_dagster.devtools import model_load
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog
-from primus_dagster.training.job import JobHooks
+from primus_dagster.training.job import RunHooks
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -56,17 +56,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def slow_data_plane(ms_per_batch: float) -> Any:
-    """A :class:`LocalDataPlane` factory whose every executor sleeps ``ms_per_batch`` per served batch."""
+    """A :class:`DirectDataPlane` factory whose every executor sleeps ``ms_per_batch`` per served batch."""
 
-    def start(*args: Any, executors: int = 2, **kwargs: Any) -> LocalDataPlane:
+    def start(*args: Any, executors: int = 2, **kwargs: Any) -> DirectDataPlane:
         slow = dict.fromkeys(range(executors), ms_per_batch)
-        return LocalDataPlane(*args, executors=executors, slow_ms_per_batch=slow, **kwargs)
+        return DirectDataPlane(*args, executors=executors, slow_ms_per_batch=slow, **kwargs)
 
     return start
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    hooks = JobHooks()
+    hooks = RunHooks()
     if args.slow_executors_ms:
         hooks.data_plane = slow_data_plane(args.slow_executors_ms)
     if not args.record_samples:

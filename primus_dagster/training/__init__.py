@@ -13,5 +13,5 @@
 * ``job``        -- a whole training job: plan, data plane, reader, modes, checkpoints, evaluation
 
 Training reads data only through ``primus_dagster.data``'s public names and imports no Dagster;
-``primus_dagster.dagster_defs`` wraps :func:`~primus_dagster.training.job.run_training_job`.
+``primus_dagster.dagster_defs`` wraps :func:`~primus_dagster.training.job.train_window`.
 """

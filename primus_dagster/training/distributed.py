@@ -41,7 +41,7 @@ gives the memory tower no gradient (``MTRM.memory_state`` is detached). Two exch
 
 Example::
 
-    with LocalDataPlane(job_path, data_root, tasks, executors=2, trainers=2) as plane:
+    with DirectDataPlane(job_path, data_root, tasks, executors=2, trainers=2) as plane:
         results = run_ddp(plane, job.training, world_size=2)
     assert len({r.params_checksum for r in results}) == 1     # identical replicas
 """
@@ -72,7 +72,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from primus_dagster.data import Batch, DriverClient, LocalDataPlane, RemoteReader
+from primus_dagster.data import Batch, DirectDataPlane, DriverClient, RemoteReader
 from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.models import MTRM, build_model, model_inputs
@@ -837,7 +837,7 @@ def _launch(
 
 
 def run_ddp(
-    plane: LocalDataPlane,
+    plane: DirectDataPlane,
     spec: TrainingSpec,
     world_size: int,
     *,

@@ -1,6 +1,6 @@
 """A whole training job: plan -> data plane -> reader -> trainer -> checkpoints -> evaluation.
 
-:func:`run_training_job` trains the job's model on one data window:
+:func:`train_window` trains the job's model on one data window:
 
 1. DTGG plans the window; the tasks' source versions (Delta version, Iceberg snapshot, Kafka
    offsets) are recorded.
@@ -16,7 +16,7 @@
 
 Example::
 
-    result = run_training_job(TrainingJob(job, "job.yaml", "/data", TimeWindow(t0, t0 + 24h)))
+    result = train_window(TrainingRequest(job, "job.yaml", "/data", TimeWindow(t0, t0 + 24h)))
     result.evaluation.auc, result.run_id, result.model_uri
 """
 
@@ -29,8 +29,8 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +43,23 @@ from primus_dagster.data import (
     DataDriver,
     DataTask,
     NotReady,
-    Planner,
     SourceContext,
     TimeWindow,
     quality_summary,
     source_versions,
 )
 from primus_dagster.paths import primus_home
-from primus_dagster.spec import JobSpec, granularity_step
+from primus_dagster.spec import JobSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.models import RecModel, build_model, model_summary
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
+from primus_dagster.training.planning import (
+    NoTrainingDataError,
+    consumed_sources,
+    plan_training_tasks,
+    planned_line,
+)
 from primus_dagster.training.priority import LoadingPriority, MixturePriority
 from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.tracking import MlflowTracker
@@ -70,22 +75,13 @@ QUALITY_PLACES_LOGGED = 3
 RUN_KIND_TAG = "primus.run_kind"  # "window": a planned window (a training partition); "live": a stream increment
 
 
-class NoTrainingDataError(RuntimeError):
-    """The window has no ready data for the job (which partitions were not ready, and why)."""
-
-
-class SourceUnavailableError(NoTrainingDataError):
-    """A source the training mode reads could not be listed or read at all (broker down, catalog
-    unreachable, bad credentials): the run fails rather than train on the other sources alone."""
-
-
 class MissingPredecessorError(RuntimeError):
     """The run should continue the model of the window before it (``warm_start``), which has no finished
     model, and ``automation.cold_start`` does not allow a fresh start."""
 
 
 @dataclass
-class TrainingJob:
+class TrainingRequest:
     """What to run: the job spec (and its file, which executor processes load), where the data is,
     the window; ``executors``: data executors (default ``pools.data.replicas``); ``run_key``: the
     MLflow run to start or resume (default ``<job>/<window>``)."""
@@ -109,20 +105,20 @@ class TrainingJob:
 
 
 @dataclass
-class JobHooks:
-    """Extension points of :func:`run_training_job` that are not part of *what* to run.
+class RunHooks:
+    """Extension points of :func:`train_window` that are not part of *what* to run.
 
     ``on_batch(step, batch)`` is called after each trained reader batch (audits: which samples a
     step consumed); ``data_plane`` starts the data plane of a phase (default: what
     :func:`~primus_dagster.cluster.backends.data_plane_starter` picks for the job's ``pools.backend``
     -- a :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane` on its pool, or executors in
-    this process for ``in_trainer``; anything with :class:`LocalDataPlane`'s signature works -- tests
+    this process for ``in_trainer``; anything with :class:`DirectDataPlane`'s signature works -- tests
     pass one with injected faults).
 
     Example::
 
         seen = []
-        run_training_job(cfg, JobHooks(on_batch=lambda step, batch: seen.append(batch.rows)))
+        train_window(cfg, RunHooks(on_batch=lambda step, batch: seen.append(batch.rows)))
     """
 
     on_batch: Callable[[int, Batch], None] | None = None
@@ -183,7 +179,7 @@ class TrainingResult:
 
 
 def progress_line(progress: dict[str, Any]) -> str:
-    """One line of a run's progress (what ``TrainingJob.progress`` receives), for logs and terminals."""
+    """One line of a run's progress (what ``TrainingRequest.progress`` receives), for logs and terminals."""
     return (
         f"[{progress['phase']}] step {progress['step']:,}  samples {progress['samples']:,}  "
         f"loss {progress['loss']:.4f}  train-AUC {progress['train_auc']:.4f}  "
@@ -191,86 +187,7 @@ def progress_line(progress: dict[str, Any]) -> str:
     )
 
 
-def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) -> list[NotReady]:
-    """The batch partitions among ``tasks`` whose labels are not complete by the end of ``window``:
-    a partition ``[start, end)`` of a source counts as complete at ``end + label_delay``, and the
-    memory tower learns complete labels only. One entry per (source, partition)."""
-    out: dict[tuple[str, datetime], NotReady] = {}
-    for task in tasks:
-        source = job.dataset.source(task.read.source)
-        complete_at = task.partition + granularity_step(source.granularity) + source.label_delay
-        if task.kind == "batch" and complete_at > window.end and (source.name, task.partition) not in out:
-            out[(source.name, task.partition)] = NotReady(
-                task.stream,
-                source.name,
-                task.partition,
-                f"labels complete at {complete_at.isoformat()} (label_delay {source.label_delay}), "
-                f"after the window end {window.end.isoformat()}",
-                "waiting",
-            )
-    return list(out.values())
-
-
-def plan_training_tasks(
-    job: JobSpec, context: SourceContext, window: TimeWindow, skipped: list[NotReady] | None = None
-) -> list[DataTask]:
-    """The tasks a training window reads, in hand-out order: the stream tasks of ``window`` and the
-    batch tasks of ``window`` shifted back by ``training.batch_lag`` (handed out beside the stream
-    hours they are lagged to), less the batch partitions whose labels are not complete by the window's
-    end (:func:`label_incomplete`; counted in the log). Partitions not ready inside the window are
-    skipped with a warning and appended to ``skipped``. Raises :class:`SourceUnavailableError` when a
-    source the mode trains could not be read at all (a broker or catalog that cannot be reached: never
-    a run on part of its sources in silence), :class:`NoTrainingDataError` naming what was not ready
-    when nothing is."""
-    lag = job.training.batch_lag
-    kinds = {k for p in phases(job.training.mode) for k in p.kinds}
-    with Planner.for_job(job, context) as planner:
-        plan = planner.plan(window)
-        wanted = {"stream"} if lag else {"batch", "stream"}
-        tasks = [t for t in plan.tasks if t.kind in kinds & wanted]
-        not_ready = [n for n in plan.not_ready if job.dataset.source(n.source).kind in kinds & wanted]
-        if lag and "batch" in kinds:
-            batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
-            not_ready += [n for n in batch_plan.not_ready if job.dataset.source(n.source).kind == "batch"]
-            tasks += [
-                replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
-                for t in batch_plan.tasks
-                if t.kind == "batch"
-            ]
-    failed = [n for n in not_ready if n.state == "error"]
-    if failed:
-        first = {n.source: n.reason for n in reversed(failed)}
-        reasons = "; ".join(f"{name}: {reason}" for name, reason in sorted(first.items()))
-        raise SourceUnavailableError(
-            f"job {job.name}: cannot read source(s) {sorted(first)} for window {window} ({reasons}); "
-            "nothing was trained: a run without them would train on part of its data"
-        )
-    if not_ready:
-        shown = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in not_ready[:5])
-        more = f" and {len(not_ready) - 5} more" if len(not_ready) > 5 else ""
-        log.warning(
-            "%d partition(s) inside the window are not ready and are skipped: %s%s", len(not_ready), shown, more
-        )
-        if skipped is not None:
-            skipped.extend(not_ready)
-    incomplete = label_incomplete(job, tasks, window)
-    if incomplete:
-        left_out = {(n.source, n.partition) for n in incomplete}
-        tasks = [t for t in tasks if (t.read.source, t.partition) not in left_out]
-        not_ready += incomplete
-        for name in sorted({n.source for n in incomplete}):
-            count = sum(1 for n in incomplete if n.source == name)
-            log.info("%s: %d batch partition(s) left out: labels not complete by %s", name, count, window.end)
-    tasks.sort(key=lambda t: t.order_key)
-    if not tasks:
-        missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
-        raise NoTrainingDataError(
-            f"job {job.name}: no ready data in window {window} (batch lag {lag}; {missing or 'no sources of the mode'})"
-        )
-    return tasks
-
-
-def job_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
+def run_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
     """The MLflow params of a training run of ``job`` on ``window``."""
     t, m = job.training, job.training.model
     return {
@@ -292,37 +209,16 @@ def job_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, An
     }
 
 
-def consumed_sources(job: JobSpec, tasks: list[DataTask]) -> dict[str, dict[str, Any]]:
-    """What a run reads, per source: its ``type``, ``kind``, ``location`` (path, table URI or topic),
-    the partitions (ISO times), the number of tasks and, from :func:`source_versions`, the table
-    ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata."""
-    versions = source_versions(tasks)
-    out: dict[str, dict[str, Any]] = {}
-    for task in tasks:
-        for read in (task.read, *task.right_reads):
-            if read.source not in out:
-                spec = job.dataset.source(read.source)
-                location = next((getattr(spec, a) for a in ("path", "uri", "table", "topic") if hasattr(spec, a)), "")
-                out[read.source] = {"type": spec.type, "kind": spec.kind, "location": str(location)}
-                out[read.source].update(partitions=set(), tasks=0)
-            out[read.source]["partitions"].add(read.partition.isoformat())
-            out[read.source]["tasks"] += 1
-    for name, entry in out.items():
-        entry["partitions"] = sorted(entry["partitions"])
-        entry.update(versions.get(name, {}))
-    return dict(sorted(out.items()))
-
-
 class TrainingRun:
-    """State of one run of :func:`run_training_job` (model built at the first batch: its input
+    """State of one run of :func:`train_window` (model built at the first batch: its input
     widths come from the data)."""
 
-    def __init__(self, cfg: TrainingJob, tracker: MlflowTracker, tasks: list[DataTask]):
+    def __init__(self, cfg: TrainingRequest, tracker: MlflowTracker, tasks: list[DataTask]):
         self.cfg, self.tracker, self.tasks = cfg, tracker, tasks
         self.spec = cfg.job.training
         self.versions = source_versions(tasks)
         self.consumed = consumed_sources(cfg.job, tasks)
-        self.beat: Heartbeat | None = None  # the run log's stage lines (run_training_job sets it)
+        self.beat: Heartbeat | None = None  # the run log's stage lines (train_window sets it)
         self.trainer: Trainer | None = None
         self.pending: Checkpoint | None = None  # loaded, applied when the model exists
         self.warm: Checkpoint | None = None  # a previous run's final model: its weights and Adam state only
@@ -437,7 +333,7 @@ class TrainingRun:
 
 
 def driver_for(
-    cfg: TrainingJob, run: TrainingRun, phase: Phase, resume: Checkpoint | None, trainers: int = 1
+    cfg: TrainingRequest, run: TrainingRun, phase: Phase, resume: Checkpoint | None, trainers: int = 1
 ) -> DataDriver:
     """The data driver of ``phase`` serving ``trainers`` readers: restored from ``resume``'s barrier
     snapshot when it was taken in this phase, else fresh with the phase's tasks."""
@@ -453,7 +349,7 @@ def driver_for(
 
 
 def _run_phase(
-    cfg: TrainingJob, run: TrainingRun, phase: Phase, driver: DataDriver, executors: int, hooks: JobHooks
+    cfg: TrainingRequest, run: TrainingRun, phase: Phase, driver: DataDriver, executors: int, hooks: RunHooks
 ) -> None:
     spec = cfg.job.training
     # Both kinds live: q_i weighs the serving buffers (rows per kind at the executors and in the
@@ -612,9 +508,9 @@ def _log_pool_timeline(run: TrainingRun, timeline: list[dict[str, Any]], offset_
     run.tracker.log_metric_points(points)
 
 
-def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> TrainingResult:
+def train_window(cfg: TrainingRequest, hooks: RunHooks | None = None) -> TrainingResult:
     """Train ``cfg.job``'s model on ``cfg.window`` (see module docstring)."""
-    hooks = hooks or JobHooks()
+    hooks = hooks or RunHooks()
     started = time.perf_counter()
     if cfg.job.pools.training.replicas > 1:
         from primus_dagster.training.multi_trainer import run_multi_trainer_job  # imports this module
@@ -624,17 +520,7 @@ def run_training_job(cfg: TrainingJob, hooks: JobHooks | None = None) -> Trainin
         return _train_window(cfg, hooks, beat, started)
 
 
-def _planned_line(job: JobSpec, tasks: list[DataTask], skipped: list[NotReady]) -> str:
-    consumed = consumed_sources(job, tasks)
-    parts = ", ".join(
-        f"{name} ({e['kind']}): {e['tasks']} task(s) over {len(e['partitions'])} partition(s)"
-        for name, e in consumed.items()
-    )
-    partitions = sum(len(e["partitions"]) for e in consumed.values())
-    return f"planned {len(tasks)} task(s): {partitions} partition(s) ready, {len(skipped)} not ready; {parts or 'none'}"
-
-
-def _train_window(cfg: TrainingJob, hooks: JobHooks, beat: Heartbeat, started: float) -> TrainingResult:
+def _train_window(cfg: TrainingRequest, hooks: RunHooks, beat: Heartbeat, started: float) -> TrainingResult:
     job, spec = cfg.job, cfg.job.training
     torch.set_num_threads(spec.threads)
     context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
@@ -643,7 +529,7 @@ def _train_window(cfg: TrainingJob, hooks: JobHooks, beat: Heartbeat, started: f
         names = [source.name for _, source in job.dataset.all_sources()]
         beat.stage("planning window %s: listing %d source(s) (%s)", cfg.window, len(names), ", ".join(names))
     tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
-    beat.stage(_planned_line(job, tasks, skipped))
+    beat.stage(planned_line(job, tasks, skipped))
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **cfg.tags}
@@ -652,7 +538,7 @@ def _train_window(cfg: TrainingJob, hooks: JobHooks, beat: Heartbeat, started: f
             :5000
         ]
     beat.stage("MLflow: opening the run %s", cfg.key())
-    tracker.start(cfg.key(), params=job_params(job, cfg.window, executors), tags=tags)
+    tracker.start(cfg.key(), params=run_params(job, cfg.window, executors), tags=tags)
     run = TrainingRun(cfg, tracker, tasks)
     run.beat = beat
     status = "FAILED"
@@ -733,7 +619,7 @@ def training_result(
 
 
 def evaluate_and_log(
-    cfg: TrainingJob, context: SourceContext, model: RecModel, tracker: MlflowTracker, step: int
+    cfg: TrainingRequest, context: SourceContext, model: RecModel, tracker: MlflowTracker, step: int
 ) -> NextHourEvaluation | None:
     """The next-hour evaluation of ``model`` after ``cfg.window`` (None with ``cfg.evaluate`` off or
     no labelled hours), logged to the run as ``eval_*`` metrics at ``step``."""

@@ -10,7 +10,7 @@ A training partition reads closed hours; the stream cannot wait for them. An inc
    with neither, starts a fresh model from each partition's first retained offset;
 3. plans the tail of every Kafka stream source from those offsets to the current high watermarks
    (:meth:`KafkaSource.tail`: stops fixed at planning), and trains on it through the data plane with
-   :func:`~primus_dagster.training.job.run_training_job` (same checkpoints, same exactly-once
+   :func:`~primus_dagster.training.job.train_window` (same checkpoints, same exactly-once
    progress); the model is published to MLflow with the stops as the next increment's offsets.
 
 Increments form one chain per base: each record after the base's end is trained once in it. A
@@ -41,10 +41,10 @@ from primus_dagster.spec import JobSpec
 from primus_dagster.spec.sources import KafkaSourceSpec
 from primus_dagster.training.job import (
     RUN_KIND_TAG,
-    JobHooks,
-    TrainingJob,
+    RunHooks,
+    TrainingRequest,
     TrainingResult,
-    run_training_job,
+    train_window,
 )
 from primus_dagster.training.tracking import RUN_KEY_TAG, MlflowTracker
 
@@ -130,7 +130,7 @@ def _increment_run(run: Any) -> TrainedRun:
 @dataclass
 class LiveIncrement:
     """One increment of ``job`` (module docstring); ``executors``: data executors (default
-    ``pools.data.replicas``); ``progress`` as for :class:`TrainingJob`."""
+    ``pools.data.replicas``); ``progress`` as for :class:`TrainingRequest`."""
 
     job: JobSpec
     job_path: str | Path
@@ -176,7 +176,7 @@ def _tail_tag(plans: Mapping[str, Any]) -> str:
     )
 
 
-def run_live_increment(cfg: LiveIncrement, hooks: JobHooks | None = None) -> LiveResult:
+def run_live_increment(cfg: LiveIncrement, hooks: RunHooks | None = None) -> LiveResult:
     """Train the newest model on the stream since it and publish it (module docstring)."""
     job = cfg.job
     sources = live_sources(job)
@@ -224,8 +224,8 @@ def run_live_increment(cfg: LiveIncrement, hooks: JobHooks | None = None) -> Liv
     tasks = [DataTask.for_read(stream_of[name], "stream", read) for name, plan in plans.items() for read in plan.tasks]
     planned = min(plan.planned_at for plan in plans.values()).astimezone(timezone.utc)
     hour = planned.replace(minute=0, second=0, microsecond=0)
-    result = run_training_job(
-        TrainingJob(
+    result = train_window(
+        TrainingRequest(
             job,
             cfg.job_path,
             cfg.data_root,

@@ -1,4 +1,4 @@
-"""The training job with N trainers: ``pools.training.replicas: N > 1`` (``run_training_job`` dispatches here).
+"""The training job with N trainers: ``pools.training.replicas: N > 1`` (``train_window`` dispatches here).
 
 Same job as :mod:`~primus_dagster.training.job` -- plan, MLflow run (started or resumed by run key),
 the phases of the mode, checkpoints, next-hour evaluation, the logged model -- with the training of
@@ -41,7 +41,7 @@ each phase done by a group of N rank processes (``spawn``, gloo on loopback; ``d
 Example::
 
     job = load_job_spec("job.yaml")          # pools: {training: {replicas: 2}}
-    result = run_training_job(TrainingJob(job, "job.yaml", "/data", window))   # -> run_multi_trainer_job
+    result = train_window(TrainingRequest(job, "job.yaml", "/data", window))   # -> run_multi_trainer_job
     result.stats["trainers"], [r["params_checksum"] for r in result.stats["ranks"]]
 """
 
@@ -73,23 +73,21 @@ from primus_dagster.training.checkpoint import Checkpoint, checkpoint_name, load
 from primus_dagster.training.distributed import RankLoop, params_checksum, pin_cores, serve_rank
 from primus_dagster.training.job import (
     RUN_KIND_TAG,
-    JobHooks,
-    NoTrainingDataError,
-    TrainingJob,
+    RunHooks,
+    TrainingRequest,
     TrainingResult,
     TrainingRun,
-    _planned_line,
     _record_quality,
     driver_for,
     evaluate_and_log,
-    job_params,
     load_resume,
     load_warm_start,
-    plan_training_tasks,
+    run_params,
     training_result,
 )
 from primus_dagster.training.models import build_model
 from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
+from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
 from primus_dagster.training.priority import LoadingPriority, MixturePriority
 from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.tracking import MlflowTracker
@@ -337,7 +335,7 @@ class _JobState:
 class _Group:
     """Spawn a phase's ranks, serve their messages, stop them whatever happens (parent side)."""
 
-    def __init__(self, cfg: TrainingJob, run: TrainingRun, hooks: JobHooks, state: _JobState, plane: Any):
+    def __init__(self, cfg: TrainingRequest, run: TrainingRun, hooks: RunHooks, state: _JobState, plane: Any):
         self.cfg, self.run, self.hooks, self.state, self.plane = cfg, run, hooks, state, plane
         self.memory = memory_bytes(cfg.job.pools.training.memory)
         self.world = cfg.job.pools.training.replicas
@@ -507,15 +505,15 @@ def _cores(cpu: float, world: int) -> list[list[int] | None]:
 
 
 def run_multi_trainer_job(
-    cfg: TrainingJob, hooks: JobHooks | None = None, *, rank_hook: RankHook | None = None
+    cfg: TrainingRequest, hooks: RunHooks | None = None, *, rank_hook: RankHook | None = None
 ) -> TrainingResult:
     """Train ``cfg.job``'s model on ``cfg.window`` with ``pools.training.replicas`` trainers (module
     docstring). ``rank_hook(rank, round)`` runs in every rank before each round (tests inject faults)."""
     with Heartbeat() as beat:  # a line in the run log at least every few seconds, whatever the stage
-        return _train_window(cfg, hooks or JobHooks(), rank_hook, beat)
+        return _train_window(cfg, hooks or RunHooks(), rank_hook, beat)
 
 
-def _train_window(cfg: TrainingJob, hooks: JobHooks, rank_hook: RankHook | None, beat: Heartbeat) -> TrainingResult:
+def _train_window(cfg: TrainingRequest, hooks: RunHooks, rank_hook: RankHook | None, beat: Heartbeat) -> TrainingResult:
     started = time.perf_counter()
     job, spec = cfg.job, cfg.job.training
     world = job.pools.training.replicas
@@ -526,12 +524,12 @@ def _train_window(cfg: TrainingJob, hooks: JobHooks, rank_hook: RankHook | None,
         names = [source.name for _, source in job.dataset.all_sources()]
         beat.stage("planning window %s: listing %d source(s) (%s)", cfg.window, len(names), ", ".join(names))
     tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
-    beat.stage(_planned_line(job, tasks, skipped))
+    beat.stage(planned_line(job, tasks, skipped))
     executors = cfg.executors or job.pools.data.replicas or 1
     tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", "primus.trainers": str(world), **cfg.tags}
     beat.stage("MLflow: opening the run %s", cfg.key())
-    tracker.start(cfg.key(), params={**job_params(job, cfg.window, executors), "trainers": world}, tags=tags)
+    tracker.start(cfg.key(), params={**run_params(job, cfg.window, executors), "trainers": world}, tags=tags)
     run = TrainingRun(cfg, tracker, tasks)
     run.beat = beat
     state = _JobState()
@@ -588,7 +586,12 @@ def _mean_loss(ranks: list[dict[str, Any]]) -> float:
 
 
 def _run_phases(
-    cfg: TrainingJob, run: TrainingRun, hooks: JobHooks, state: _JobState, executors: int, rank_hook: RankHook | None
+    cfg: TrainingRequest,
+    run: TrainingRun,
+    hooks: RunHooks,
+    state: _JobState,
+    executors: int,
+    rank_hook: RankHook | None,
 ) -> None:
     """The phases from the latest checkpoint on; a failed group starts again from the latest
     checkpoint while ``pools.training`` allows restarts."""
@@ -619,9 +622,9 @@ def _run_phases(
 
 
 def _run_phase_group(
-    cfg: TrainingJob,
+    cfg: TrainingRequest,
     run: TrainingRun,
-    hooks: JobHooks,
+    hooks: RunHooks,
     state: _JobState,
     phase: Phase,
     driver: Any,

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
-from primus_dagster.data import JobAbortedError
+from primus_dagster.data import DataAbortedError
 from primus_dagster.spec import parse_job_spec
 from tests.cluster.prockit import assert_no_orphans, child_pids
 from tests.data.executor.datakit import job_text, plan, write_tree
@@ -76,7 +76,7 @@ def test_an_executor_out_of_restarts_aborts_the_job_with_its_error(tmp_path: Pat
             for i, _ in enumerate(reader):
                 if i == 1:
                     os.kill(pid, signal.SIGKILL)
-        with pytest.raises(JobAbortedError, match=r"restart policy never: data-0 exited with code -9"):
+        with pytest.raises(DataAbortedError, match=r"restart policy never: data-0 exited with code -9"):
             plane.raise_if_failed()
         assert "restart policy never" in (plane.summary()["error"] or "")
     assert not alive(pid)

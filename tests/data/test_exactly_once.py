@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from primus_dagster.data.direct_plane import DirectDataPlane
 from primus_dagster.data.driver import DataDriver
 from primus_dagster.data.graph import Planner
-from primus_dagster.data.local_plane import LocalDataPlane
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
@@ -82,8 +82,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, kafka_broker) -> dict:
     }
 
 
-def plane(world: dict, **kwargs) -> LocalDataPlane:
-    return LocalDataPlane(
+def plane(world: dict, **kwargs) -> DirectDataPlane:
+    return DirectDataPlane(
         world["job_path"], world["root"], kafka_bootstrap=world["bootstrap"], heartbeat_s=0.2, **kwargs
     )
 

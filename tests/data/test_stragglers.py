@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from primus_dagster.data import LocalDataPlane
+from primus_dagster.data import DirectDataPlane
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import job_text, plan, write_tree
 
@@ -37,7 +37,7 @@ def test_a_straggler_task_is_copied_and_every_row_arrives_once(tmp_path: Path, b
     tasks = plan(parse_job_spec(spec.read_text()), tmp_path, hours=2)
     got: Counter[int] = Counter()
     # executor 0 needs 150 ms a batch (a sick node), executor 1 a few ms
-    with LocalDataPlane(spec, tmp_path, tasks, executors=2, heartbeat_s=0.1, slow_ms_per_batch={0: 150.0}) as plane:
+    with DirectDataPlane(spec, tmp_path, tasks, executors=2, heartbeat_s=0.1, slow_ms_per_batch={0: 150.0}) as plane:
         with plane.reader(0, prefetch=2, refresh_s=0.1) as reader:
             for batch in reader:
                 assert batch.sample_id is not None

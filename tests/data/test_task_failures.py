@@ -3,7 +3,7 @@ and error; the other tasks complete and deliver every row exactly once; the job 
 ``failed_task_threshold``.
 
 Real Parquet trees in ``tmp_path`` with one corrupt file, the real :class:`DataDriver`; the
-integration tests run real executor processes through :class:`LocalDataPlane` (driver over
+integration tests run real executor processes through :class:`DirectDataPlane` (driver over
 Flight, trainer-side ``RemoteReader``), the others an in-process :class:`DataExecutor`.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from primus_dagster.data.driver import DataDriver, JobFailedError
+from primus_dagster.data.direct_plane import DirectDataPlane
+from primus_dagster.data.driver import DataDriver, DataFailedError
 from primus_dagster.data.executor import DataExecutor
-from primus_dagster.data.local_plane import LocalDataPlane
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import T0, plan, write_tree
@@ -86,7 +86,7 @@ def corrupt_second_row_group(path: str) -> int:
     return meta.row_group(0).num_rows
 
 
-def read_everything(plane: LocalDataPlane, timeout: float = 30.0) -> list[int]:
+def read_everything(plane: DirectDataPlane, timeout: float = 30.0) -> list[int]:
     """Every sample id the trainer-side reader yields until the data ends."""
     got: list[int] = []
     with plane.reader(0, refresh_s=0.1) as reader:
@@ -101,7 +101,7 @@ def test_corrupt_file_is_retried_then_reported_and_the_rest_is_delivered_once(tm
     spec, tasks, ids = tree(tmp_path, max_attempts=3, threshold=0.5)  # 1 of 6 failing < 50 %
     bad = 1
     garbage(tasks[bad].read.uri)
-    with LocalDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
+    with DirectDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
         got = read_everything(plane)
         codes = plane.wait_executors(30)
         driver = plane.driver
@@ -137,12 +137,12 @@ def test_failures_past_the_threshold_fail_the_job_naming_the_file(tmp_path: Path
     # a fetcher failing at once reads ``_discovery_done`` before __init__ has set it.)
     bad = len(tasks) - 1
     truncate(tasks[bad].read.uri)
-    with LocalDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
+    with DirectDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
         got = read_everything(plane)
         codes = plane.wait_executors(30)
         status = plane.driver.status()
         info = plane.driver.task_info(tasks[bad].task_id)
-        with pytest.raises(JobFailedError) as failed:
+        with pytest.raises(DataFailedError) as failed:
             plane.driver.raise_if_failed()
     assert status["failed"] and not status["done"]
     assert info["state"] == "failed" and info["attempts"] == 2 and info["failures"] == 2
@@ -207,7 +207,7 @@ def test_the_job_fails_only_past_the_threshold(tmp_path: Path, threshold: float,
     assert status["failed"] is job_fails and status["done"] is not job_fails
     if job_fails:  # the executor stopped at once: a task still running then is left unfinished
         assert max(Counter(got).values(), default=1) == 1 and set(got) <= set(good)
-        with pytest.raises(JobFailedError, match=re.escape(tasks[bad].read.uri)):
+        with pytest.raises(DataFailedError, match=re.escape(tasks[bad].read.uri)):
             driver.raise_if_failed()
     else:
         assert Counter(got) == good

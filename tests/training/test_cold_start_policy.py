@@ -11,7 +11,7 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.data.sources import TimeWindow
-from primus_dagster.training.job import MissingPredecessorError, TrainingJob, TrainingRun, load_warm_start
+from primus_dagster.training.job import MissingPredecessorError, TrainingRequest, TrainingRun, load_warm_start
 
 WINDOW = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
 
@@ -34,7 +34,7 @@ def run_for(tmp_path, monkeypatch, cold_start: str | None) -> TrainingRun:
     job = make_job(tmp_path, hours=0)["job"]
     if cold_start is not None:
         job.automation.cold_start = cold_start
-    cfg = TrainingJob(job, tmp_path / "job.yaml", tmp_path, WINDOW, warm_start="train-test/2026-11-01")
+    cfg = TrainingRequest(job, tmp_path / "job.yaml", tmp_path, WINDOW, warm_start="train-test/2026-11-01")
     return TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [])
 
 

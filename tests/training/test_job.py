@@ -26,7 +26,7 @@ from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog, read_trained_sample_ids
 from primus_dagster.training.checkpoint import checkpoint_files, checkpoint_name
-from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
 from primus_dagster.training.tracking import MlflowTracker, use_tracking_uri
 
 pytestmark = pytest.mark.integration
@@ -36,8 +36,8 @@ def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path
     env = make_job(tmp_path, mode="mixed", model="mtrm", every=5)
     phases = []
     with TrainedSampleIdsLog(tmp_path / "samples.bin") as samples:
-        result = run_training_job(
-            TrainingJob(
+        result = train_window(
+            TrainingRequest(
                 env["job"],
                 env["job_path"],
                 env["root"],
@@ -45,7 +45,7 @@ def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path
                 executors=2,
                 progress=lambda p: phases.append(p["phase"]),
             ),
-            JobHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+            RunHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
         )
     expected = expected_ids(env)
     trained = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "samples.bin") for i in ids)
@@ -83,8 +83,8 @@ def _some_batch(env: dict):
 def test_batch_then_stream_pretrains_on_the_batch_window_then_follows_the_stream(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="batch_then_stream", model="mtrm", every=1000)
     phases: list[str] = []
-    result = run_training_job(
-        TrainingJob(
+    result = train_window(
+        TrainingRequest(
             env["job"],
             env["job_path"],
             env["root"],
@@ -170,17 +170,17 @@ class TearingTracker(MlflowTracker):
 def test_a_torn_checkpoint_upload_resumes_from_the_previous_one_exactly_once(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="mixed", model="single", every=5, extra_training="checkpoint_keep_last: 2")
     uri, exp = env["job"].tracking.tracking_uri, env["job"].tracking.experiment
-    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2, evaluate=False)
+    cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=2, evaluate=False)
     tearing = TearingTracker(uri, exp, tear_at=2)
     with TrainedSampleIdsLog(tmp_path / "run1.bin") as samples, pytest.raises(TornUpload):
-        run_training_job(
+        train_window(
             replace(cfg, tracker=tearing),
-            JobHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+            RunHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
         )
     with TrainedSampleIdsLog(tmp_path / "run2.bin") as samples:
-        result = run_training_job(
+        result = train_window(
             replace(cfg, tracker=MlflowTracker(uri, exp)),
-            JobHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+            RunHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
         )
     resumed = result.resumed_from_step
     assert resumed is not None and 5 <= resumed < tearing.torn_step  # the complete one before the torn one

@@ -15,7 +15,7 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.spec import load_job_spec
-from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def test_mixed_mtrm_job_learns_the_synthetic_world(tmp_path: Path, backend: str)
     env["job_path"].write_text(text.replace("\npools: {data:", f"\npools: {{backend: {backend}, data:"))
     job = load_job_spec(env["job_path"])
     assert job.pools.backend == backend
-    result = run_training_job(TrainingJob(job, env["job_path"], env["root"], env["window"], executors=2), JobHooks())
+    result = train_window(TrainingRequest(job, env["job_path"], env["root"], env["window"], executors=2), RunHooks())
     assert result.stats["samples_batch"] > 0 and result.stats["samples_stream"] > 0
     assert result.evaluation is not None and result.evaluation.labels == "batch"
     assert result.evaluation.result.rows > 4000

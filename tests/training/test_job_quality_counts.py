@@ -16,7 +16,7 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.data import Batch
-from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +40,8 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
     bad = sorted((tmp_path / "parquet" / "impressions").rglob("hour=00/*.parquet"))[0]
     spoil(bad)
     with caplog.at_level(logging.WARNING, logger="primus_dagster"):
-        result = run_training_job(
-            TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+        result = train_window(
+            TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
         )
     expected = {"dense_invalid": 2, "null_label": 3, "ts_outside_partition": 1}
     assert result.data_quality == {"imp": expected}
@@ -76,7 +76,7 @@ def test_quality_counts_of_a_finished_phase_survive_a_resume(tmp_path: Path) -> 
         d2 = table.column("d2").to_numpy().copy()
         d2[0], d2[1] = np.nan, -np.inf
         pq.write_table(table.set_column(table.schema.get_field_index("d2"), "d2", pa.array(d2)), path)
-    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+    cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
     first_stream_step: list[int] = []
 
     def die_in_stream(step: int, batch: Batch) -> None:
@@ -86,8 +86,8 @@ def test_quality_counts_of_a_finished_phase_survive_a_resume(tmp_path: Path) -> 
                 raise KilledInStream(f"killed at step {step}")
 
     with pytest.raises(KilledInStream):
-        run_training_job(cfg, JobHooks(on_batch=die_in_stream))
-    result = run_training_job(cfg)
+        train_window(cfg, RunHooks(on_batch=die_in_stream))
+    result = train_window(cfg)
     assert result.resumed_from_step is not None and result.resumed_from_step >= first_stream_step[0]
     expected = {"imp": {"dense_invalid": 2}, "events": {"dense_invalid": 2}}
     assert result.data_quality == expected

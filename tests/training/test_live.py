@@ -19,7 +19,7 @@ from primus_dagster import cli
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
 from primus_dagster.training.live import (
     LiveIncrement,
     NotLiveError,
@@ -96,7 +96,7 @@ def _increment(env: dict, tracker: MlflowTracker, seen: list[int], fail_after: i
             raise RuntimeError("injected trainer crash")
 
     cfg = LiveIncrement(env["job"], env["job_path"], env["root"], kafka_bootstrap=env["kafka"], tracker=tracker)
-    return run_live_increment(cfg, JobHooks(on_batch=on_batch))
+    return run_live_increment(cfg, RunHooks(on_batch=on_batch))
 
 
 @pytest.mark.integration
@@ -105,8 +105,8 @@ def test_increments_train_each_stream_record_after_the_base_once(tmp_path: Path,
         tmp_path, kafka=kafka_broker.bootstrap_servers, topic="live-chain", hours=2, every=4, rows_per_hour=1000
     )
     tracker = MlflowTracker(env["job"].tracking.tracking_uri, env["job"].tracking.experiment)
-    base = run_training_job(
-        TrainingJob(
+    base = train_window(
+        TrainingRequest(
             env["job"], env["job_path"], env["root"], env["window"], kafka_bootstrap=env["kafka"], evaluate=False
         )
     )

@@ -1,6 +1,6 @@
 """Training jobs with ``pools.training.replicas: 2`` (``primus_dagster.training.multi_trainer``).
 
-Through ``run_training_job``: every sample trained exactly once across the ranks (the multiset of
+Through ``train_window``: every sample trained exactly once across the ranks (the multiset of
 sample ids the ranks hand to ``on_batch``), checkpoints in MLflow, identical replicas. SIGKILL of the
 ``primus-dagster-dev train`` process group after a checkpoint, then the same command: it resumes and
 the two attempts together train each sample once. A rank that raises fails the job with its message
@@ -29,7 +29,7 @@ from jobkit import dev_train_command, expected_ids, make_job
 
 from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
 from primus_dagster.spec import load_job_spec
-from primus_dagster.training.job import JobHooks, TrainingJob, run_training_job
+from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
 from primus_dagster.training.multi_trainer import RankFailedError
 
 pytestmark = pytest.mark.integration
@@ -60,9 +60,9 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(
         steps.append(step)
 
     with caplog.at_level(logging.INFO, logger="primus_dagster"):
-        result = run_training_job(
-            TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=2),
-            JobHooks(on_batch=on_batch),
+        result = train_window(
+            TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=2),
+            RunHooks(on_batch=on_batch),
         )
     expected = expected_ids(env)
     assert trained == expected  # each sample exactly once across the two ranks
@@ -151,7 +151,7 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_leaves_no_process(tmp_p
         make_job(tmp_path, mode="mixed", model="single", every=4, hours=1), "replicas: 2, restart: never"
     )
     before = _children()
-    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+    cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
     with pytest.raises(RankFailedError, match=r"trainer rank 1 failed[\s\S]*injected failure of rank 1 at round 3"):
         run_multi_trainer_job(cfg, rank_hook=functools.partial(fail_at, 1, 3, None))
     deadline = time.monotonic() + 10
@@ -171,10 +171,10 @@ def test_restart_on_failure_continues_the_group_from_its_checkpoint(tmp_path: Pa
         make_job(tmp_path, mode="mixed", model="single", every=3, hours=1), "replicas: 2, max_restarts: 1"
     )
     trained: Counter = Counter()
-    cfg = TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+    cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
     result = run_multi_trainer_job(
         cfg,
-        JobHooks(on_batch=lambda step, batch: trained.update(batch.sample_id.tolist())),
+        RunHooks(on_batch=lambda step, batch: trained.update(batch.sample_id.tolist())),
         rank_hook=functools.partial(fail_at, 0, 5, str(tmp_path / "failed-once")),
     )
     expected = expected_ids(env)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from jobkit import make_job
 
-from primus_dagster.training.job import NoTrainingDataError, label_incomplete, plan_training_tasks
+from primus_dagster.training.planning import NoTrainingDataError, label_incomplete, plan_training_tasks
 
 
 def batch_hours(tasks) -> list[int]:

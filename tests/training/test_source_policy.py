@@ -16,7 +16,8 @@ from jobkit import make_job
 from primus_dagster.data import TimeWindow
 from primus_dagster.ports import free_port
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.job import SourceUnavailableError, TrainingJob, run_training_job
+from primus_dagster.training.job import TrainingRequest, train_window
+from primus_dagster.training.planning import SourceUnavailableError
 
 
 def test_an_unreachable_stream_source_fails_the_run_naming_it(tmp_path: Path) -> None:
@@ -25,9 +26,9 @@ def test_an_unreachable_stream_source_fails_the_run_naming_it(tmp_path: Path) ->
     world = SyntheticWorld(WorldConfig(seed=5, rows_per_hour=300, n_dense=5), env["job"].dataset.start)
     write_world(env["job"], env["context"], world, range(3), sources=["imp"], progress=False)
     window = env["job"].dataset.start, env["job"].dataset.start + timedelta(hours=2)
-    cfg = TrainingJob(env["job"], env["job_path"], env["root"], TimeWindow(*window), kafka_bootstrap=dead)
+    cfg = TrainingRequest(env["job"], env["job_path"], env["root"], TimeWindow(*window), kafka_bootstrap=dead)
     with pytest.raises(SourceUnavailableError, match=r"cannot read source\(s\) \['events'\].*no Kafka broker answers"):
-        run_training_job(cfg)
+        train_window(cfg)
     client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
     assert not client.search_experiments() or not client.search_runs(
         [e.experiment_id for e in client.search_experiments()]
@@ -40,8 +41,8 @@ def test_a_not_ready_hour_inside_the_window_is_skipped_loudly(tmp_path: Path, ca
     hour = env["job"].dataset.start + timedelta(hours=1)
     shutil.rmtree(tmp_path / "parquet" / "events" / f"dt={hour:%Y-%m-%d}" / f"hour={hour:%H}")
     with caplog.at_level(logging.WARNING, logger="primus_dagster"):
-        result = run_training_job(
-            TrainingJob(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+        result = train_window(
+            TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
         )
     assert [(s["source"], s["partition"]) for s in result.skipped_partitions] == [("events", hour.isoformat())]
     assert result.metadata()["skipped_partitions"] == result.skipped_partitions

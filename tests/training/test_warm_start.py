@@ -12,7 +12,7 @@ from jobkit import make_job
 from primus_dagster.data.sources import TimeWindow
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.checkpoint import Checkpoint
-from primus_dagster.training.job import TrainingJob, TrainingRun
+from primus_dagster.training.job import TrainingRequest, TrainingRun
 from primus_dagster.training.models import build_model
 
 
@@ -20,7 +20,7 @@ def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monke
     monkeypatch.setenv("PRIMUS_HOME", str(tmp_path / "home"))  # the run's scratch folder goes there
     env = make_job(tmp_path, hours=0)
     window = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
-    cfg = TrainingJob(env["job"], env["job_path"], tmp_path, window, warm_start="train-test/2026-11-01")
+    cfg = TrainingRequest(env["job"], env["job_path"], tmp_path, window, warm_start="train-test/2026-11-01")
     run = TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [])  # a tracker stand-in: no MLflow needed
     other = build_model(ModelSpec(type="mtrm", embedding_dim=4, hash_buckets=64), n_dense=3, n_sparse=2)
     run.warm = Checkpoint(step=7, samples=70, model_state=other.state_dict(), optimizer_state={})
@@ -30,7 +30,7 @@ def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monke
 
 def test_a_window_without_ready_data_is_a_clear_error(tmp_path) -> None:
     from primus_dagster.data.sources import SourceContext
-    from primus_dagster.training.job import NoTrainingDataError, plan_training_tasks
+    from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks
 
     job = make_job(tmp_path, hours=0, extra_training="batch_lag: 2h")["job"]  # nothing written
     window = TimeWindow(datetime(2026, 11, 1, 5, tzinfo=timezone.utc), datetime(2026, 11, 1, 6, tzinfo=timezone.utc))

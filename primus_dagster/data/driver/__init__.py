@@ -13,16 +13,16 @@ from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
 from primus_dagster.data.driver.server import DriverServer
 from primus_dagster.data.driver.state import DataDriver
-from primus_dagster.data.driver.task_record import JobAbortedError, JobFailedError
+from primus_dagster.data.driver.task_record import DataAbortedError, DataFailedError
 
 __all__ = [
+    "DataAbortedError",
     "DataDriver",
+    "DataFailedError",
     "DriverAPI",
     "DriverClient",
     "DriverServer",
     "DriverUnavailableError",
     "ExecutorReport",
-    "JobAbortedError",
-    "JobFailedError",
     "Lease",
 ]

@@ -3,7 +3,7 @@
 Every action's body and response is one JSON object (a response may come back in several
 ``Result`` chunks of at most :data:`CHUNK_BYTES`, which the client joins). Errors travel as
 ``FlightServerError`` whose ``extra_info`` is ``{"type", "message"}`` (+ ``report``, ``total``,
-``threshold`` for ``JobFailedError``) and are raised again as the same type by the client.
+``threshold`` for ``DataFailedError``) and are raised again as the same type by the client.
 
 Example::
 
@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from primus_dagster.data.driver.api import ExecutorReport, Lease
-from primus_dagster.data.driver.task_record import JobAbortedError, JobFailedError
+from primus_dagster.data.driver.task_record import DataAbortedError, DataFailedError
 from primus_dagster.data.tasks import BatchId, DataTask
 
 CHUNK_BYTES = 1 << 20
@@ -41,7 +41,7 @@ ACTIONS: dict[str, str] = {
     "snapshot": "{} -> snapshot",
     "source_versions": '{"set": {..} | null} -> {"source_versions": {..}}',
     "expire": '{} -> {"expired": [task_id]}',
-    "raise_if_failed": "{} -> {} (or a JobFailedError / JobAbortedError)",
+    "raise_if_failed": "{} -> {} (or a DataFailedError / DataAbortedError)",
     "failure_report": '{} -> {"failed_tasks": [{"task_id", "uri", "attempts", "failures", "error"}]}',
     "task_info": '{"task_id"} -> task info',
 }
@@ -94,7 +94,7 @@ def error_info(err: BaseException) -> bytes:
     """``extra_info`` of the FlightServerError that carries ``err`` to the client."""
     message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     info: dict[str, Any] = {"type": type(err).__name__, "message": str(message)}
-    if isinstance(err, JobFailedError):
+    if isinstance(err, DataFailedError):
         info.update(report=err.report, total=err.total, threshold=err.threshold)
     return json.dumps(info).encode()
 
@@ -106,13 +106,13 @@ def error_from_info(extra_info: bytes, fallback: Exception) -> Exception:
         kind, message = info["type"], info["message"]
     except (ValueError, TypeError, KeyError):
         return fallback
-    if kind == "JobFailedError":
-        return JobFailedError(info["report"], int(info["total"]), float(info["threshold"]))
+    if kind == "DataFailedError":
+        return DataFailedError(info["report"], int(info["total"]), float(info["threshold"]))
     known: dict[str, type[Exception]] = {
         "KeyError": KeyError,
         "ValueError": ValueError,
         "TypeError": TypeError,
-        "JobAbortedError": JobAbortedError,
+        "DataAbortedError": DataAbortedError,
     }
     if kind in known:
         return known[kind](message)

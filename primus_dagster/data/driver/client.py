@@ -5,7 +5,7 @@ short exponential backoff for up to ``retry_s``; after that :class:`DriverUnavai
 names the address. Non-idempotent calls (``lease``, ``claim``, ``claim_many``) carry a request
 id, so a retry of a call that did reach the driver gets the first answer (a claim is never
 answered False to the reader that made it). Errors raised by the driver come back as the same
-type (``KeyError``, ``ValueError``, :class:`JobFailedError` with its report).
+type (``KeyError``, ``ValueError``, :class:`DataFailedError` with its report).
 
 Example::
 

@@ -37,7 +37,7 @@ from primus_dagster.data.driver.actions import (
 )
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
 from primus_dagster.data.driver.state import DataDriver
-from primus_dagster.data.driver.task_record import JobFailedError
+from primus_dagster.data.driver.task_record import DataFailedError
 from primus_dagster.data.flight_auth import BearerTokenMiddlewareFactory
 from primus_dagster.data.tasks import DataTask
 
@@ -155,7 +155,7 @@ class DriverServer(flight.FlightServerBase):
             payload = self._dispatch(kind, handler, body, request_id)
         except flight.FlightError:
             raise
-        except (JobFailedError, KeyError, ValueError, TypeError) as err:
+        except (DataFailedError, KeyError, ValueError, TypeError) as err:
             raise flight.FlightServerError(f"{kind}: {err}", error_info(err)) from None
         return (payload[i : i + CHUNK_BYTES] for i in range(0, max(len(payload), 1), CHUNK_BYTES))
 

@@ -41,8 +41,8 @@ from primus_dagster.data.driver.task_record import (
     SNAPSHOT_FORMAT,
     STATES,
     SUCCEEDED,
-    JobAbortedError,
-    JobFailedError,
+    DataAbortedError,
+    DataFailedError,
     TaskRecord,
 )
 from primus_dagster.data.tasks import BatchId, DataTask, read_location
@@ -554,7 +554,7 @@ class DataDriver:
     def abort(self, reason: str) -> None:
         """Fail the job from outside (an executor out of restarts, a cancelled run): from now on the
         status says failed, executors stop leasing and readers end; :meth:`raise_if_failed` raises
-        :class:`JobAbortedError` with ``reason``."""
+        :class:`DataAbortedError` with ``reason``."""
         with self._lock:
             if self._aborted is None:
                 self._aborted = reason
@@ -666,12 +666,12 @@ class DataDriver:
             return self._serving_rows_locked()
 
     def raise_if_failed(self) -> None:
-        """Raise :class:`JobFailedError` (with the failed-task report) when the job failed."""
+        """Raise :class:`DataFailedError` (with the failed-task report) when the job failed."""
         with self._lock:
             if self._aborted is not None:
-                raise JobAbortedError(self._aborted)
+                raise DataAbortedError(self._aborted)
             if self._job_failed():
-                raise JobFailedError(self.failure_report(), len(self._tasks), self.failed_task_threshold)
+                raise DataFailedError(self.failure_report(), len(self._tasks), self.failed_task_threshold)
 
     def task_info(self, task_id: str) -> dict[str, Any]:
         """State, attempts, owner, error, counts and ledgers of one task."""

@@ -15,18 +15,18 @@ STATES: tuple[str, ...] = (NEW, PENDING, RUNNING, SUCCEEDED, FAILED)
 SNAPSHOT_FORMAT = "primus-data-driver/1"
 
 
-class JobAbortedError(RuntimeError):
+class DataAbortedError(RuntimeError):
     """The job was failed from outside the task table (:meth:`DataDriver.abort`): the reason says why."""
 
 
-class JobFailedError(RuntimeError):
+class DataFailedError(RuntimeError):
     """More than ``failed_task_threshold`` of the tasks failed; ``report`` lists each failed task.
 
     Example::
 
         try:
             driver.raise_if_failed()
-        except JobFailedError as err:
+        except DataFailedError as err:
             for row in err.report:  # {"task_id", "uri", "attempts", "failures", "error"}
                 print(row["task_id"], row["error"])
     """

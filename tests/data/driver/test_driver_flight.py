@@ -11,11 +11,11 @@ import pytest
 
 from primus_dagster.data.driver import (
     DataDriver,
+    DataFailedError,
     DriverClient,
     DriverServer,
     DriverUnavailableError,
     ExecutorReport,
-    JobFailedError,
 )
 from primus_dagster.data.driver.actions import ACTIONS
 from primus_dagster.data.tasks import BatchId
@@ -95,7 +95,7 @@ def test_errors_come_back_typed(served, task_factory):
             assert lease.attempt == attempt
             client.fail("e", lease.task.task_id, "corrupt" if attempt == 1 else "corrupt for good")
     assert client.status()["failed"]
-    with pytest.raises(JobFailedError) as caught:
+    with pytest.raises(DataFailedError) as caught:
         client.raise_if_failed()
     assert caught.value.total == 2 and {r["error"] for r in caught.value.report} == {
         "corrupt for good (executor e, attempt 2)"

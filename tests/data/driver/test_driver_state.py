@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from primus_dagster.data.driver import DataDriver, ExecutorReport, JobFailedError
+from primus_dagster.data.driver import DataDriver, DataFailedError, ExecutorReport
 from primus_dagster.data.sources.base import ReadTask
 from primus_dagster.data.tasks import BatchId, DataTask
 
@@ -139,7 +139,7 @@ def test_job_fails_past_threshold_with_report(clock, task_factory):
     assert set(report) == {tasks[0].task_id, tasks[1].task_id}
     row = report[tasks[0].task_id]
     assert row["uri"] == tasks[0].read.uri and row["attempts"] == 1 and "corrupt footer" in row["error"]
-    with pytest.raises(JobFailedError) as caught:
+    with pytest.raises(DataFailedError) as caught:
         driver.raise_if_failed()
     assert tasks[1].read.uri in str(caught.value) and "denied" in str(caught.value)
     assert len(caught.value.report) == 2
@@ -285,7 +285,7 @@ def test_backlog_by_kind_counts_unread_tasks_and_follows_a_restore(clock, task_f
 
 
 def test_abort_fails_the_job_from_outside(clock, task_factory):
-    from primus_dagster.data.driver import JobAbortedError
+    from primus_dagster.data.driver import DataAbortedError
 
     driver = DataDriver(clock=clock)
     driver.add_tasks([task_factory(0), task_factory(1)])
@@ -295,7 +295,7 @@ def test_abort_fails_the_job_from_outside(clock, task_factory):
     status = driver.status()
     assert status["failed"] and not status["done"] and status["aborted"].startswith("data-1 ended 4 times")
     assert driver.heartbeat(ExecutorReport("exec-0", "grpc://x:1"))["failed"]
-    with pytest.raises(JobAbortedError, match="disk on fire"):
+    with pytest.raises(DataAbortedError, match="disk on fire"):
         driver.raise_if_failed()
 
 

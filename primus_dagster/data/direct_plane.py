@@ -11,7 +11,7 @@ job use it to run the real processes (``python -m primus_dagster.data.executor``
 
 Example::
 
-    with LocalDataPlane(job_path, data_root, tasks, executors=2, trainers=1) as plane:
+    with DirectDataPlane(job_path, data_root, tasks, executors=2, trainers=1) as plane:
         with plane.reader(0) as reader:
             for batch in reader:
                 ...
@@ -39,7 +39,7 @@ from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import JobSpec, load_job_spec
 
 
-class LocalDataPlane:
+class DirectDataPlane:
     """Driver (Flight, loopback) + executor processes; see the module docstring."""
 
     def __init__(
@@ -134,7 +134,7 @@ class LocalDataPlane:
             )
             self.in_process[executor.location] = executor.start()
 
-    def __enter__(self) -> LocalDataPlane:
+    def __enter__(self) -> DirectDataPlane:
         self.server.serve_in_thread()
         if self.executors_in_process:
             self._start_in_process()

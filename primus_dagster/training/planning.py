@@ -1,0 +1,145 @@
+"""Which tasks a training window reads, and what a run consumed (lineage).
+
+:func:`plan_training_tasks` plans a window with the DTGG planner: the stream sources over the window,
+the batch sources over the window shifted back by ``training.batch_lag``, less the batch partitions
+whose labels are not complete by the window's end. :func:`consumed_sources` describes what the
+planned tasks read, per source (MLflow dataset inputs, the asset's metadata).
+
+Example::
+
+    tasks = plan_training_tasks(job, SourceContext("/data"), TimeWindow.hours_from(t0, 24))
+    consumed_sources(job, tasks)["impressions"]["partitions"]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from primus_dagster.data import DataTask, NotReady, Planner, SourceContext, TimeWindow, source_versions
+from primus_dagster.spec import JobSpec, granularity_step
+from primus_dagster.training.modes import phases
+
+log = logging.getLogger(__name__)
+
+
+class NoTrainingDataError(RuntimeError):
+    """The window has no ready data for the job (which partitions were not ready, and why)."""
+
+
+class SourceUnavailableError(NoTrainingDataError):
+    """A source the training mode reads could not be listed or read at all (broker down, catalog
+    unreachable, bad credentials): the run fails rather than train on the other sources alone."""
+
+
+def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) -> list[NotReady]:
+    """The batch partitions among ``tasks`` whose labels are not complete by the end of ``window``:
+    a partition ``[start, end)`` of a source counts as complete at ``end + label_delay``, and the
+    memory tower learns complete labels only. One entry per (source, partition)."""
+    out: dict[tuple[str, datetime], NotReady] = {}
+    for task in tasks:
+        source = job.dataset.source(task.read.source)
+        complete_at = task.partition + granularity_step(source.granularity) + source.label_delay
+        if task.kind == "batch" and complete_at > window.end and (source.name, task.partition) not in out:
+            out[(source.name, task.partition)] = NotReady(
+                task.stream,
+                source.name,
+                task.partition,
+                f"labels complete at {complete_at.isoformat()} (label_delay {source.label_delay}), "
+                f"after the window end {window.end.isoformat()}",
+                "waiting",
+            )
+    return list(out.values())
+
+
+def plan_training_tasks(
+    job: JobSpec, context: SourceContext, window: TimeWindow, skipped: list[NotReady] | None = None
+) -> list[DataTask]:
+    """The tasks a training window reads, in hand-out order: the stream tasks of ``window`` and the
+    batch tasks of ``window`` shifted back by ``training.batch_lag`` (handed out beside the stream
+    hours they are lagged to), less the batch partitions whose labels are not complete by the window's
+    end (:func:`label_incomplete`; counted in the log). Partitions not ready inside the window are
+    skipped with a warning and appended to ``skipped``. Raises :class:`SourceUnavailableError` when a
+    source the mode trains could not be read at all (a broker or catalog that cannot be reached: never
+    a run on part of its sources in silence), :class:`NoTrainingDataError` naming what was not ready
+    when nothing is."""
+    lag = job.training.batch_lag
+    kinds = {k for p in phases(job.training.mode) for k in p.kinds}
+    with Planner.for_job(job, context) as planner:
+        plan = planner.plan(window)
+        wanted = {"stream"} if lag else {"batch", "stream"}
+        tasks = [t for t in plan.tasks if t.kind in kinds & wanted]
+        not_ready = [n for n in plan.not_ready if job.dataset.source(n.source).kind in kinds & wanted]
+        if lag and "batch" in kinds:
+            batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
+            not_ready += [n for n in batch_plan.not_ready if job.dataset.source(n.source).kind == "batch"]
+            tasks += [
+                replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
+                for t in batch_plan.tasks
+                if t.kind == "batch"
+            ]
+    failed = [n for n in not_ready if n.state == "error"]
+    if failed:
+        first = {n.source: n.reason for n in reversed(failed)}
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in sorted(first.items()))
+        raise SourceUnavailableError(
+            f"job {job.name}: cannot read source(s) {sorted(first)} for window {window} ({reasons}); "
+            "nothing was trained: a run without them would train on part of its data"
+        )
+    if not_ready:
+        shown = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in not_ready[:5])
+        more = f" and {len(not_ready) - 5} more" if len(not_ready) > 5 else ""
+        log.warning(
+            "%d partition(s) inside the window are not ready and are skipped: %s%s", len(not_ready), shown, more
+        )
+        if skipped is not None:
+            skipped.extend(not_ready)
+    incomplete = label_incomplete(job, tasks, window)
+    if incomplete:
+        left_out = {(n.source, n.partition) for n in incomplete}
+        tasks = [t for t in tasks if (t.read.source, t.partition) not in left_out]
+        not_ready += incomplete
+        for name in sorted({n.source for n in incomplete}):
+            count = sum(1 for n in incomplete if n.source == name)
+            log.info("%s: %d batch partition(s) left out: labels not complete by %s", name, count, window.end)
+    tasks.sort(key=lambda t: t.order_key)
+    if not tasks:
+        missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
+        raise NoTrainingDataError(
+            f"job {job.name}: no ready data in window {window} (batch lag {lag}; {missing or 'no sources of the mode'})"
+        )
+    return tasks
+
+
+def consumed_sources(job: JobSpec, tasks: list[DataTask]) -> dict[str, dict[str, Any]]:
+    """What a run reads, per source: its ``type``, ``kind``, ``location`` (path, table URI or topic),
+    the partitions (ISO times), the number of tasks and, from :func:`source_versions`, the table
+    ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata."""
+    versions = source_versions(tasks)
+    out: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        for read in (task.read, *task.right_reads):
+            if read.source not in out:
+                spec = job.dataset.source(read.source)
+                location = next((getattr(spec, a) for a in ("path", "uri", "table", "topic") if hasattr(spec, a)), "")
+                out[read.source] = {"type": spec.type, "kind": spec.kind, "location": str(location)}
+                out[read.source].update(partitions=set(), tasks=0)
+            out[read.source]["partitions"].add(read.partition.isoformat())
+            out[read.source]["tasks"] += 1
+    for name, entry in out.items():
+        entry["partitions"] = sorted(entry["partitions"])
+        entry.update(versions.get(name, {}))
+    return dict(sorted(out.items()))
+
+
+def planned_line(job: JobSpec, tasks: list[DataTask], skipped: list[NotReady]) -> str:
+    """The run-log line of a planned window: tasks and partitions per source, how many were not ready."""
+    consumed = consumed_sources(job, tasks)
+    parts = ", ".join(
+        f"{name} ({e['kind']}): {e['tasks']} task(s) over {len(e['partitions'])} partition(s)"
+        for name, e in consumed.items()
+    )
+    partitions = sum(len(e["partitions"]) for e in consumed.values())
+    return f"planned {len(tasks)} task(s): {partitions} partition(s) ready, {len(skipped)} not ready; {parts or 'none'}"
