@@ -21,11 +21,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/primus-dagster-dev demo
 
-# Style, lint rules, import contracts ([tool.importlinter]), then types of the engine ([tool.mypy] files).
+# Style, lint rules, import contracts ([tool.importlinter]), the architecture checks import-linter cannot
+# state (tests/test_architecture.py: no module cycles, no private names across modules, every module
+# reachable from an entry point; tests/test_readme_map.py: the README's map lists the tree), then types of
+# the engine ([tool.mypy] files). The checks are static (AST, grimp): no conftest, no fixtures.
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/pytest -q -p no:cacheprovider -p no:xdist --noconftest tests/test_architecture.py tests/test_readme_map.py
 	$(VENV)/bin/mypy
 
 # Two pytest workers (pytest-xdist), one test file per worker at a time: most tests wait on processes,

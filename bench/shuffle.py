@@ -1,9 +1,9 @@
 """Rebalance vs forward shuffle with one deliberately slowed data executor.
 
-The situation the shuffle exists for (DESIGN.md §1.2): a **synchronous trainer group** -- like
-DDP, every step each of the ``--trainers`` T trainers trains on one batch and the step ends when
-all of them are done, so the group's step rate is set by the trainer that waits longest for
-data -- fed by ``--executors`` E data executors, one of which is slow.
+The situation the shuffle exists for (``docs/data_plane.md``, Executors): a **synchronous trainer
+group** -- like DDP, every step each of the ``--trainers`` T trainers trains on one batch and the
+step ends when all of them are done, so the group's step rate is set by the trainer that waits
+longest for data -- fed by ``--executors`` E data executors, one of which is slow.
 
 * **forward** pins executor ``i`` to trainer ``i mod T``: the trainer paired with the slow
   executor gets only its other partners' batches, starves, and the whole group slows to its pace.

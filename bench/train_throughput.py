@@ -25,7 +25,7 @@ its 1-rank figure is below part 1's.
    ``pipeline_ratio`` = pipeline / in_memory, **both per CPU-second**; the wall-clock figures
    (``pipeline_wall_samples_per_s``, ``in_memory_wall_samples_per_s``) are reported beside them.
 3. ``ddp_speedup``: aggregate samples per wall-second of 2 ranks x 1 thread over 1 rank x 1 thread
-   (world_size 2 vs 1, :func:`run_ddp_in_memory`: the round protocol of
+   (world_size 2 vs 1, ``_ddp.run_ddp_in_memory``: the round protocol of
    ``primus_dagster.training.distributed`` that multi-trainer jobs run; ``--ddp-pin`` binds each rank
    to a core of its own: it helps on a quiet machine, and hurts a lot while other jobs load the cores
    -- measured at load 6: speedup 0.5 pinned, 1.37 unpinned), with the **row-sparse gradient exchange** (sparse embedding gradients; each rank coalesces
@@ -46,6 +46,7 @@ its 1-rank figure is below part 1's.
    all-gathers a round, the second padded: gloo's threads took ~1 ms of CPU per collective on this
    VM whatever its size). The wall-clock speedup is only meaningful on a quiet machine.
    ``ddp_speedup_dense_allreduce``: the same with DDP's dense all-reduce of the trained tower
+   (``_ddp.DenseDDPExchange``)
    (its dense 100000 x 16 embedding gradient: 6.4 MB a step; ``ddp_dense_allreduce_bytes_per_step``),
    the exchange before the row-sparse one. The load average at start and end is in "detail":
    wall-clock figures are only as good as the machine is quiet.
@@ -109,11 +110,12 @@ from primus_dagster.data import Batch, DirectDataPlane, Normalizer, Planner, Sou
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.distributed import Exchange, RankResult, run_ddp_in_memory
+from primus_dagster.training.distributed import RankResult
 from primus_dagster.training.models import HashedEmbedding, build_model, model_summary
 from primus_dagster.training.trainer import Trainer
 
 from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
+from _ddp import Exchange, run_ddp_in_memory
 
 JOB = (
     """

@@ -31,7 +31,7 @@ from primus_dagster.spec import SpecError, job_spec_json_schema, load_job_spec
 from primus_dagster.synth.cli import add_arguments as synth_arguments
 
 if TYPE_CHECKING:
-    from primus_dagster.training.job import RunHooks
+    from primus_dagster.training.run_state import RunHooks
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -141,8 +141,10 @@ def _log_to_stderr() -> None:
 def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> int:
     """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
     from primus_dagster.data.sources import TimeWindow
-    from primus_dagster.training.job import TrainingRequest, progress_line, train_window
+    from primus_dagster.training.progress import progress_line
+    from primus_dagster.training.run_state import TrainingRequest
     from primus_dagster.training.tracking import MlflowTracker
+    from primus_dagster.training.window import train_window
 
     _log_to_stderr()
     job = load_job_spec(args.spec)

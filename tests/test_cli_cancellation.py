@@ -24,7 +24,7 @@ SLOW_CLI = """
 import sys, time
 from pathlib import Path
 from primus_dagster import cli
-from primus_dagster.training.job import RunHooks
+from primus_dagster.training.run_state import RunHooks
 
 marker = Path(sys.argv[1])
 train = cli.train_command

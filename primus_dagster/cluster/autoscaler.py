@@ -157,7 +157,7 @@ class DataPoolAutoscaler:
                 sample = sample_from_heartbeat(executor_id, "data", report.metrics, allocated[executor_id], now=now)
                 self.controller.observe(sample)
         if self._t0 is None:
-            self._t0 = getattr(plane, "started_at", None) or now
+            self._t0 = plane.started_at
         ticks = self.controller.ticks
         decisions = self.controller.tick(now, {"data": statuses})
         for decision in decisions:

@@ -24,17 +24,12 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from primus_dagster.cluster.autoscaler import DataPoolAutoscaler
 from primus_dagster.cluster.pooled_plane import PooledDataPlane, local_data_pool
-from primus_dagster.data import DirectDataPlane
+from primus_dagster.data import DataPlaneStarter, DirectDataPlane
 from primus_dagster.spec import JobSpec
-
-DataPlaneStarter = Callable[..., DirectDataPlane | PooledDataPlane]
-"""Starts a run's data plane: ``(job_path, data_root, tasks=(), *, driver, executors, trainers,
-token, kafka_bootstrap)``, :class:`~primus_dagster.data.DirectDataPlane`'s signature."""
 
 DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
 
@@ -63,9 +58,9 @@ def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
 
 
 def data_plane_starter(job: JobSpec, *, run_id: str) -> DataPlaneStarter:
-    """What starts ``job``'s data plane for a run: a :class:`PooledDataPlane` on the pool of its
-    ``pools.backend``, or for ``in_trainer`` a :class:`~primus_dagster.data.DirectDataPlane` with
-    its executors in this process.
+    """What starts ``job``'s data plane for a run (a :class:`~primus_dagster.data.DataPlaneStarter`):
+    a :class:`PooledDataPlane` on the pool of its ``pools.backend``, or for ``in_trainer`` a
+    :class:`~primus_dagster.data.DirectDataPlane` with its executors in this process.
 
     Example::
 

@@ -4,18 +4,18 @@ A :class:`PooledDataPlane` serves the data driver over Flight and runs the data 
 :class:`~primus_dagster.cluster.pool.ExecutorPool` (local processes by default) sized and limited
 by the job's ``pools.data`` spec. A control thread keeps it healthy while the run goes on: the
 :class:`~primus_dagster.cluster.supervisor.Supervisor` restarts failed executors as the restart
-policy says (an executor out of restarts aborts the data job with its last error: readers end,
+policy says (an executor out of restarts aborts the run's tasks with its last error: readers end,
 the run fails with that message), and an optional scaling controller's decisions are applied
 (scale out / in, resize). A stopped or killed executor's leased tasks go back to the driver and
 are read again; the claim ledger keeps delivery exactly once.
 
 Teardown (``close``, also on an exception or a cancellation unwinding the ``with`` block) stops
-every executor: gracefully once the job is done (they have exited already), and with a short
+every executor: gracefully once the run's tasks are done (they have exited already), and with a short
 ``cancel_grace_s`` before SIGKILL when it is not (a cancelled or failed run: no trainer will take
 what the executors buffered, so their drain on SIGTERM would only delay the end of the run).
 
-It has :class:`~primus_dagster.data.DirectDataPlane`'s interface (``reader``, ``driver``,
-``location``, ``close``), so the training job runs on either.
+It implements :class:`~primus_dagster.data.DataPlane`, as :class:`~primus_dagster.data.DirectDataPlane`
+does, so the training job runs on either.
 
 Example::
 
@@ -36,13 +36,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from primus_dagster.cluster.local import LaunchRequest, LocalPool
 from primus_dagster.cluster.pool import ExecutorPool, PoolError
 from primus_dagster.cluster.supervisor import ExecutorFailedError, Supervisor
 from primus_dagster.data import (
     DataDriver,
+    DataPlane,
     DataTask,
     DriverServer,
     ExecutorConfig,
@@ -115,7 +116,7 @@ class PooledDataPlane:
         self.controller = controller
         self.check_s = check_s
         self.cancel_grace_s = cancel_grace_s
-        self.started_at: float | None = None  # time.monotonic() when the pool was launched
+        self.started_at = time.monotonic()  # when the pool was launched (__enter__ sets it)
         self.error: str | None = None
         self._stop = threading.Event()
         self._control = threading.Thread(target=self._control_loop, name="data-plane-control", daemon=True)
@@ -143,7 +144,7 @@ class PooledDataPlane:
 
     def close(self) -> None:
         """Stop the control thread, every executor and the driver server (idempotent). Before the
-        job is done (cancellation, failure) executors get ``cancel_grace_s`` after SIGTERM, not
+        run's tasks are done (cancellation, failure) executors get ``cancel_grace_s`` after SIGTERM, not
         the pool's full grace (see the module docstring)."""
         self._stop.set()
         if self._control.is_alive():
@@ -165,7 +166,7 @@ class PooledDataPlane:
         return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
 
     def raise_if_failed(self) -> None:
-        """The data job's failure (failed tasks past the threshold, or an aborting executor)."""
+        """The failure of the run's tasks (failed tasks past the threshold, or an aborting executor), raised."""
         self.driver.raise_if_failed()
 
     def cpu_seconds(self) -> float:
@@ -174,8 +175,8 @@ class PooledDataPlane:
         return float(cpu_seconds()) if cpu_seconds is not None else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """What the pool did: executors launched, restarts, blacklist, the error that aborted the job,
-        and the scaling ``timeline`` (one point per scaling tick, at most 500; empty without a
+        """What the pool did: executors launched, restarts, blacklist, CPU seconds, the error that
+        aborted the run's tasks, and the scaling ``timeline`` (one point per scaling tick, at most 500; empty without a
         controller; see :class:`~primus_dagster.cluster.autoscaler.ScalingTimeline`)."""
         statuses = self.pool.status() if self.pool is not None else []
         supervisor = self.supervisor
@@ -189,6 +190,7 @@ class PooledDataPlane:
             "oom_restarts": sum(d.state == "oom_killed" for d in supervisor.decisions) if supervisor else 0,
             "blacklisted_nodes": supervisor.blacklist if supervisor else [],
             "error": self.error,
+            "cpu_seconds": round(self.cpu_seconds(), 3),
         }
 
     # ----------------------------------------------------------------- control
@@ -225,6 +227,12 @@ class PooledDataPlane:
                 log.error("data plane: %s", exc)
                 self.driver.abort(str(exc))
                 return
+
+
+if TYPE_CHECKING:
+
+    def _implements_data_plane(plane: PooledDataPlane) -> DataPlane:
+        return plane  # mypy checks PooledDataPlane against the protocol here
 
 
 def _close_quickly(pool: ExecutorPool, grace_s: float) -> None:

@@ -98,8 +98,9 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import RunHooks, progress_line
         from primus_dagster.training.live import LiveIncrement, run_live_increment
+        from primus_dagster.training.progress import progress_line
+        from primus_dagster.training.run_state import RunHooks
 
         source_context = storage.source_context(source for _, source in sources)
 

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -24,8 +24,7 @@ from pydantic import Field, PrivateAttr
 from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV, read_broker_state
 from primus_dagster.cluster.backends import data_plane_starter
-from primus_dagster.cluster.pooled_plane import PooledDataPlane
-from primus_dagster.data import DirectDataPlane, SourceContext
+from primus_dagster.data import DataPlane, DataPlaneStarter, SourceContext
 from primus_dagster.spec import JobSpec, SourceSpec
 
 if TYPE_CHECKING:
@@ -101,11 +100,11 @@ class ExecutorPoolResource(ConfigurableResource):
     Example::
 
         pool = ExecutorPoolResource(data_executors=4)
-        result = train_window(cfg, RunHooks(data_plane=pool.data_plane_factory(job)))
+        result = train_window(request, RunHooks(data_plane=pool.data_plane_factory(job)))
     """
 
     data_executors: int | None = Field(default=None, ge=1, description="Data executors (default: the spec's).")
-    _planes: list[DirectDataPlane | PooledDataPlane] = PrivateAttr(default_factory=list)
+    _planes: list[DataPlane] = PrivateAttr(default_factory=list)
     _run_id: str = PrivateAttr(default="local")
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -114,14 +113,14 @@ class ExecutorPoolResource(ConfigurableResource):
     def executors(self, job: JobSpec) -> int:
         return self.data_executors or job.pools.data.replicas or 1
 
-    def data_plane_factory(self, job: JobSpec) -> Callable[..., DirectDataPlane | PooledDataPlane]:
-        """What :class:`~primus_dagster.training.job.RunHooks` ``data_plane`` takes: a pooled data
+    def data_plane_factory(self, job: JobSpec) -> DataPlaneStarter:
+        """What :class:`~primus_dagster.training.run_state.RunHooks` ``data_plane`` takes: a pooled data
         plane on ``job``'s data pool (or, for ``pools.backend: in_trainer``, executors in the run's
         process), remembered so that teardown closes it."""
 
         starter = data_plane_starter(job, run_id=self._run_id)
 
-        def start(*args: Any, **kwargs: Any) -> DirectDataPlane | PooledDataPlane:
+        def start(*args: Any, **kwargs: Any) -> DataPlane:
             plane = starter(*args, **kwargs)
             self._planes.append(plane)
             return plane

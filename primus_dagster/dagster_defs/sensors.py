@@ -37,9 +37,11 @@ arrived since its last request or ``automation.max_wait`` passed with at least o
 
 **Training partitions** (both sensors, each tick). Partitions train in order, each continuing the model
 of the one before it, so a sensor asks for one at a time: the first partition after the latest
-materialised one, once its window ended and every input is there -- each source partition it reads (the
-stream sources' partitions of its window, the batch sources' partitions of the window shifted back by
-``training.batch_lag`` whose labels are complete by its end) materialised with no failed blocking check.
+materialised one, once its window ended and every input is there -- each source partition it reads
+(:func:`~primus_dagster.spec.training_inputs`, the rule the planner plans by: of the kinds the mode
+trains, the stream sources' partitions of its window, the batch sources' partitions of the window shifted
+back by ``training.batch_lag`` whose labels are complete by its end) materialised with no failed blocking
+check.
 A run is asked for once per set of input materialisations (run tag ``primus/training_inputs``; a failed
 run is not repeated on the same inputs: re-execute it, or fix the input so that it is scanned again).
 
@@ -88,13 +90,22 @@ from primus_dagster.dagster_defs.resources import PrimusStorageResource
 from primus_dagster.dagster_defs.schedules import AssetJob, training_asset_job
 from primus_dagster.dagster_defs.training_asset import training_asset_name, training_partitions_def
 from primus_dagster.data import KafkaSource, Partition, SourceAdapter, SourceContext, TimeWindow, make_adapter
-from primus_dagster.spec import JobSpec, KafkaSourceSpec, SourceSpec, StreamSpec, granularity_step
+from primus_dagster.spec import (
+    JobSpec,
+    KafkaSourceSpec,
+    SourceSpec,
+    StreamSpec,
+    Window,
+    clip_to_dataset,
+    complete_at,
+    granularity_step,
+    training_inputs,
+    training_span_fed_by,
+)
 
 TRIGGER_TAG = "primus/trigger"
 TRAINING_INPUTS_TAG = "primus/training_inputs"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-# The modes' source kinds (training.modes.phases), kept here so that a sensor tick does not import torch.
-_MODE_KINDS = {"batch": {"batch"}, "stream": {"stream"}}
 
 Clock = Callable[[], datetime]
 
@@ -119,21 +130,7 @@ def _ident(job: JobSpec) -> str:
     return job.name.replace("-", "_")
 
 
-# ---- time: windows, completeness, what a training partition reads (pure) ------------------------------
-
-
-def clip_to_dataset(job: JobSpec, window: TimeWindow | None) -> TimeWindow | None:
-    """``window`` within the dataset's ``[start, end)``; None when nothing is left."""
-    if window is None:
-        return None
-    start = max(window.start, job.dataset.start)
-    end = window.end if job.dataset.end is None else min(window.end, job.dataset.end)
-    return TimeWindow(start, end) if end > start else None
-
-
-def complete_at(source: SourceSpec, start: datetime) -> datetime:
-    """When the partition of ``source`` starting at ``start`` is complete: its end plus ``label_delay``."""
-    return start + granularity_step(source.granularity) + source.label_delay
+# ---- time: the window a sensor watches (pure; what a training partition reads: primus_dagster.spec.inputs) --
 
 
 def sensor_window(job: JobSpec, stream: StreamSpec, source: SourceSpec, now: datetime) -> TimeWindow | None:
@@ -141,33 +138,8 @@ def sensor_window(job: JobSpec, stream: StreamSpec, source: SourceSpec, now: dat
     partitions, i.e. those whose ``end + label_delay`` passed in the last ``window``."""
     step = granularity_step(source.granularity)
     last_end = _floor(now - source.label_delay, step)
-    return clip_to_dataset(job, TimeWindow(last_end - stream.window, last_end))
-
-
-def training_inputs(job: JobSpec, window: TimeWindow) -> dict[str, list[datetime]]:
-    """Per source, the partition starts a training partition over ``window`` reads (as
-    ``plan_training_tasks`` plans it): stream sources over ``window``; batch sources over ``window``
-    shifted back by ``training.batch_lag``, less those whose labels are not complete by ``window.end``;
-    only the kinds of the training mode."""
-    lag = job.training.batch_lag
-    kinds = _MODE_KINDS.get(job.training.mode, {"batch", "stream"})
-    out: dict[str, list[datetime]] = {}
-    for _, source in job.dataset.all_sources():
-        if source.kind not in kinds:
-            continue
-        span = TimeWindow(window.start - lag, window.end - lag) if source.kind == "batch" else window
-        clipped = clip_to_dataset(job, span)
-        starts = clipped.partition_starts(source.granularity) if clipped else []
-        if source.kind == "batch":
-            starts = [s for s in starts if complete_at(source, s) <= window.end]
-        out[source.name] = starts
-    return out
-
-
-def training_span_fed_by(job: JobSpec, source: SourceSpec, start: datetime) -> TimeWindow:
-    """The training time a source partition feeds: its own span (stream) or shifted by the batch lag (batch)."""
-    shift = job.training.batch_lag if source.kind == "batch" else timedelta(0)
-    return TimeWindow(start + shift, start + granularity_step(source.granularity) + shift)
+    clipped = clip_to_dataset(job.dataset, TimeWindow(last_end - stream.window, last_end))
+    return TimeWindow(clipped.start, clipped.end) if clipped is not None else None
 
 
 # ---- the batch sensor's cursor: what is new since it (pure) --------------------------------------------
@@ -377,7 +349,7 @@ class TrainingRequests:
         index = done[-1] + 1 if done else 0
         return self.keys[index] if index < len(self.keys) else None
 
-    def trained_on(self, span: TimeWindow) -> list[str]:
+    def trained_on(self, span: Window) -> list[str]:
         """The materialised training partitions whose windows overlap ``span``, in order."""
         windows = {k: self.window(k) for k in self.materialized if k in self._key_set}
         return sorted(k for k, w in windows.items() if w.start < span.end and span.start < w.end)

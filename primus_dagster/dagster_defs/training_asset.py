@@ -3,7 +3,7 @@
 It depends on the source assets through time-window partition mappings: the stream sources on
 the same window, the batch sources on the window shifted back by ``training.batch_lag`` (MTRM:
 today's stream with yesterday's complete batch data). A materialisation runs
-:func:`~primus_dagster.training.job.train_window` on the executor pool resource, resumes its
+:func:`~primus_dagster.training.window.train_window` on the executor pool resource, resumes its
 MLflow run if an earlier attempt died, continues from the previous partition's model (continuous
 training: the asset depends on its own previous partition, so backfills run partitions in order, and
 a partition whose predecessor has no model fails unless ``automation.cold_start: allow``), and
@@ -62,11 +62,11 @@ from dagster import (
 )
 
 from primus_dagster.dagster_defs.lineage import COLUMN_SCHEMA, dagster_run_tags, training_column_schema
-from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
+from primus_dagster.dagster_defs.partitions import time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.data import TimeWindow
-from primus_dagster.spec import JobSpec, granularity_step
+from primus_dagster.spec import JobSpec, dependency_offsets, first_training_start
 from primus_dagster.spec.durations import format_duration
 from primus_dagster.training.final_eval import eval_end, final_labels, labels_complete_at
 
@@ -166,24 +166,21 @@ def version_tags(values: Mapping[str, Any], dagster_tags: Mapping[str, str], **e
 
 
 def training_partitions_def(job: JobSpec) -> PartitionsDefinition:
-    """Hourly or daily partitions, from the first window whose lagged batch data exists."""
-    granularity = job.training.partition
-    lag_partitions = partitions_covering(granularity, job.training.batch_lag)
-    return time_partitions(granularity, job.dataset.start + granularity_step(granularity) * lag_partitions)
+    """Hourly or daily partitions, from the first window whose lagged batch data exists
+    (:func:`~primus_dagster.spec.first_training_start`)."""
+    return time_partitions(job.training.partition, first_training_start(job))
 
 
 def source_deps(job: JobSpec, key_prefix: list[str] | None = None) -> list[AssetDep]:
-    """Stream sources: the same window; batch sources: the window shifted back by the batch lag
-    (offsets count training partitions, as ``TimeWindowPartitionMapping`` does)."""
-    granularity, lag = job.training.partition, job.training.batch_lag
+    """Stream sources: the same window; batch sources: the window shifted back by the batch lag, in whole
+    training partitions (:func:`~primus_dagster.spec.dependency_offsets`: offsets count training
+    partitions, as ``TimeWindowPartitionMapping`` does). A mapping holds at least the partitions the
+    window reads (:func:`~primus_dagster.spec.training_inputs`): it cannot leave out the batch partitions
+    whose labels are not complete yet, and names every source whatever the mode."""
     deps = []
     for _, source in job.dataset.all_sources():
-        if source.kind == "batch" and lag:
-            mapping = TimeWindowPartitionMapping(
-                start_offset=-partitions_covering(granularity, lag), end_offset=-(lag // granularity_step(granularity))
-            )
-        else:
-            mapping = TimeWindowPartitionMapping()
+        start_offset, end_offset = dependency_offsets(job, source)
+        mapping = TimeWindowPartitionMapping(start_offset=start_offset, end_offset=end_offset)
         deps.append(AssetDep(AssetKey([*(key_prefix or []), source.name]), partition_mapping=mapping))
     return deps
 
@@ -278,7 +275,9 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
     ) -> MaterializeResult:
-        from primus_dagster.training.job import RunHooks, TrainingRequest, progress_line, train_window
+        from primus_dagster.training.progress import progress_line
+        from primus_dagster.training.run_state import RunHooks, TrainingRequest
+        from primus_dagster.training.window import train_window
 
         source_context = storage.source_context(source for _, source in job.dataset.all_sources())
         partition_window = context.partition_time_window

@@ -7,11 +7,11 @@ subpackages' ``__init__``), never from their modules; ``make lint`` checks it.
 
 Example::
 
-    from primus_dagster.data import Batch, DirectDataPlane, Planner, SourceContext, TimeWindow
+    from primus_dagster.data import Batch, DataPlane, DirectDataPlane, Planner, SourceContext, TimeWindow
 
     with Planner.for_job(job, SourceContext(data_root)) as planner:
         plan = planner.plan(TimeWindow.hours_from(start, 24))
-    with DirectDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:
+    with DirectDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:  # a DataPlane
         with plane.reader(0) as reader:
             for batch in reader:                      # Batch: Arrow columns, tensors, metadata
                 logits = model(batch.dense, batch.sparse, batch.kind)
@@ -37,6 +37,7 @@ from primus_dagster.data.driver import (
 )
 from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
+from primus_dagster.data.plane import DataPlane, DataPlaneStarter
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
 from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.sources import (
@@ -66,6 +67,8 @@ __all__ = [
     "DataAbortedError",
     "DataDriver",
     "DataFailedError",
+    "DataPlane",
+    "DataPlaneStarter",
     "DataTask",
     "DirectDataPlane",
     "DriverAPI",

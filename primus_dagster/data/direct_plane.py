@@ -15,7 +15,10 @@ Example::
         with plane.reader(0) as reader:
             for batch in reader:
                 ...
-        print(plane.cpu_seconds())
+        plane.raise_if_failed()
+        print(plane.cpu_seconds(), plane.summary())
+
+It implements :class:`~primus_dagster.data.DataPlane`.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from primus_dagster.data.canonical import check_fields
 from primus_dagster.data.driver import DataDriver, DriverClient, DriverServer
 from primus_dagster.data.executor import DataExecutor, ExecutorConfig, start_executor_process, wait_ready
+from primus_dagster.data.plane import DataPlane
 from primus_dagster.data.reader.remote_reader import RemoteReader
 from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.tasks import DataTask
@@ -82,6 +86,8 @@ class DirectDataPlane:
         self._executors = executors
         self.executors_in_process = executors_in_process
         self.in_process: dict[str, DataExecutor] = {}  # location -> executor (executors_in_process)
+        self.started_at = time.monotonic()  # when its executors were started (__enter__ sets it)
+        self._launched = 0  # executor starts, restarts included
         self._closed = False
 
     @property
@@ -105,6 +111,7 @@ class DirectDataPlane:
         )
         proc = start_executor_process(config, token=self.token)
         self.processes[index] = proc
+        self._launched += 1
         return proc
 
     def _await_ready(self, proc: subprocess.Popen[str]) -> str:
@@ -133,9 +140,11 @@ class DirectDataPlane:
                 fields=self.fields,
             )
             self.in_process[executor.location] = executor.start()
+            self._launched += 1
 
     def __enter__(self) -> DirectDataPlane:
         self.server.serve_in_thread()
+        self.started_at = time.monotonic()
         if self.executors_in_process:
             self._start_in_process()
             return self
@@ -152,6 +161,31 @@ class DirectDataPlane:
         if self.in_process:
             kwargs.setdefault("feeds", self.in_process)
         return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
+
+    def raise_if_failed(self) -> None:
+        """The failure of the run's tasks (failed tasks past the threshold, or an abort), raised."""
+        self.driver.raise_if_failed()
+
+    def summary(self) -> dict[str, Any]:
+        """What its executors did, with :class:`~primus_dagster.cluster.pooled_plane.PooledDataPlane`'s
+        keys: ``data_executors_launched`` (starts, :meth:`start_executor` restarts included),
+        ``data_executors_running``, ``restarts`` (those restarts: nothing restarts an executor here
+        by itself), ``cpu_seconds``, ``executors_in_process``; no scaling (``scaling`` None,
+        ``timeline`` empty), no supervisor (``oom_restarts`` 0, no blacklist, ``error`` None)."""
+        running = sum(not e.finished() for e in self.in_process.values())
+        running += sum(proc.returncode is None and _running(proc) for proc in self.processes.values())
+        return {
+            "scaling": None,
+            "timeline": [],
+            "data_executors_launched": self._launched,
+            "data_executors_running": running,
+            "restarts": self._launched - len(self.processes) - len(self.in_process),
+            "oom_restarts": 0,
+            "blacklisted_nodes": [],
+            "error": None,
+            "cpu_seconds": round(self.cpu_seconds(), 3),
+            "executors_in_process": self.executors_in_process,
+        }
 
     def kill(self, index: int) -> None:
         """SIGKILL executor ``index`` (fault injection) and reap it."""
@@ -216,6 +250,21 @@ class DirectDataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if TYPE_CHECKING:
+
+    def _implements_data_plane(plane: DirectDataPlane) -> DataPlane:
+        return plane  # mypy checks DirectDataPlane against the protocol here
+
+
+def _running(proc: subprocess.Popen[str]) -> bool:
+    """``proc`` runs (not a zombie), asked without reaping it (:meth:`DirectDataPlane._reap` takes
+    its CPU time when it does)."""
+    try:
+        return psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _cpu_of(proc: subprocess.Popen[str]) -> float:

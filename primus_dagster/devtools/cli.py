@@ -20,7 +20,7 @@ from primus_dagster import cli, paths
 from primus_dagster.data import DirectDataPlane
 from primus_dagster.devtools import model_load
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog
-from primus_dagster.training.job import RunHooks
+from primus_dagster.training.run_state import RunHooks
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:

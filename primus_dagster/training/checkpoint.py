@@ -114,7 +114,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _manifest(directory: Path) -> dict[str, Any]:
+def manifest_of(directory: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint directory's files (sizes, sha256), which :func:`verify_checkpoint` checks."""
     return {
         "format": CHECKPOINT_FORMAT,
         "files": {
@@ -197,7 +198,7 @@ def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path
             fh.flush()
             os.fsync(fh.fileno())
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(_manifest(tmp), indent=2, sort_keys=True) + "\n")
+            fh.write(json.dumps(manifest_of(tmp), indent=2, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_dir(tmp)
@@ -273,3 +274,68 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
         phase=str(progress["phase"]),
         extra=dict(progress.get("extra") or {}),
     )
+
+
+def trainer_checkpoint(
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    *,
+    step: int,
+    samples: int,
+    samples_by_kind: dict[str, int],
+    phase: str,
+    phase_done: bool,
+    snapshot: dict[str, Any] | None,
+    versions: dict[str, Any],
+    mode: str,
+    window: list[str],
+    widths: tuple[int, int],
+    stats: dict[str, Any],
+    **extra: Any,
+) -> Checkpoint:
+    """The checkpoint of a window run at ``step`` (one trainer's or a rank group's): the fields every
+    resume reads (``phase_done``, ``samples_by_kind``, ``mode``, ``window``, the model's input ``widths``
+    as ``n_dense`` / ``n_sparse``, ``stats``) and the trainer's own ``extra``.
+
+    Example::
+
+        ck = trainer_checkpoint(*trainer.state(), step=100, samples=102_400, samples_by_kind={"batch": 102_400},
+                                phase="batch", phase_done=False, snapshot=reader.barrier(100), versions={},
+                                mode="batch", window=["2026-11-01T00:00:00+00:00", "2026-11-02T00:00:00+00:00"],
+                                widths=(13, 26), stats=trainer.stats())
+    """
+    return Checkpoint(
+        step=step,
+        samples=samples,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        data_snapshot=snapshot,
+        source_versions=versions,
+        phase=phase,
+        extra={
+            "phase_done": phase_done,
+            "samples_by_kind": dict(samples_by_kind),
+            "mode": mode,
+            "window": window,
+            "n_dense": widths[0],
+            "n_sparse": widths[1],
+            "stats": stats,
+            **extra,
+        },
+    )
+
+
+def load_weights(model: Any, optimizer: Any, checkpoint: Checkpoint, *, warm_key: str | None = None) -> None:
+    """Load ``checkpoint``'s model and optimizer state into ``model`` / ``optimizer``. ``warm_key``: the
+    checkpoint is another run's final model (a warm start) -- a model that does not fit gets an error
+    naming that run key and the likely cause."""
+    try:
+        model.load_state_dict(checkpoint.model_state)
+        optimizer.load_state_dict(checkpoint.optimizer_state)
+    except (RuntimeError, ValueError) as exc:
+        if warm_key is None:
+            raise
+        raise ValueError(
+            f"cannot warm-start from run key {warm_key!r}: its model does not fit this job's "
+            f"(was training.model or the columns changed?): {exc}"
+        ) from exc

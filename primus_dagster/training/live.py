@@ -10,7 +10,7 @@ A training partition reads closed hours; the stream cannot wait for them. An inc
    with neither, starts a fresh model from each partition's first retained offset;
 3. plans the tail of every Kafka stream source from those offsets to the current high watermarks
    (:meth:`KafkaSource.tail`: stops fixed at planning), and trains on it through the data plane with
-   :func:`~primus_dagster.training.job.train_window` (same checkpoints, same exactly-once
+   :func:`~primus_dagster.training.window.train_window` (same checkpoints, same exactly-once
    progress); the model is published to MLflow with the stops as the next increment's offsets.
 
 Increments form one chain per base: each record after the base's end is trained once in it. A
@@ -39,14 +39,10 @@ from typing import Any
 from primus_dagster.data import DataTask, KafkaSource, SourceContext, TimeWindow, make_adapter
 from primus_dagster.spec import JobSpec
 from primus_dagster.spec.sources import KafkaSourceSpec
-from primus_dagster.training.job import (
-    RUN_KIND_TAG,
-    RunHooks,
-    TrainingRequest,
-    TrainingResult,
-    train_window,
-)
-from primus_dagster.training.tracking import RUN_KEY_TAG, MlflowTracker
+from primus_dagster.training.result import TrainingResult
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
+from primus_dagster.training.tracking import RUN_KEY_TAG, RUN_KIND_TAG, MlflowTracker
+from primus_dagster.training.window import train_window
 
 log = logging.getLogger(__name__)
 

@@ -53,8 +53,8 @@ def model_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return _zero_nan(batch.dense), batch.sparse, _zero_nan(batch.label)
 
 
-_P = (1 << 31) - 1  # Mersenne prime modulus of the hash; products of 22-bit limbs and 31-bit salts fit int64
-_LIMBS = ((0, 22), (22, 22), (44, 20))  # (shift, bits): a bijection of int64 onto three non-negative limbs
+HASH_PRIME = (1 << 31) - 1  # Mersenne prime modulus of the hash; products of 22-bit limbs and 31-bit salts fit int64
+HASH_LIMBS = ((0, 22), (22, 22), (44, 20))  # (shift, bits): a bijection of int64 onto three non-negative limbs
 _MASK64 = (1 << 64) - 1
 
 
@@ -69,7 +69,7 @@ def _one_limb(ids: torch.Tensor) -> bool:
     """Every id in [0, 2^22): its limbs 1 and 2 are 0 (ids of up to 4 M values -- most vocabularies; one
     ``aminmax`` decides; the hash is the same either way, ~half the time of the 3-limb path)."""
     low, high = torch.aminmax(ids)
-    return int(low) >= 0 and int(high) < (1 << _LIMBS[0][1])
+    return int(low) >= 0 and int(high) < (1 << HASH_LIMBS[0][1])
 
 
 _HUGE_PAGE = 2 << 20
@@ -109,7 +109,7 @@ def huge_page_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 def _salt(feature: int, k: int) -> int:
     """A fixed salt in [1, P-1] for coefficient ``k`` of feature ``feature`` (no RNG involved)."""
-    return 1 + _splitmix64(feature * 8 + k) % (_P - 1)
+    return 1 + _splitmix64(feature * 8 + k) % (HASH_PRIME - 1)
 
 
 class HashedEmbedding(nn.Module):
@@ -148,10 +148,10 @@ class HashedEmbedding(nn.Module):
             h = ids * self.salts[0] + self.salts[3]  # the upper limbs are 0: the same sum, 2 ops instead of 12
         else:
             h = self.salts[3].expand_as(ids)
-            for k, (shift, bits) in enumerate(_LIMBS):
+            for k, (shift, bits) in enumerate(HASH_LIMBS):
                 limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
                 h = h + limb * self.salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
-        return torch.remainder(torch.remainder(h, _P), self.buckets)
+        return torch.remainder(torch.remainder(h, HASH_PRIME), self.buckets)
 
     def forward(self, sparse: torch.Tensor) -> torch.Tensor:
         """LongTensor [B, F] raw ids -> float [B, F * dim]."""

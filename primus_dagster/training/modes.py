@@ -7,8 +7,10 @@
 ``mixed``           one phase over both; the reader's mixture prioritisation picks
 ==================  =============================================================
 
-A phase runs its own set of data tasks through the driver; a checkpoint records the phase it
-was taken in, so a restart resumes the right phase with the driver's snapshot.
+The table is the spec's :data:`~primus_dagster.spec.MODE_PHASES`, which the one input rule
+(:mod:`primus_dagster.spec.inputs`) also reads the kinds of a mode from; this module makes its rows
+:class:`Phase` objects. A phase runs its own set of data tasks through the driver; a checkpoint
+records the phase it was taken in, so a restart resumes the right phase with the driver's snapshot.
 
 Example::
 
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from primus_dagster.data import DataTask
+from primus_dagster.spec import MODE_PHASES, mode_phases
 
 
 @dataclass(frozen=True)
@@ -38,19 +41,14 @@ class Phase:
 
 
 _PHASES: dict[str, tuple[Phase, ...]] = {
-    "batch": (Phase("batch", ("batch",)),),
-    "stream": (Phase("stream", ("stream",)),),
-    "batch_then_stream": (Phase("batch", ("batch",)), Phase("stream", ("stream",))),
-    "mixed": (Phase("mixed", ("batch", "stream")),),
+    mode: tuple(Phase(name, kinds) for name, kinds in table) for mode, table in MODE_PHASES.items()
 }
 
 
 def phases(mode: str) -> tuple[Phase, ...]:
-    """The phases of a training mode, in order."""
-    try:
-        return _PHASES[mode]
-    except KeyError:
-        raise ValueError(f"unknown training mode {mode!r}; expected one of {sorted(_PHASES)}") from None
+    """The phases of a training mode, in order (ValueError naming the modes for an unknown one)."""
+    mode_phases(mode)  # the spec's table: an unknown mode is its error
+    return _PHASES[mode]
 
 
 def phase_index(mode: str, name: str) -> int:

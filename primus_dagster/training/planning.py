@@ -1,9 +1,11 @@
 """Which tasks a training window reads, and what a run consumed (lineage).
 
-:func:`plan_training_tasks` plans a window with the DTGG planner: the stream sources over the window,
-the batch sources over the window shifted back by ``training.batch_lag``, less the batch partitions
-whose labels are not complete by the window's end. :func:`consumed_sources` describes what the
-planned tasks read, per source (MLflow dataset inputs, the asset's metadata).
+:func:`plan_training_tasks` plans a window with the DTGG planner by the one input rule of
+:mod:`primus_dagster.spec.inputs` (the one the sensors and the training asset's dependencies follow):
+the kinds the mode trains, the stream sources over the window, the batch sources over the window
+shifted back by ``training.batch_lag``, less the batch partitions whose labels are not complete by the
+window's end. :func:`consumed_sources` describes what the planned tasks read, per source (MLflow
+dataset inputs, the asset's metadata).
 
 Example::
 
@@ -19,8 +21,15 @@ from datetime import datetime
 from typing import Any
 
 from primus_dagster.data import DataTask, NotReady, Planner, SourceContext, TimeWindow, source_versions
-from primus_dagster.spec import JobSpec, granularity_step
-from primus_dagster.training.modes import phases
+from primus_dagster.spec import (
+    JobSpec,
+    Span,
+    complete_at,
+    labels_complete,
+    mode_kinds,
+    read_span,
+    training_span_fed_by,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +44,20 @@ class SourceUnavailableError(NoTrainingDataError):
 
 
 def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) -> list[NotReady]:
-    """The batch partitions among ``tasks`` whose labels are not complete by the end of ``window``:
-    a partition ``[start, end)`` of a source counts as complete at ``end + label_delay``, and the
-    memory tower learns complete labels only. One entry per (source, partition)."""
+    """The batch partitions among ``tasks`` whose labels are not complete by the end of ``window``
+    (:func:`~primus_dagster.spec.labels_complete`: a partition ``[start, end)`` of a source counts as
+    complete at ``end + label_delay``, and the memory tower learns complete labels only). One entry per
+    (source, partition)."""
     out: dict[tuple[str, datetime], NotReady] = {}
     for task in tasks:
         source = job.dataset.source(task.read.source)
-        complete_at = task.partition + granularity_step(source.granularity) + source.label_delay
-        if task.kind == "batch" and complete_at > window.end and (source.name, task.partition) not in out:
+        if not labels_complete(source, task.partition, window.end) and (source.name, task.partition) not in out:
             out[(source.name, task.partition)] = NotReady(
                 task.stream,
                 source.name,
                 task.partition,
-                f"labels complete at {complete_at.isoformat()} (label_delay {source.label_delay}), "
-                f"after the window end {window.end.isoformat()}",
+                f"labels complete at {complete_at(source, task.partition).isoformat()} "
+                f"(label_delay {source.label_delay}), after the window end {window.end.isoformat()}",
                 "waiting",
             )
     return list(out.values())
@@ -57,29 +66,31 @@ def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) ->
 def plan_training_tasks(
     job: JobSpec, context: SourceContext, window: TimeWindow, skipped: list[NotReady] | None = None
 ) -> list[DataTask]:
-    """The tasks a training window reads, in hand-out order: the stream tasks of ``window`` and the
-    batch tasks of ``window`` shifted back by ``training.batch_lag`` (handed out beside the stream
-    hours they are lagged to), less the batch partitions whose labels are not complete by the window's
-    end (:func:`label_incomplete`; counted in the log). Partitions not ready inside the window are
-    skipped with a warning and appended to ``skipped``. Raises :class:`SourceUnavailableError` when a
-    source the mode trains could not be read at all (a broker or catalog that cannot be reached: never
-    a run on part of its sources in silence), :class:`NoTrainingDataError` naming what was not ready
-    when nothing is."""
+    """The tasks a training window reads (:func:`primus_dagster.spec.training_inputs`), in hand-out
+    order: of the kinds the mode trains, the stream tasks of ``window`` and the batch tasks of ``window``
+    shifted back by ``training.batch_lag`` (handed out beside the stream hours they feed), less the
+    batch partitions whose labels are not complete by the window's end (:func:`label_incomplete`;
+    counted in the log). Partitions not ready inside the window are skipped with a warning and appended
+    to ``skipped``. Raises :class:`SourceUnavailableError` when a source the mode trains could not be
+    read at all (a broker or catalog that cannot be reached: never a run on part of its sources in
+    silence), :class:`NoTrainingDataError` naming what was not ready when nothing is."""
     lag = job.training.batch_lag
-    kinds = {k for p in phases(job.training.mode) for k in p.kinds}
+    spans: dict[Span, set[str]] = {}  # the source time the kinds of the mode read: one plan each
+    for kind in sorted(mode_kinds(job.training.mode), reverse=True):  # stream first
+        spans.setdefault(read_span(job, kind, window), set()).add(kind)
+    tasks: list[DataTask] = []
+    not_ready: list[NotReady] = []
     with Planner.for_job(job, context) as planner:
-        plan = planner.plan(window)
-        wanted = {"stream"} if lag else {"batch", "stream"}
-        tasks = [t for t in plan.tasks if t.kind in kinds & wanted]
-        not_ready = [n for n in plan.not_ready if job.dataset.source(n.source).kind in kinds & wanted]
-        if lag and "batch" in kinds:
-            batch_plan = planner.plan(TimeWindow(window.start - lag, window.end - lag))
-            not_ready += [n for n in batch_plan.not_ready if job.dataset.source(n.source).kind == "batch"]
-            tasks += [
-                replace(t, meta={**t.meta, "order_at": (t.partition + lag).isoformat()})
-                for t in batch_plan.tasks
-                if t.kind == "batch"
-            ]
+        for span, kinds in spans.items():
+            plan = planner.plan(TimeWindow(span.start, span.end))
+            not_ready += [n for n in plan.not_ready if job.dataset.source(n.source).kind in kinds]
+            for task in plan.tasks:
+                if task.kind not in kinds:
+                    continue
+                fed = training_span_fed_by(job, job.dataset.source(task.read.source), task.partition)
+                if fed.start != task.partition:  # lagged: handed out beside the training time it feeds
+                    task = replace(task, meta={**task.meta, "order_at": fed.start.isoformat()})
+                tasks.append(task)
     failed = [n for n in not_ready if n.state == "error"]
     if failed:
         first = {n.source: n.reason for n in reversed(failed)}

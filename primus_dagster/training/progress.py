@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
-__all__ = ["HEARTBEAT_S", "Heartbeat"]
+__all__ = ["HEARTBEAT_S", "Heartbeat", "progress_line"]
 
 HEARTBEAT_S = 3.0  # the run log's longest silence (plus scheduling): under the 5 s users notice
 _PACKAGE_LOGGER = "primus_dagster"
@@ -96,3 +97,12 @@ class Heartbeat:
             if now - self.last_line >= self.interval_s:
                 self.log.info("%s (%.0f s)", self.current, now - self.stage_started)
                 self.touch()  # also when the logger drops INFO lines: no busy loop
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """One line of a run's progress (what ``TrainingRequest.progress`` receives), for logs and terminals."""
+    return (
+        f"[{progress['phase']}] step {progress['step']:,}  samples {progress['samples']:,}  "
+        f"loss {progress['loss']:.4f}  train-AUC {progress['train_auc']:.4f}  "
+        f"{progress['samples_per_s']:,.0f} samples/s"
+    )

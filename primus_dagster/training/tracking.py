@@ -57,6 +57,7 @@ from primus_dagster.training.checkpoint import (
 
 __all__ = [
     "RUN_KEY_TAG",
+    "RUN_KIND_TAG",
     "MlflowTracker",
     "default_tracking_uri",
     "model_requirements",
@@ -67,6 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "primus.run_key"
+RUN_KIND_TAG = "primus.run_kind"  # "window": a planned window (a training partition); "live": a stream increment
 # The MLflow UI opens an experiment on its GenAI traces page unless it is marked as model development.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 CHECKPOINTS = "checkpoints"

@@ -132,8 +132,16 @@ def _zeros_like(param: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
-def _coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unique row ids ascending, summed rows) of a row-sparse gradient: what ``grad.coalesce()`` holds."""
+def coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unique row ids ascending, summed rows) of a row-sparse gradient: what ``grad.coalesce()`` holds,
+    bit for bit (coalesce's own sort, then an in-order segment sum), without building the coalesced
+    tensor. :class:`LazyAdam` updates these rows; the multi-trainer exchange
+    (:class:`~primus_dagster.training.distributed.RowSparseExchange`) sends them and merges the ranks'.
+
+    Example::
+
+        rows, values = coalesced_rows(table.weight.grad)    # ids ascending, values[i]: row rows[i]'s sum
+    """
     if grad.is_coalesced():
         return grad._indices()[0], grad._values()
     ids, values = grad._indices()[0], grad._values()
@@ -169,7 +177,7 @@ def _lazy_adam_rows(
     eps: float,
 ) -> None:
     """SparseAdam's update of the rows of the 2-D ``param`` that the row-sparse ``grad`` names (in place)."""
-    rows, values = _coalesced_rows(grad)
+    rows, values = coalesced_rows(grad)
     if values.numel() == 0:
         return
     # torch.optim's SparseAdam, op by op: old <- old + (1 - b) * (new - old); param += -step_size * m / (sqrt(v) + eps)
@@ -286,7 +294,7 @@ class Trainer:
 
     def backward(self, batch: Batch) -> torch.Tensor:
         """The first half of :meth:`train_step`: gradients of ``batch``'s loss, not applied yet (a
-        trainer group exchanges them in between, ``distributed.py``); the loss."""
+        trainer group exchanges them in between, ``distributed``); the loss."""
         self.module.train()
         dense, sparse, label = model_inputs(batch)
         self.optimizer.zero_grad(set_to_none=True)

@@ -13,10 +13,10 @@ from primus_dagster.training.checkpoint import (
     MANIFEST_FILE,
     Checkpoint,
     CheckpointError,
-    _manifest,
     checkpoint_name,
     checkpoint_step,
     load_checkpoint,
+    manifest_of,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -159,7 +159,7 @@ def test_missing_files_name_the_path(tmp_path: Path) -> None:
 
 def reseal(directory: Path) -> None:
     """Rewrite the manifest for the files as they are now: a checkpoint written whole with bad contents."""
-    (directory / MANIFEST_FILE).write_text(json.dumps(_manifest(directory)))
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest_of(directory)))
 
 
 def test_corrupt_files_name_the_path(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.data.sources import TimeWindow
-from primus_dagster.training.job import MissingPredecessorError, TrainingRequest, TrainingRun, load_warm_start
+from primus_dagster.training.progress import Heartbeat
+from primus_dagster.training.run_state import TrainingRequest, TrainingRun
+from primus_dagster.training.window import MissingPredecessorError, load_warm_start
 
 WINDOW = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
 
@@ -35,7 +37,7 @@ def run_for(tmp_path, monkeypatch, cold_start: str | None) -> TrainingRun:
     if cold_start is not None:
         job.automation.cold_start = cold_start
     cfg = TrainingRequest(job, tmp_path / "job.yaml", tmp_path, WINDOW, warm_start="train-test/2026-11-01")
-    return TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [])
+    return TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [], Heartbeat())
 
 
 def test_by_default_a_missing_predecessor_is_an_error(tmp_path, monkeypatch) -> None:
@@ -47,7 +49,7 @@ def test_by_default_a_missing_predecessor_is_an_error(tmp_path, monkeypatch) -> 
 def test_allow_starts_fresh_loudly(tmp_path, monkeypatch, caplog) -> None:
     run = run_for(tmp_path, monkeypatch, "allow")
     tracker = NoModelTracker()
-    with caplog.at_level(logging.WARNING, logger="primus_dagster.training.job"):
+    with caplog.at_level(logging.WARNING, logger="primus_dagster.training.window"):
         source, why = load_warm_start(tracker, run)
     assert source is None and why == "no finished run 'train-test/2026-11-01' with a checkpoint to warm-start from"
     assert tracker.tags == {"primus.cold_start": why}

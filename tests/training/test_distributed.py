@@ -1,10 +1,12 @@
-"""Trainer groups (``primus_dagster.training.distributed``): gloo ranks, each with its own RemoteReader.
+"""Trainer groups (``primus_dagster.training.distributed``; started by ``rankkit``): gloo ranks, each
+with its own RemoteReader.
 
 Over a data plane: 2 ranks train every sample of the window exactly once between them and end with
 identical parameters; a group of 1 works; a rank that never gets a batch still takes part. In memory:
 both exchanges (row-sparse over the peer sockets or gloo, DDP's dense all-reduce) average each tower's
 gradient over the ranks that trained it and keep the replicas identical; after one round they agree; a
-failing rank is named. The peer mesh gathers messages of any length, and names a peer that left.
+failing rank is named (``ddp_dense``: the benchmarks' baseline, ``bench/_ddp.py``). The peer mesh
+gathers messages of any length, and names a peer that left. Rank processes are stopped whatever they do.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import functools
 import operator
 import os
 import pickle
+import signal
+import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -24,13 +28,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from jobkit import expected_ids, make_job
+from rankkit import run_ddp, run_ddp_in_memory
 
 from primus_dagster.data import Batch
 from primus_dagster.data.direct_plane import DirectDataPlane
 from primus_dagster.data.graph import Planner
 from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.distributed import PeerMesh, params_checksum, run_ddp, run_ddp_in_memory, serve_rank
+from primus_dagster.training.distributed import PeerMesh, RankProcesses, params_checksum, serve_rank
 from primus_dagster.training.models import build_model
 from primus_dagster.training.trainer import RecOptimizer
 
@@ -250,3 +255,21 @@ def test_the_peer_mesh_gathers_messages_of_any_length_and_names_a_peer_that_left
     for rank, (_, status, (names, error)) in results.items():
         assert status == "ok" and names == ["PeerMesh", "GlooBytes"]
         assert error.startswith(f"rank {rank}: rank 2 is gone (it failed or exited)"), error
+
+
+def _stubborn_rank(rank: int, init: str, out: object) -> None:
+    """Exits at once with code 3 (rank 0) or ignores SIGTERM (rank 1)."""
+    if rank == 0:
+        os._exit(3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out.put((rank, "ready", None))  # type: ignore[attr-defined]
+    time.sleep(600)
+
+
+def test_rank_processes_are_stopped_whatever_they_do() -> None:
+    """A rank that ignores SIGTERM is killed; exit codes by rank; the context manager stops them."""
+    with RankProcesses(_stubborn_rank, 2, name="stubborn") as ranks:
+        assert ranks.out.get(timeout=120) == (1, "ready", None)
+        assert ranks.join(30, [0]) and ranks.exit_codes()[0] == 3 and ranks.alive() == [1]
+        ranks.stop(grace_s=0.5)
+        assert ranks.exit_codes() == [3, -signal.SIGKILL] and ranks.alive() == []

@@ -26,8 +26,9 @@ from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog, read_trained_sample_ids
 from primus_dagster.training.checkpoint import checkpoint_files, checkpoint_name
-from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
 from primus_dagster.training.tracking import MlflowTracker, use_tracking_uri
+from primus_dagster.training.window import train_window
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.spec import load_job_spec
-from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
+from primus_dagster.training.window import train_window
 
 pytestmark = pytest.mark.integration
 

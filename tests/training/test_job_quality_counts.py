@@ -16,7 +16,8 @@ import pytest
 from jobkit import make_job
 
 from primus_dagster.data import Batch
-from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
+from primus_dagster.training.window import train_window
 
 pytestmark = pytest.mark.integration
 

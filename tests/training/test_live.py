@@ -19,7 +19,6 @@ from primus_dagster import cli
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
 from primus_dagster.training.live import (
     LiveIncrement,
     NotLiveError,
@@ -28,7 +27,9 @@ from primus_dagster.training.live import (
     live_sources,
     run_live_increment,
 )
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
 from primus_dagster.training.tracking import MlflowTracker
+from primus_dagster.training.window import train_window
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 

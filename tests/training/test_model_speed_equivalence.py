@@ -12,16 +12,23 @@ from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
-from primus_dagster.training.models import _LIMBS, _P, HashedEmbedding, build_model, huge_page_copy, huge_page_zeros
-from primus_dagster.training.trainer import LazyAdam, Trainer, _coalesced_rows
+from primus_dagster.training.models import (
+    HASH_LIMBS,
+    HASH_PRIME,
+    HashedEmbedding,
+    build_model,
+    huge_page_copy,
+    huge_page_zeros,
+)
+from primus_dagster.training.trainer import LazyAdam, Trainer, coalesced_rows
 
 
 def three_limb_buckets(emb: HashedEmbedding, sparse: torch.Tensor) -> torch.Tensor:
     """The hash as documented, limb by limb (the path every id took before the fast path)."""
     h = emb.salts[3].expand_as(sparse)
-    for k, (shift, bits) in enumerate(_LIMBS):
+    for k, (shift, bits) in enumerate(HASH_LIMBS):
         h = h + torch.bitwise_and(sparse >> shift, (1 << bits) - 1) * emb.salts[k]
-    return torch.remainder(torch.remainder(h, _P), emb.buckets)
+    return torch.remainder(torch.remainder(h, HASH_PRIME), emb.buckets)
 
 
 @pytest.mark.parametrize(
@@ -132,12 +139,12 @@ def test_trainer_steps_equal_those_with_torch_sparse_adam(model_type: str) -> No
 
 
 @pytest.mark.parametrize("nnz", [1, 200, 5000, 53_248])  # small sorts and the large (radix) one
-def test_coalesced_rows_equal_coalesce(nnz: int) -> None:
+def testcoalesced_rows_equal_coalesce(nnz: int) -> None:
     g = torch.Generator().manual_seed(nnz)
     ids = torch.randint(0, max(2, nnz // 3), (nnz,), generator=g)
     values = torch.randn(nnz, 16, generator=g) ** 3
     grad = torch.sparse_coo_tensor(ids.unsqueeze(0), values, (max(2, nnz // 3), 16), check_invariants=True)
-    rows, summed = _coalesced_rows(grad)
+    rows, summed = coalesced_rows(grad)
     reference = grad.coalesce()
     assert torch.equal(rows, reference._indices()[0])
     assert torch.equal(summed.view(torch.int32), reference._values().view(torch.int32))

@@ -1,4 +1,4 @@
-"""Training jobs with ``pools.training.replicas: 2`` (``primus_dagster.training.multi_trainer``).
+"""Training jobs with ``pools.training.replicas: 2`` (``primus_dagster.training.rank_group``).
 
 Through ``train_window``: every sample trained exactly once across the ranks (the multiset of
 sample ids the ranks hand to ``on_batch``), checkpoints in MLflow, identical replicas. SIGKILL of the
@@ -29,8 +29,9 @@ from jobkit import dev_train_command, expected_ids, make_job
 
 from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
 from primus_dagster.spec import load_job_spec
-from primus_dagster.training.job import RunHooks, TrainingRequest, train_window
-from primus_dagster.training.multi_trainer import RankFailedError
+from primus_dagster.training.rank_group import RankFailedError
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
+from primus_dagster.training.window import train_window
 
 pytestmark = pytest.mark.integration
 
@@ -145,15 +146,13 @@ def _children() -> set[int]:
 
 
 def test_a_failing_rank_fails_the_job_with_its_error_and_leaves_no_process(tmp_path: Path) -> None:
-    from primus_dagster.training.multi_trainer import run_multi_trainer_job
-
     env = _two_trainers(
         make_job(tmp_path, mode="mixed", model="single", every=4, hours=1), "replicas: 2, restart: never"
     )
     before = _children()
     cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
     with pytest.raises(RankFailedError, match=r"trainer rank 1 failed[\s\S]*injected failure of rank 1 at round 3"):
-        run_multi_trainer_job(cfg, rank_hook=functools.partial(fail_at, 1, 3, None))
+        train_window(cfg, RunHooks(rank_hook=functools.partial(fail_at, 1, 3, None)))
     deadline = time.monotonic() + 10
     while _children() - before and time.monotonic() < deadline:
         time.sleep(0.2)  # reaped processes may take a moment to disappear
@@ -165,17 +164,17 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_leaves_no_process(tmp_p
 
 
 def test_restart_on_failure_continues_the_group_from_its_checkpoint(tmp_path: Path) -> None:
-    from primus_dagster.training.multi_trainer import run_multi_trainer_job
-
     env = _two_trainers(
         make_job(tmp_path, mode="mixed", model="single", every=3, hours=1), "replicas: 2, max_restarts: 1"
     )
     trained: Counter = Counter()
     cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
-    result = run_multi_trainer_job(
+    result = train_window(
         cfg,
-        RunHooks(on_batch=lambda step, batch: trained.update(batch.sample_id.tolist())),
-        rank_hook=functools.partial(fail_at, 0, 5, str(tmp_path / "failed-once")),
+        RunHooks(
+            on_batch=lambda step, batch: trained.update(batch.sample_id.tolist()),
+            rank_hook=functools.partial(fail_at, 0, 5, str(tmp_path / "failed-once")),
+        ),
     )
     expected = expected_ids(env)
     assert (tmp_path / "failed-once").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from primus_dagster.training.job import _log_pool_timeline
+from primus_dagster.training.window import log_pool_timeline
 
 
 class _Points:
@@ -46,7 +46,7 @@ def test_timeline_points_become_metrics_with_steps_in_seconds_since_the_run_star
             "decision": "scale_in,resize",
         },
     ]
-    _log_pool_timeline(SimpleNamespace(tracker=tracker), timeline, offset_s=10.0)
+    log_pool_timeline(SimpleNamespace(tracker=tracker), timeline, offset_s=10.0)
     by_name: dict[str, list[tuple[int, float]]] = {}
     for name, value, step in tracker.points:
         by_name.setdefault(name, []).append((step, value))

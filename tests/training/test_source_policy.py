@@ -16,8 +16,9 @@ from jobkit import make_job
 from primus_dagster.data import TimeWindow
 from primus_dagster.ports import free_port
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.job import TrainingRequest, train_window
 from primus_dagster.training.planning import SourceUnavailableError
+from primus_dagster.training.run_state import TrainingRequest
+from primus_dagster.training.window import train_window
 
 
 def test_an_unreachable_stream_source_fails_the_run_naming_it(tmp_path: Path) -> None:

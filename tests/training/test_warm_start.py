@@ -12,8 +12,10 @@ from jobkit import make_job
 from primus_dagster.data.sources import TimeWindow
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.checkpoint import Checkpoint
-from primus_dagster.training.job import TrainingRequest, TrainingRun
 from primus_dagster.training.models import build_model
+from primus_dagster.training.progress import Heartbeat
+from primus_dagster.training.run_state import RunHooks, TrainingRequest, TrainingRun
+from primus_dagster.training.single_trainer import SingleTrainer
 
 
 def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monkeypatch) -> None:
@@ -21,11 +23,14 @@ def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monke
     env = make_job(tmp_path, hours=0)
     window = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
     cfg = TrainingRequest(env["job"], env["job_path"], tmp_path, window, warm_start="train-test/2026-11-01")
-    run = TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [])  # a tracker stand-in: no MLflow needed
+    # a tracker stand-in: no MLflow needed
+    run = TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [], Heartbeat())
     other = build_model(ModelSpec(type="mtrm", embedding_dim=4, hash_buckets=64), n_dense=3, n_sparse=2)
     run.warm = Checkpoint(step=7, samples=70, model_state=other.state_dict(), optimizer_state={})
+    trainer = SingleTrainer(RunHooks())
+    trainer.begin(run, resume=None)
     with pytest.raises(ValueError, match="cannot warm-start from run key 'train-test/2026-11-01'"):
-        run.ensure_trainer(n_dense=5, n_sparse=3)
+        trainer.build(run, n_dense=5, n_sparse=3)
 
 
 def test_a_window_without_ready_data_is_a_clear_error(tmp_path) -> None:

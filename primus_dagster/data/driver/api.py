@@ -70,4 +70,4 @@ class DriverAPI(Protocol):
         """Live executors (heartbeat within the lease time) and their last reports."""
 
     def status(self) -> dict[str, Any]:
-        """Counts per state, failed-task report, whether all tasks are done, whether the job failed."""
+        """Counts per state, failed-task report, whether all tasks are done, whether the task set failed."""

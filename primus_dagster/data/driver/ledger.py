@@ -1,6 +1,6 @@
 """Compact per-task sets of batch ``first_row`` ints (the claim and consumed ledgers).
 
-A driver of a ~4 M task job keeps two ledgers; most tasks have a handful of batches whose
+A driver of a run's ~4 M tasks keeps two ledgers; most tasks have a handful of batches whose
 ``first_row`` values arrive in increasing order. :class:`RowSet` stores them as a sorted
 ``array('q')`` (8 bytes per batch, no per-int Python objects), inserts with ``bisect``
 (appending at the end in the common in-order case) and is only allocated for tasks that

@@ -83,7 +83,7 @@ def _api(method: Callable[Concatenate[DataDriver, P], R]) -> Callable[Concatenat
 
 
 class DataDriver:
-    """The task table and ledgers of one data job (states and guarantees: ``docs/data_plane.md``).
+    """The task table and ledgers of one run's tasks (states and guarantees: ``docs/data_plane.md``).
 
     Example::
 
@@ -126,7 +126,7 @@ class DataDriver:
         self._clock = clock
         self._lock = threading.RLock()
         self._tasks: dict[str, TaskRecord] = {}
-        self._planned = False  # tasks were added (possibly none): from then on an empty job is done
+        self._planned = False  # tasks were added (possibly none): from then on an empty task set is done
         self._counts = dict.fromkeys(STATES, 0)
         self._busy_by_kind: dict[str, int] = {}  # new + pending + running tasks per kind (batch / stream)
         self._running_by_kind: dict[str, int] = {}
@@ -273,7 +273,7 @@ class DataDriver:
         """Up to ``max_tasks`` tasks in chronological order, now running for ``executor_id``."""
         report = self._executors.get(executor_id, (ExecutorReport(executor_id, ""), 0.0))[0]
         self._executors[executor_id] = (report, self._clock())  # seen (alive) now
-        if self._job_failed():
+        if self._tasks_failed():
             return []
         out: list[Lease] = []
         deadline = self._clock() + self.lease_s
@@ -326,7 +326,7 @@ class DataDriver:
                 cancel.append(task_id)
             elif rec.owner == report.executor_id:
                 rec.deadline = deadline  # the heap entry is moved lazily by _expire_locked
-        return {"cancel": cancel, "done": self._done(), "failed": self._job_failed(), "deadline": deadline}
+        return {"cancel": cancel, "done": self._done(), "failed": self._tasks_failed(), "deadline": deadline}
 
     @_api
     def complete(
@@ -547,12 +547,12 @@ class DataDriver:
         return cls.restore(read_snapshot(path), **kwargs)
 
     # -- status -----------------------------------------------------------------------------
-    def _job_failed(self) -> bool:
+    def _tasks_failed(self) -> bool:
         total = len(self._tasks)
         return self._aborted is not None or (total > 0 and len(self._failed_ids) / total > self.failed_task_threshold)
 
     def abort(self, reason: str) -> None:
-        """Fail the job from outside (an executor out of restarts, a cancelled run): from now on the
+        """Fail the run's tasks from outside (an executor out of restarts, a cancelled run): from now on the
         status says failed, executors stop leasing and readers end; :meth:`raise_if_failed` raises
         :class:`DataAbortedError` with ``reason``."""
         with self._lock:
@@ -561,7 +561,7 @@ class DataDriver:
 
     def _done(self) -> bool:
         busy = self._counts[NEW] + self._counts[PENDING] + self._counts[RUNNING]
-        return self._planned and busy == 0 and not self._job_failed()
+        return self._planned and busy == 0 and not self._tasks_failed()
 
     def failure_report(self, limit: int | None = None) -> list[dict[str, Any]]:
         """One row per failed task (the first ``limit``): ``{"task_id", "uri", "attempts", "failures", "error"}``."""
@@ -580,7 +580,7 @@ class DataDriver:
             "counts": dict(self._counts),
             "total": len(self._tasks),
             "done": self._done(),
-            "failed": self._job_failed(),
+            "failed": self._tasks_failed(),
             "aborted": self._aborted,
             "failed_tasks": self.failure_report(100),
             **self._stats,
@@ -666,11 +666,12 @@ class DataDriver:
             return self._serving_rows_locked()
 
     def raise_if_failed(self) -> None:
-        """Raise :class:`DataFailedError` (with the failed-task report) when the job failed."""
+        """Raise :class:`DataFailedError` (with the failed-task report) when the task set failed
+        (more than ``failed_task_threshold`` of it), :class:`DataAbortedError` when it was aborted."""
         with self._lock:
             if self._aborted is not None:
                 raise DataAbortedError(self._aborted)
-            if self._job_failed():
+            if self._tasks_failed():
                 raise DataFailedError(self.failure_report(), len(self._tasks), self.failed_task_threshold)
 
     def task_info(self, task_id: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The driver's per-task record, task states, the job failure error and snapshot entries.
+"""The driver's per-task record, task states, the failure errors of the task set and snapshot entries.
 
 Kept apart from :mod:`.state` so the state machine reads on its own; nothing here does I/O.
 """
@@ -16,11 +16,11 @@ SNAPSHOT_FORMAT = "primus-data-driver/1"
 
 
 class DataAbortedError(RuntimeError):
-    """The job was failed from outside the task table (:meth:`DataDriver.abort`): the reason says why."""
+    """The run's tasks were failed from outside the task table (:meth:`DataDriver.abort`): the reason says why."""
 
 
 class DataFailedError(RuntimeError):
-    """More than ``failed_task_threshold`` of the tasks failed; ``report`` lists each failed task.
+    """More than ``failed_task_threshold`` of the run's tasks failed; ``report`` lists each failed task.
 
     Example::
 
@@ -43,8 +43,7 @@ class DataFailedError(RuntimeError):
         if len(report) > 20:
             lines.append(f"... and {len(report) - 20} more")
         super().__init__(
-            f"data job failed: {len(report)} of {total} tasks failed "
-            f"(threshold {threshold:.2%}):\n  " + "\n  ".join(lines)
+            f"data failed: {len(report)} of {total} tasks failed (threshold {threshold:.2%}):\n  " + "\n  ".join(lines)
         )
 
 

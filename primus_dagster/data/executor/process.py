@@ -10,7 +10,7 @@ Once its dataset server listens, the process prints one line to stdout::
 
     PRIMUS_EXECUTOR_READY {"executor_id": "data-0", "address": "grpc://127.0.0.1:PORT"}
 
-It exits 0 when the driver says the job is done and its buffers are drained, or after SIGTERM
+It exits 0 when the driver says the run's tasks are done and its buffers are drained, or after SIGTERM
 (serving what is buffered for up to ``--drain-s``); 1 when the driver stayed unreachable.
 Pass the token through the environment (``PRIMUS_DATA_TOKEN``) to keep it out of ``ps``.
 

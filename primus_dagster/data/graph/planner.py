@@ -42,6 +42,7 @@ from primus_dagster.data.sources.base import SourceAdapter, SourceContext, TimeW
 from primus_dagster.data.sources.registry import make_adapter
 from primus_dagster.data.tasks import JoinInfo
 from primus_dagster.spec.dataset import DatasetSpec, granularity_step
+from primus_dagster.spec.inputs import clip_to_dataset
 from primus_dagster.spec.sources import SourceSpec
 
 AdapterFactory = Callable[[SourceSpec, SourceContext], SourceAdapter]
@@ -64,10 +65,10 @@ class _Listed:
 
 
 def clip_window(dataset: DatasetSpec, window: TimeWindow) -> TimeWindow | None:
-    """``window`` intersected with the dataset's ``[start, end)``; None when they do not meet."""
-    start = max(window.start, dataset.start)
-    end = window.end if dataset.end is None else min(window.end, dataset.end)
-    return TimeWindow(start, end) if end > start else None
+    """``window`` intersected with the dataset's ``[start, end)`` (:func:`primus_dagster.spec.clip_to_dataset`);
+    None when they do not meet."""
+    clipped = clip_to_dataset(dataset, window)
+    return None if clipped is None else TimeWindow(clipped.start, clipped.end)
 
 
 class Planner:

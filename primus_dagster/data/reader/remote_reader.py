@@ -6,7 +6,7 @@ A :class:`RemoteReader` runs one thread per data executor, each doing ``DoGet`` 
 an executor died), then queued as a :class:`~primus_dagster.data.batch.Batch` by its kind
 (``batch`` or ``stream``); its tensors are views over the received Arrow buffers. :meth:`RemoteReader.next_batch` pops the queue a pluggable ``choose_queue`` picks
 (the mixture prioritisation plugs in there). The reader ends when every executor stream ended
-(and, when executors are discovered through the driver, the driver says the job is done) and its
+(and, when executors are discovered through the driver, the driver says the run's tasks are done) and its
 queues are empty.
 
 Executors in this very process (``feeds``: :class:`~primus_dagster.data.executor.DataExecutor`
@@ -183,7 +183,7 @@ class RemoteReader:
 
     def _retry(self, location: str, attempts: int) -> bool:
         """Reconnect to a failed stream? Static list: up to ``max_retries``; discovered: while the
-        driver still lists the executor and the job is not done (then every batch was handed out)."""
+        driver still lists the executor and the run's tasks are not done (then every batch was handed out)."""
         if self._static:
             return attempts <= self.max_retries
         return not self._discovery_done and location in self._listed

@@ -110,7 +110,7 @@ def sweep_stale(root: str | Path) -> list[str]:
 def sweep_dead_executors() -> list[str]:
     """Remove the shared-memory directories of executors that died without cleaning up (SIGKILL, OOM
     kill) under this process's shared-memory root; a plane calls it when it closes, so that a killed
-    executor's slots do not outlive the job. Live executors' directories stay (their lock is held)."""
+    executor's slots do not outlive the run. Live executors' directories stay (their lock is held)."""
     root = shm_root()
     return sweep_stale(root) if root is not None else []
 

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from primus_dagster.data.canonical import Normalizer
 from primus_dagster.spec.dataset import granularity_step
+from primus_dagster.spec.inputs import partition_starts
 from primus_dagster.spec.sources import SourceSpec
 
 
@@ -64,16 +65,9 @@ class TimeWindow:
         return cls(start, _utc(start) + timedelta(hours=hours))
 
     def partition_starts(self, granularity: str) -> list[datetime]:
-        """Starts of the ``hour``/``day`` partitions overlapping the window, in order."""
-        step = granularity_step(granularity)
-        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
-        first = epoch + ((self.start - epoch) // step) * step
-        out = []
-        current = first
-        while current < self.end:
-            out.append(current)
-            current += step
-        return out
+        """Starts of the ``hour``/``day`` partitions overlapping the window, in order
+        (:func:`primus_dagster.spec.partition_starts`)."""
+        return partition_starts(self, granularity)
 
     def __str__(self) -> str:
         return f"[{self.start:%Y-%m-%dT%H:%M}Z, {self.end:%Y-%m-%dT%H:%M}Z)"

@@ -11,6 +11,7 @@ import itertools
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -26,7 +27,6 @@ from primus_dagster.data.sources.base import (
 from primus_dagster.data.sources.iceberg import (
     IcebergSource,
     IcebergTableNotFoundError,
-    _rebatch,
     load_catalog_for,
 )
 from primus_dagster.spec.sources import IcebergSourceSpec
@@ -206,8 +206,20 @@ def test_corrupt_file_fails_alone_and_names_the_file(hourly) -> None:
     assert_corrupt_file_fails_alone(source, source.partition(T0), written[0])
 
 
-def test_rebatch_cuts_exact_sizes() -> None:
-    batches = [pa.record_batch({"x": pa.array(range(a, b))}) for a, b in [(0, 3), (3, 3), (3, 10), (10, 14)]]
-    out = list(_rebatch(batches, 4))
-    assert [b.num_rows for b in out] == [4, 4, 4, 2]
-    assert pa.Table.from_batches(out).column("x").to_pylist() == list(range(14))
+def test_read_recuts_filtered_batches_to_exact_sizes(tmp_path: Path) -> None:
+    """An hourly source over a daily table keeps a few rows of each batch it reads from the file (the
+    rows of the hours are shuffled through it): ``read`` joins them into batches of exactly
+    ``batch_rows``, the last one shorter."""
+    spec, ctx = make_spec(table="primus.recut", batch_rows=16), SourceContext(data_root=str(tmp_path))
+    table = create_table(spec, ctx, DayTransform())
+    rows = native_rows(T0, 400, 0, span_s=4 * 3600)
+    rows = rows.take(np.random.default_rng(7).permutation(rows.num_rows))
+    commit(table, [rows])
+    source = IcebergSource(spec, ctx)
+    hour = T0 + timedelta(hours=2)
+    batches = [b for t in source.split(source.partition(hour)) for b in source.read(t)]
+    mask = [hour <= t < hour + timedelta(hours=1) for t in rows.column("event_time").to_pylist()]
+    expected = rows.filter(pa.array(mask))
+    full, rest = divmod(expected.num_rows, 16)
+    assert full >= 3 and [b.num_rows for b in batches] == [16] * full + ([rest] if rest else [])
+    assert_same_rows(pa.Table.from_batches(batches), expected)

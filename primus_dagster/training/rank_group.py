@@ -1,14 +1,9 @@
-"""The training job with N trainers: ``pools.training.replicas: N > 1`` (``train_window`` dispatches here).
+"""A rank group: the :class:`~primus_dagster.training.window.PhaseTrainer` of a job with
+``pools.training.replicas: N > 1`` -- each phase trained by N rank processes in lock-step rounds.
 
-Same job as :mod:`~primus_dagster.training.job` -- plan, MLflow run (started or resumed by run key),
-the phases of the mode, checkpoints, next-hour evaluation, the logged model -- with the training of
-each phase done by a group of N rank processes (``spawn``, gloo on loopback; ``distributed.py``):
-
-* **Data.** One data plane per phase, the same :class:`PooledDataPlane` (or ``hooks.data_plane``) as
-  one trainer's, made with ``trainers=N`` on a driver made for N (``DataDriver.for_job(data,
-  trainers=N)``, or restored from the checkpoint's snapshot); rank ``r`` reads trainer ``r``'s
-  batches with its own :class:`RemoteReader` over Flight. ``data.shuffle`` decides, in the data
-  executors, which trainer gets a batch, as it does for any group of trainers.
+* **Data.** The phase's data plane is made with ``trainers=N`` on a driver made for N; rank ``r``
+  reads trainer ``r``'s batches with its own :class:`RemoteReader` over Flight. ``data.shuffle``
+  decides, in the data executors, which trainer gets a batch, as it does for any group of trainers.
 * **Rounds.** The ranks step in lock-step rounds (:class:`~primus_dagster.training.distributed.RankLoop`)
   with the row-sparse gradient exchange; ``step`` is the round count, the same on every rank.
 * **Checkpoints.** Once ``checkpoint_every_steps`` rounds have passed, the ranks stop pulling and
@@ -18,30 +13,25 @@ each phase done by a group of N rank processes (``spawn``, gloo on loopback; ``d
   saves model + optimizer (identical on every rank) + the barrier snapshot + the counters of every
   rank; the parent logs it to MLflow. So a checkpoint covers whole reader batches of every rank.
   Also at the end of each phase.
-* **Resume.** A run key whose run did not finish resumes from its latest checkpoint: every rank loads
-  the same file (model, Adam state, its own counters), the driver restored from the snapshot serves
-  exactly the batches the checkpoint had not seen. ``warm_start`` loads a finished run's weights.
-* **The parent** (``primus-dagster train`` or the training asset's step) runs the plane, spawns the
-  ranks, forwards their trained reader batches to ``hooks.on_batch`` (a checkpoint is logged only
-  after every rank's batches up to it were handed over), logs progress and checkpoints, and at the
-  end evaluates rank 0's model on the next hours and logs it with ``mlflow.pytorch``.
-* **What it tells.** The same run log as one trainer's (:class:`~primus_dagster.training.progress.Heartbeat`
-  stage lines: planning, tasks planned, the MLflow run, inputs, executors and ranks starting, first
-  progress, checkpoints, evaluation, the model; a heartbeat when a stage is silent), the consumed
-  sources as MLflow dataset inputs (``log_source_inputs``) and each phase's data-quality counts
-  (``job._record_quality``: result, metadata, MLflow metrics ``data_quality.<source>.<rule>``).
+* **Resume.** Every rank loads the run's latest checkpoint (model, Adam state, its own counters); the
+  driver restored from its snapshot serves exactly the batches it had not seen. A warm start loads a
+  finished run's weights.
+* **The parent** (this process) spawns the ranks (:mod:`~primus_dagster.training.distributed.launch`),
+  forwards their trained reader batches to ``hooks.on_batch`` (a checkpoint is logged only after
+  every rank's batches up to it were handed over), logs progress and checkpoints; the window skeleton
+  evaluates and logs the final checkpoint's model.
 * **Pool keys.** ``pools.training.cpu``: ``ceil(cpu)`` torch threads per rank, pinned to as many
   cores of their own when the machine has ``N * ceil(cpu)`` (else unpinned); ``memory``: a rank
-  whose RSS exceeds it is killed (the group fails, see restart); ``restart: on_failure`` with
-  ``max_restarts``: a failed group starts again from the latest checkpoint (its trained batches
-  after that checkpoint are trained again -- an audit log through ``on_batch`` shows them twice),
-  ``never``: the first failure fails the job. A failed rank fails the job with its traceback; every
-  rank process is stopped (terminate, then kill) and the data plane closed, whatever happened.
+  whose RSS exceeds it is killed (the group fails); ``restart: on_failure`` with ``max_restarts``: the
+  skeleton starts a failed group again from the latest checkpoint (its trained batches after that
+  checkpoint are trained again -- an audit log through ``on_batch`` shows them twice), ``never``: the
+  first failure fails the job. A failed rank fails the job with its traceback; every rank process is
+  stopped (terminate, then kill) and the data plane closed, whatever happened.
 
 Example::
 
     job = load_job_spec("job.yaml")          # pools: {training: {replicas: 2}}
-    result = train_window(TrainingRequest(job, "job.yaml", "/data", window))   # -> run_multi_trainer_job
+    result = train_window(TrainingRequest(job, "job.yaml", "/data", window))   # trains with a RankGroup
     result.stats["trainers"], [r["params_checksum"] for r in result.stats["ranks"]]
 """
 
@@ -51,10 +41,8 @@ import logging
 import math
 import os
 import queue as queue_mod
-import secrets
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,44 +50,34 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from primus_dagster.cluster.backends import data_plane_starter
 from primus_dagster.cluster.pool import memory_bytes
-from primus_dagster.data import DriverClient, NotReady, RemoteReader, SourceContext
-from primus_dagster.ports import free_port
+from primus_dagster.data import DataPlane, DriverClient, RemoteReader
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.checkpoint import Checkpoint, checkpoint_name, load_checkpoint, save_checkpoint
-from primus_dagster.training.distributed import RankLoop, params_checksum, pin_cores, serve_rank
-from primus_dagster.training.job import (
-    RUN_KIND_TAG,
-    RunHooks,
-    TrainingRequest,
-    TrainingResult,
-    TrainingRun,
-    _record_quality,
-    driver_for,
-    evaluate_and_log,
-    load_resume,
-    load_warm_start,
-    run_params,
-    training_result,
+from primus_dagster.training.checkpoint import (
+    Checkpoint,
+    checkpoint_name,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    trainer_checkpoint,
 )
-from primus_dagster.training.models import build_model
-from primus_dagster.training.modes import Phase, phase_index, phase_tasks, phases
-from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
-from primus_dagster.training.priority import LoadingPriority, MixturePriority
-from primus_dagster.training.progress import Heartbeat
-from primus_dagster.training.tracking import MlflowTracker
+from primus_dagster.training.distributed import (
+    RankLoop,
+    RankProcesses,
+    first_failure,
+    params_checksum,
+    pin_cores,
+    serve_rank,
+)
+from primus_dagster.training.models import RecModel, build_model
+from primus_dagster.training.modes import Phase
+from primus_dagster.training.planning import NoTrainingDataError
+from primus_dagster.training.priority import MixturePriority
+from primus_dagster.training.run_state import RankHook, RunHooks, TrainingRun
 from primus_dagster.training.trainer import Trainer, TrainerStats
 
 log = logging.getLogger(__name__)
-
-RankHook = Callable[[int, int], None]
-"""``(rank, round)``, called in every rank process before each round (fault injection, audits);
-module-level functions only: it is pickled into the spawned ranks."""
-
-_COUNTERS = ("steps", "samples", "samples_batch", "samples_stream", "null_steps")
 
 
 class RankFailedError(RuntimeError):
@@ -156,16 +134,8 @@ class _Rank:
         init = self.init
         if init is None:
             return
-        try:
-            trainer.model.load_state_dict(init.model_state)
-            trainer.optimizer.load_state_dict(init.optimizer_state)
-        except (RuntimeError, ValueError) as exc:
-            if self.plan.init_kind == "warm":
-                raise ValueError(
-                    f"cannot warm-start from run key {self.plan.warm_key!r}: its model does not fit this "
-                    f"job's (was training.model or the columns changed?): {exc}"
-                ) from exc
-            raise
+        warm_key = self.plan.warm_key if self.plan.init_kind == "warm" else None
+        load_weights(trainer.model, trainer.optimizer, init, warm_key=warm_key)
         if self.plan.init_kind == "resume":
             ranks = init.extra.get("ranks")
             if ranks is None:  # a checkpoint of one trainer: its counters are rank 0's
@@ -220,7 +190,6 @@ class _Rank:
         ]
         total = _summed(ranks)
         trainer = loop.trainer
-        model_state, optimizer_state = trainer.state()
         stats = {
             "step": rounds,
             "samples": total["samples"],
@@ -229,25 +198,21 @@ class _Rank:
             "trainer_steps": total["steps"],
             "trainers": self.plan.world_size,
         }
-        ck = Checkpoint(
+        ck = trainer_checkpoint(
+            *trainer.state(),
             step=rounds,
             samples=total["samples"],
-            model_state=model_state,
-            optimizer_state=optimizer_state,
-            data_snapshot=snapshot,
-            source_versions=self.plan.versions,
+            samples_by_kind=total["samples_by_kind"],
             phase=self.plan.phase,
-            extra={
-                "phase_done": phase_done,
-                "samples_by_kind": total["samples_by_kind"],
-                "mode": self.spec.mode,
-                "window": self.plan.window,
-                "n_dense": trainer.model.n_dense,
-                "n_sparse": trainer.model.n_sparse,
-                "trainers": self.plan.world_size,
-                "ranks": ranks,
-                "stats": stats,
-            },
+            phase_done=phase_done,
+            snapshot=snapshot,
+            versions=self.plan.versions,
+            mode=self.spec.mode,
+            window=self.plan.window,
+            widths=(trainer.model.n_dense, trainer.model.n_sparse),
+            stats=stats,
+            trainers=self.plan.world_size,
+            ranks=ranks,
         )
         directory = save_checkpoint(ck, Path(self.plan.checkpoint_dir) / checkpoint_name(rounds))
         info = {"step": rounds, "path": str(directory), "phase": self.plan.phase, "phase_done": phase_done}
@@ -298,8 +263,8 @@ def _summed(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def rank_main(rank: int, init_method: str, plan: RankPlan, out: Any) -> None:
-    """One rank process of a phase's group (the target :func:`run_multi_trainer_job` spawns)."""
+def rank_main(rank: int, init_method: str, out: Any, plan: RankPlan) -> None:
+    """One rank process of a phase's group (the target :class:`RankGroup` spawns)."""
     pin_cores(plan.cores[rank])
 
     def body() -> dict[str, Any]:
@@ -318,27 +283,13 @@ def rank_main(rank: int, init_method: str, plan: RankPlan, out: Any) -> None:
     serve_rank(rank, plan.world_size, init_method, plan.threads, out, body, timeout_s=plan.collective_timeout_s)
 
 
-@dataclass
-class _JobState:
-    """The parent's view of the job across phases and group restarts."""
-
-    init_path: Path | None = None
-    init_kind: str | None = None
-    latest: dict[str, Any] | None = None  # the last logged checkpoint's message (step, path, phase_done, stats)
-    ranks: list[dict[str, Any]] = field(default_factory=list)  # the last group's rank results
-    trained: int = 0  # samples trained by this process's groups
-    train_wall_s: float = 0.0
-    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
-    last_report: float = 0.0
-
-
 class _Group:
     """Spawn a phase's ranks, serve their messages, stop them whatever happens (parent side)."""
 
-    def __init__(self, cfg: TrainingRequest, run: TrainingRun, hooks: RunHooks, state: _JobState, plane: Any):
-        self.cfg, self.run, self.hooks, self.state, self.plane = cfg, run, hooks, state, plane
-        self.memory = memory_bytes(cfg.job.pools.training.memory)
-        self.world = cfg.job.pools.training.replicas
+    def __init__(self, group: RankGroup, run: TrainingRun, plane: DataPlane):
+        self.run, self.hooks, self.group, self.plane = run, group.hooks, group, plane
+        self.memory = memory_bytes(run.job.pools.training.memory)
+        self.world = group.trainers
         self.marks: dict[int, int] = {}  # rank -> the last checkpoint round whose batches it has sent
         self.pending: list[dict[str, Any]] = []
         self.results: dict[int, dict[str, Any]] = {}
@@ -346,25 +297,13 @@ class _Group:
         self.progressed = False  # a rank's first progress message came (its stage line was logged)
 
     def run_group(self, plan: RankPlan, phase: Phase) -> None:
-        ctx = mp.get_context("spawn")
-        out: Any = ctx.Queue()
-        init = f"tcp://127.0.0.1:{free_port()}"
-        procs = [
-            ctx.Process(target=rank_main, args=(r, init, plan, out), name=f"trainer-rank-{r}", daemon=True)
-            for r in range(plan.world_size)
-        ]
         started = time.perf_counter()
-        try:
-            for proc in procs:
-                proc.start()
-            self._serve(out, procs, phase)
-            for proc in procs:
-                proc.join(30)
-        finally:
-            _stop(procs)
-        self.state.train_wall_s += time.perf_counter() - started
-        self.state.ranks = [self.results[r] for r in range(plan.world_size)]
-        self.state.trained += sum(r["samples_trained"] for r in self.state.ranks)
+        with RankProcesses(rank_main, plan.world_size, plan, name="trainer-rank") as ranks:  # stopped whatever happens
+            self._serve(ranks.out, ranks.procs, phase)
+            ranks.join(30)
+        self.group.train_wall_s += time.perf_counter() - started
+        self.group.ranks = [self.results[r] for r in range(plan.world_size)]
+        self.group.trained += sum(r["samples_trained"] for r in self.group.ranks)
 
     def _serve(self, out: Any, procs: list[Any], phase: Phase) -> None:
         world, quiet_since, next_check = len(procs), None, 0.0
@@ -389,7 +328,7 @@ class _Group:
                 continue
             self._handle(rank, kind, payload, phase)
         if self.errors:
-            rank = min(self.errors, key=lambda r: self.errors[r][0])  # the first to fail is the cause
+            rank = first_failure(self.errors)  # the first to fail is the cause
             raise RankFailedError(
                 f"trainer rank {rank} failed (failed ranks: {sorted(self.errors)}):\n{self.errors[rank][1]}"
             )
@@ -423,27 +362,15 @@ class _Group:
         if info["phase_done"]:
             self.plane.driver.raise_if_failed()  # a failed data job must not be marked done
         step, directory = int(info["step"]), Path(info["path"])
-        tracker = self.run.tracker
-        tracker.log_checkpoint(directory, step, keep_last=self.run.spec.checkpoint_keep_last)
-        tracker.log_metrics({"checkpoint_step": step}, step)
-        self.run.checkpoints.append(step)
-        previous, self.state.latest = self.state.latest, info
-        self.state.init_path, self.state.init_kind = directory, "resume"
-        if previous is not None and Path(previous["path"]) != directory:
-            shutil.rmtree(previous["path"], ignore_errors=True)
-        log.info(
-            "checkpoint at step %d (%s samples over %d trainers, phase %s%s)",
-            step,
-            info["samples"],
-            info["trainers"],
-            phase.name,
-            ", done" if info["phase_done"] else "",
-        )
-        if self.run.beat is not None:
-            self.run.beat.quiet_stage(f"phase {phase.name}: training (step {step})")
+        previous = self.run.latest
+        what = f"{info['samples']} samples over {info['trainers']} trainers"
+        self.group.step = step
+        self.run.log_checkpoint(directory, step, phase.name, phase_done=bool(info["phase_done"]), what=what)
+        if previous is not None and previous.path != directory:
+            shutil.rmtree(previous.path, ignore_errors=True)
 
     def _progress(self, rank: int, stats: dict[str, Any], phase: Phase) -> None:
-        state = self.state
+        state = self.group
         state.progress[rank] = stats
         now = time.monotonic()
         if now - state.last_report < 2.0:
@@ -458,11 +385,7 @@ class _Group:
             "samples": sum(int(s["samples"]) for s in seen),
             "train_auc": float(state.progress.get(0, seen[0])["train_auc"]),
         }
-        self.run.tracker.log_metrics(metrics, step)
-        if self.cfg.progress is not None:
-            self.cfg.progress({"phase": phase.name, "step": step, "trainers": len(seen), **metrics})
-            if self.run.beat is not None:
-                self.run.beat.touch()
+        self.run.publish_progress(phase.name, step, metrics, {"trainers": len(seen)})
 
     def _check_memory(self, procs: list[Any]) -> None:
         for rank, proc in enumerate(procs):
@@ -476,23 +399,8 @@ class _Group:
                 proc.kill()
                 raise RankFailedError(
                     f"trainer rank {rank}: RSS {rss / 2**20:.0f} MiB above pools.training.memory "
-                    f"{self.cfg.job.pools.training.memory}: killed"
+                    f"{self.run.job.pools.training.memory}: killed"
                 )
-
-
-def _stop(procs: list[Any]) -> None:
-    """Terminate the rank processes still alive, kill those that do not stop, reap them all."""
-    for proc in procs:
-        if proc.pid is not None and proc.is_alive():
-            proc.terminate()
-    deadline = time.monotonic() + 5.0
-    for proc in procs:
-        if proc.pid is None:
-            continue
-        proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
 
 
 def _cores(cpu: float, world: int) -> list[list[int] | None]:
@@ -504,155 +412,46 @@ def _cores(cpu: float, world: int) -> list[list[int] | None]:
     return [available[r * per : (r + 1) * per] for r in range(world)]
 
 
-def run_multi_trainer_job(
-    cfg: TrainingRequest, hooks: RunHooks | None = None, *, rank_hook: RankHook | None = None
-) -> TrainingResult:
-    """Train ``cfg.job``'s model on ``cfg.window`` with ``pools.training.replicas`` trainers (module
-    docstring). ``rank_hook(rank, round)`` runs in every rank before each round (tests inject faults)."""
-    with Heartbeat() as beat:  # a line in the run log at least every few seconds, whatever the stage
-        return _train_window(cfg, hooks or RunHooks(), rank_hook, beat)
+class RankGroup:
+    """The N ranks that train each phase of a window run (module docstring).
 
+    Example::
 
-def _train_window(cfg: TrainingRequest, hooks: RunHooks, rank_hook: RankHook | None, beat: Heartbeat) -> TrainingResult:
-    started = time.perf_counter()
-    job, spec = cfg.job, cfg.job.training
-    world = job.pools.training.replicas
-    torch.set_num_threads(spec.threads)  # this process: evaluation
-    context = SourceContext(str(cfg.data_root), kafka_bootstrap_servers=cfg.kafka_bootstrap)
-    skipped: list[NotReady] = []
-    if cfg.tasks is None:
-        names = [source.name for _, source in job.dataset.all_sources()]
-        beat.stage("planning window %s: listing %d source(s) (%s)", cfg.window, len(names), ", ".join(names))
-    tasks = cfg.tasks if cfg.tasks is not None else plan_training_tasks(job, context, cfg.window, skipped)
-    beat.stage(planned_line(job, tasks, skipped))
-    executors = cfg.executors or job.pools.data.replicas or 1
-    tracker = cfg.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
-    tags = {"primus.job": job.name, RUN_KIND_TAG: "window", "primus.trainers": str(world), **cfg.tags}
-    beat.stage("MLflow: opening the run %s", cfg.key())
-    tracker.start(cfg.key(), params={**run_params(job, cfg.window, executors), "trainers": world}, tags=tags)
-    run = TrainingRun(cfg, tracker, tasks)
-    run.beat = beat
-    state = _JobState()
-    status = "FAILED"
-    try:
-        log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
-        inputs = tracker.log_source_inputs(run.consumed)
-        log.info("MLflow: %d source dataset(s) recorded as the run's inputs (partitions, versions, offsets)", inputs)
-        resume = load_resume(tracker, run)
-        warm_from, cold_start = load_warm_start(tracker, run) if resume is None and cfg.warm_start else (None, None)
-        start = resume if resume is not None else run.warm
-        if start is not None:
-            state.init_path = save_checkpoint(start, run.workdir / "init")
-            state.init_kind = "resume" if resume is not None else "warm"
-            if resume is not None:
-                state.latest = {
-                    "step": resume.step,
-                    "path": str(state.init_path),
-                    "phase": resume.phase,
-                    **resume.extra,
-                }
-        _run_phases(cfg, run, hooks, state, executors, rank_hook)
-        if state.init_path is None or state.init_kind != "resume":
-            raise NoTrainingDataError(f"job {job.name}: the window {cfg.window} produced no batches")
-        final = load_checkpoint(state.init_path)
-        model = build_model(spec.model, int(final.extra["n_dense"]), int(final.extra["n_sparse"]), seed=spec.seed)
-        model.load_state_dict(final.model_state)
-        if cfg.evaluate:
-            beat.stage("evaluating the model on the %d hour(s) after the window", spec.eval_hours)
-        evaluation = evaluate_and_log(cfg, context, model, tracker, final.step)
-        beat.stage("logging the model to MLflow")
-        model_uri = tracker.log_model(model)
-        log.info("model logged: %s (%.1f s since the start)", model_uri, time.perf_counter() - started)
-        stats = {
-            **(final.extra.get("stats") or {}),
-            "loss": _mean_loss(state.ranks),
-            "samples_per_s": round(state.trained / state.train_wall_s, 1) if state.train_wall_s else 0.0,
-            "trainers": world,
-            "ranks": state.ranks or final.extra.get("ranks", []),
-        }
-        status = "FINISHED"
-        return training_result(run, model_uri, stats, evaluation, resume, warm_from, cold_start, started, skipped)
-    except KeyboardInterrupt:  # a cancelled run (SIGINT / SIGTERM through the CLI): MLflow says KILLED
-        status = "KILLED"
-        raise
-    finally:
-        tracker.finish(status)
-        shutil.rmtree(run.workdir, ignore_errors=True)
+        group = RankGroup(RunHooks(), world=2)
+        result = train_window(request, trainer=group)      # what train_window picks for replicas: 2
+        result.stats["ranks"][1]["samples_trained"]
+    """
 
+    restartable = True
 
-def _mean_loss(ranks: list[dict[str, Any]]) -> float:
-    losses = [float(r["loss"]) for r in ranks if r["loss"] == r["loss"]]
-    return sum(losses) / len(losses) if losses else float("nan")
+    def __init__(self, hooks: RunHooks, world: int):
+        self.hooks, self.trainers = hooks, world
+        self.ranks: list[dict[str, Any]] = []  # the last group's rank results
+        self.trained = 0  # samples trained by this process's groups
+        self.train_wall_s = 0.0
+        self.progress: dict[int, dict[str, Any]] = {}
+        self.last_report = 0.0
+        self.final: Checkpoint | None = None
+        self.step = 0  # the latest checkpoint's round
 
+    def describe(self) -> tuple[dict[str, Any], dict[str, str]]:
+        return {"trainers": self.trainers}, {"primus.trainers": str(self.trainers)}
 
-def _run_phases(
-    cfg: TrainingRequest,
-    run: TrainingRun,
-    hooks: RunHooks,
-    state: _JobState,
-    executors: int,
-    rank_hook: RankHook | None,
-) -> None:
-    """The phases from the latest checkpoint on; a failed group starts again from the latest
-    checkpoint while ``pools.training`` allows restarts."""
-    job, pool = cfg.job, cfg.job.pools.training
-    all_phases, restarts = phases(job.training.mode), 0
-    while True:
-        latest = state.latest
-        first = 0
-        if latest is not None:
-            first = phase_index(job.training.mode, latest["phase"]) + (1 if latest.get("phase_done") else 0)
-        try:
-            for phase in all_phases[first:]:
-                if not phase_tasks(run.tasks, phase):
-                    log.info("phase %s: no tasks, skipped", phase.name)
-                    continue
-                resume = load_checkpoint(state.init_path) if state.latest is not None and state.init_path else None
-                driver = driver_for(cfg, run, phase, resume, trainers=pool.replicas)
-                _run_phase_group(cfg, run, hooks, state, phase, driver, executors, rank_hook)
-            return
-        except RankFailedError as exc:
-            if pool.restart == "never" or restarts >= pool.max_restarts:
-                raise
-            restarts += 1
-            where = f"the checkpoint at step {state.latest['step']}" if state.latest else "the start"
-            log.warning(
-                "%s\nrestarting the trainer group from %s (restart %d of %d)", exc, where, restarts, pool.max_restarts
-            )
+    def begin(self, run: TrainingRun, resume: Checkpoint | None) -> None:
+        pass  # the ranks load the run's latest checkpoint (or the warm start) themselves
 
-
-def _run_phase_group(
-    cfg: TrainingRequest,
-    run: TrainingRun,
-    hooks: RunHooks,
-    state: _JobState,
-    phase: Phase,
-    driver: Any,
-    executors: int,
-    rank_hook: RankHook | None,
-) -> None:
-    job, world = cfg.job, cfg.job.pools.training.replicas
-    driver.loading_policy = LoadingPriority(job.kind_weights()) if phase.prioritised else None
-    token = secrets.token_hex(16)
-    start_plane = hooks.data_plane or data_plane_starter(job, run_id=cfg.key())
-    run.stage(
-        "phase %s: %d task(s) to read; starting %d data executor(s)",
-        phase.name,
-        sum(driver.backlog_by_kind().values()),
-        executors,
-    )
-    with start_plane(
-        cfg.job_path,
-        cfg.data_root,
-        driver=driver,
-        executors=executors,
-        trainers=world,
-        token=token,
-        kafka_bootstrap=cfg.kafka_bootstrap,
-    ) as plane:
+    def train_phase(self, run: TrainingRun, phase: Phase, plane: DataPlane) -> None:
+        job, world = run.job, self.trainers
+        if run.latest is not None:
+            init_path, init_kind = str(run.latest.path), "resume"
+        elif run.warm_path is not None:
+            init_path, init_kind = str(run.warm_path), "warm"
+        else:
+            init_path, init_kind = None, None
+        window = run.request.window
         plan = RankPlan(
             location=plane.location,
-            token=token,
+            token=plane.token or "",
             spec_json=job.training.model_dump_json(exclude_unset=True),  # defaults re-derived in the ranks
             phase=phase.name,
             prioritised=phase.prioritised,
@@ -662,18 +461,36 @@ def _run_phase_group(
             cores=_cores(job.pools.training.cpu, world),
             checkpoint_dir=str(run.workdir / "checkpoints"),
             versions=dict(run.versions),
-            window=[cfg.window.start.isoformat(), cfg.window.end.isoformat()],
-            init_path=None if state.init_path is None else str(state.init_path),
-            init_kind=state.init_kind,
-            warm_key=cfg.warm_start,
-            record_batches=hooks.on_batch is not None,
+            window=[window.start.isoformat(), window.end.isoformat()],
+            init_path=init_path,
+            init_kind=init_kind,
+            warm_key=run.request.warm_start,
+            record_batches=self.hooks.on_batch is not None,
             parent_pid=os.getpid(),
-            rank_hook=rank_hook,
+            rank_hook=self.hooks.rank_hook,
         )
         run.stage("phase %s: data executors up; starting %d trainer rank(s)", phase.name, world)
-        _Group(cfg, run, hooks, state, plane).run_group(plan, phase)
-        summary = getattr(plane, "summary", None)
-        if summary is not None:
-            run.data_pools[phase.name] = summary()
-        plane.driver.raise_if_failed()
-    _record_quality(run, phase, driver)
+        _Group(self, run, plane).run_group(plan, phase)
+
+    def end_phase(self, run: TrainingRun, phase: Phase) -> None:
+        pass  # the ranks closed the phase with its checkpoint
+
+    def final_model(self, run: TrainingRun) -> tuple[RecModel, int]:
+        if run.latest is None:
+            raise NoTrainingDataError(f"job {run.job.name}: the window {run.request.window} produced no batches")
+        final = self.final = load_checkpoint(run.latest.path)
+        spec = run.spec
+        model = build_model(spec.model, int(final.extra["n_dense"]), int(final.extra["n_sparse"]), seed=spec.seed)
+        model.load_state_dict(final.model_state)
+        return model, final.step
+
+    def stats(self, run: TrainingRun) -> dict[str, Any]:
+        assert self.final is not None  # final_model came first
+        losses = [float(r["loss"]) for r in self.ranks if r["loss"] == r["loss"]]
+        return {
+            **(self.final.extra.get("stats") or {}),
+            "loss": sum(losses) / len(losses) if losses else float("nan"),
+            "samples_per_s": round(self.trained / self.train_wall_s, 1) if self.train_wall_s else 0.0,
+            "trainers": self.trainers,
+            "ranks": self.ranks or self.final.extra.get("ranks", []),
+        }

@@ -1,0 +1,235 @@
+"""The benchmarks' rank groups: the ``ddp_dense`` baseline exchange and groups trained from memory.
+
+* :class:`DenseDDPExchange` -- ``ddp_dense``: the exchange before the row-sparse one, kept as
+  ``bench/train_throughput.py``'s baseline; a
+  :class:`~primus_dagster.training.distributed.GradientExchange` for
+  :class:`~primus_dagster.training.distributed.RankLoop`.
+* :func:`run_ddp_in_memory` -- a group without a data plane: rank ``r`` trains the pickled list of
+  :class:`Batch` at ``shard_paths[r]`` (:func:`ddp_in_memory_worker`), started with
+  :class:`~primus_dagster.training.distributed.RankProcesses`.
+
+Imported as the top-level module ``_ddp`` (``python bench/train_throughput.py`` puts ``bench/`` on
+``sys.path``; the tests insert it): the spawned ranks import their target by that name, and spawn
+hands them the parent's ``sys.path``.
+
+Example::
+
+    results = run_ddp_in_memory(["0.pkl", "1.pkl"], spec, exchange="ddp_dense")   # 2 ranks
+    assert results[0].params_checksum == results[1].params_checksum
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from primus_dagster.data import Batch
+from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.distributed import (
+    GradientExchange,
+    RankLoop,
+    RankProcesses,
+    RankResult,
+    RowSparseExchange,
+    collect_results,
+    parameter_groups,
+    pin_cores,
+    serve_rank,
+)
+from primus_dagster.training.models import MTRM, build_model
+from primus_dagster.training.trainer import Trainer
+
+Exchange = Literal["row_sparse", "ddp_dense"]
+
+
+def _average_hook(state: DenseDDPExchange, bucket):  # DDP rejects string annotations
+    """(dist.GradBucket) -> Future[Tensor]: each gradient / its group's divisor, summed over the ranks; a
+    group no rank trained this round (divisor 0: every rank knows it) is not sent at all."""
+    started, flat, offset = time.perf_counter(), bucket.buffer(), 0
+    runs: list[tuple[int, int]] = []
+    for p in bucket.parameters():  # the bucket holds the parameters' gradients, flat, in this order
+        n, d = p.numel(), state.divisor[state.group[id(p)]]
+        if d > 1:
+            flat[offset : offset + n].div_(d)
+        if d and runs and runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], offset + n)
+        elif d:
+            runs.append((offset, offset + n))
+        offset += n
+
+    def done(_: object) -> torch.Tensor:
+        state.comm_s += time.perf_counter() - started
+        return flat
+
+    state.sent += sum(b - a for a, b in runs) * flat.element_size()
+    futures = [dist.all_reduce(flat[a:b], async_op=True).get_future() for a, b in runs]
+    return torch.futures.collect_all(futures).then(done)
+
+
+class DenseDDPExchange:
+    """``ddp_dense``: the model in ``DistributedDataParallel`` with dense embedding gradients, a comm
+    hook (:func:`_average_hook`) doing the division and all-reducing each trained tower's flat buckets;
+    the round's all-gather carries the status rows only (``round_messages = False``), the gradients
+    go during the backward after it. A null step runs a zero-row forward of a kind some ready rank
+    trains (DDP needs its backward). ``sent`` / ``comm_s``: bytes and seconds of the hook's all-reduces.
+
+    Example::
+
+        loop = RankLoop(spec, pull, exchange=DenseDDPExchange())
+    """
+
+    round_messages = False
+
+    def __init__(self) -> None:
+        self.group: dict[int, str] = {}  # id(parameter) -> memory | adapt | all
+        self.divisor: Mapping[str, int] = {"memory": 1, "adapt": 1, "all": 1}  # the loop's, this round
+        self.widths = (0, 0)
+        self.sent, self.comm_s = 0, 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.comm_s
+
+    def reset_counters(self) -> None:
+        self.sent, self.comm_s = 0, 0.0
+
+    def build(self, spec: TrainingSpec, n_dense: int, n_sparse: int) -> Trainer:
+        """Dense embedding gradients: the comm hook reduces flat dense buckets."""
+        model_spec = spec.model.model_copy(update={"sparse_embeddings": False})
+        model = build_model(model_spec, n_dense, n_sparse, seed=spec.seed)
+        ddp = DistributedDataParallel(
+            model,
+            find_unused_parameters=isinstance(model, MTRM),
+            forward_sync_buffers=False,
+            gradient_as_bucket_view=True,
+        )
+        ddp.register_comm_hook(self, _average_hook)
+        self.group, self.widths = parameter_groups(model), (n_dense, n_sparse)
+        return Trainer(model, spec, module=ddp, observe_labels=False)
+
+    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
+        return None  # the status alone (never called: no round messages)
+
+    def gradients(
+        self,
+        trainer: Trainer,
+        micro: Batch,
+        loss: torch.Tensor | None,
+        messages: Sequence[torch.Tensor] | None,
+        divisor: Mapping[str, int],
+    ) -> torch.Tensor:
+        """DDP exchanges inside the backward."""
+        self.divisor = divisor
+        return trainer.backward(micro)
+
+    def null_gradients(
+        self, trainer: Trainer, kind: str, messages: Sequence[torch.Tensor] | None, divisor: Mapping[str, int]
+    ) -> None:
+        self.divisor = divisor
+        dense, sparse = torch.zeros(0, self.widths[0]), torch.zeros(0, self.widths[1], dtype=torch.int64)
+        (trainer.module(dense, sparse, kind).sum() * 0.0).backward()
+
+
+EXCHANGES: dict[str, Callable[[], GradientExchange]] = {"row_sparse": RowSparseExchange, "ddp_dense": DenseDDPExchange}
+
+
+@dataclass(frozen=True)
+class InMemoryPlan:
+    """What every rank of :func:`run_ddp_in_memory` gets (pickled into the spawned processes)."""
+
+    world_size: int
+    training_spec_json: str
+    n_threads: int
+    shard_paths: list[str]
+    warmup_steps: int
+    exchange: Exchange = "row_sparse"
+    cores: list[list[int] | None] | None = None
+    transport: Literal["auto", "gloo"] = "auto"
+    timeout_s: float = 600.0
+
+
+def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMemoryPlan) -> None:
+    """One rank on in-memory micro-batches (a pickled list of :class:`Batch` at ``shard_paths[rank]``),
+    bound to ``cores[rank]``: ``warmup_steps`` rounds, then the timed loop over the whole shard.
+    ``extra``: seconds in the gradient exchange (``exchange_s``; row_sparse: of which ``pack_s``
+    making this rank's messages, ``gather_s`` exchanging them, waiting for the peer included,
+    ``apply_s`` summing the gradients), bytes this rank put into its collectives per round
+    (``exchange_bytes_per_step``), seconds of one gloo all-reduce of that many bytes
+    (``allreduce_probe_s``)."""
+
+    def body() -> RankResult:
+        pin_cores(plan.cores[rank] if plan.cores else None)
+        with open(plan.shard_paths[rank], "rb") as file:
+            shard: list[Batch] = pickle.load(file)  # written by the caller (bench/train_throughput.py)
+        warm = itertools.cycle(shard)
+        spec = TrainingSpec.model_validate_json(plan.training_spec_json)
+        exchange = EXCHANGES[plan.exchange]()
+        loop = RankLoop(
+            spec, lambda _: next(warm), exchange=exchange, timeout_s=plan.timeout_s, transport=plan.transport
+        )
+        loop.run(max_rounds=plan.warmup_steps)
+        assert loop.trainer is not None
+        loop.reset_counters()
+        timed = iter(shard)
+        loop.pull, loop.pending = (lambda _: next(timed, None)), deque()
+        dist.barrier()
+        started, cpu0 = time.perf_counter(), time.process_time()
+        loop.run()
+        dist.barrier()
+        result = loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
+        per_step = loop.bytes_sent / max(1, result.steps + result.null_steps)
+        longest = torch.tensor([per_step])  # the ranks' messages differ in size: probe the largest
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        flat, probe0 = torch.zeros(int(longest) // 4), time.perf_counter()
+        for _ in range(5):
+            dist.all_reduce(flat)
+        result.extra = {
+            "exchange_s": loop.exchange_s,
+            "exchange_bytes_per_step": per_step,
+            "allreduce_probe_s": (time.perf_counter() - probe0) / 5,
+        }
+        if isinstance(exchange, RowSparseExchange) and exchange.active:  # a group of one exchanges nothing
+            result.extra.update(pack_s=exchange.pack_s, gather_s=loop.mesh_s, apply_s=exchange.apply_s)
+        loop.close()
+        return result
+
+    serve_rank(rank, plan.world_size, init_method, plan.n_threads, out_queue, body, timeout_s=plan.timeout_s)
+
+
+def run_ddp_in_memory(
+    shard_paths: list[str],
+    spec: TrainingSpec,
+    *,
+    threads_per_rank: int = 1,
+    warmup_steps: int = 5,
+    exchange: Exchange = "row_sparse",
+    timeout_s: float = 600,
+    cores: list[list[int] | None] | None = None,
+    transport: Literal["auto", "gloo"] = "auto",
+) -> list[RankResult]:
+    """:func:`ddp_in_memory_worker` on ``len(shard_paths)`` ranks (a group without a data plane);
+    rank ``r`` bound to ``cores[r]`` (None: unbound); ``transport="gloo"``: the row-sparse exchange
+    over gloo (``GlooBytes``) instead of the peer sockets. Results by rank; RuntimeError naming a
+    failed rank."""
+    plan = InMemoryPlan(
+        world_size=len(shard_paths),
+        training_spec_json=spec.model_dump_json(),
+        n_threads=threads_per_rank,
+        shard_paths=list(shard_paths),
+        warmup_steps=warmup_steps,
+        exchange=exchange,
+        cores=cores,
+        transport=transport,
+        timeout_s=timeout_s,
+    )
+    with RankProcesses(ddp_in_memory_worker, plan.world_size, plan, name="ddp-rank") as ranks:
+        return collect_results(ranks, timeout_s)

@@ -1,0 +1,286 @@
+"""The gradient exchange: how a ready rank's gradients become the group's in a round.
+
+:class:`~primus_dagster.training.distributed.rounds.RankLoop` runs the rounds; a
+:class:`GradientExchange` builds the model's trainer and turns the round's messages into the
+group's gradients (package docstring: *Averaging, MTRM*). :class:`RowSparseExchange` is the one
+the training job runs. The round's status row (``STATUS_FIELDS`` float64 fields, then the rows
+touched per table, ``MAX_TABLES`` of them) heads every rank's message: both the loop and the
+exchange read it.
+
+Example (a strategy of one's own: the loop calls these, in this order)::
+
+    class MyExchange:                       # satisfies GradientExchange
+        round_messages = True               # backward before the round's all-gather
+        sent, seconds = 0, 0.0
+        def build(self, spec, n_dense, n_sparse): ...       # -> Trainer (same seed on every rank)
+        def pack(self, status, kind): ...                    # -> this rank's message, or None
+        def gradients(self, trainer, micro, loss, messages, divisor): ...   # -> loss
+        def null_gradients(self, trainer, kind, messages, divisor): ...
+        def reset_counters(self): ...
+
+    loop = RankLoop(spec, pull, exchange=MyExchange())
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from primus_dagster.data import Batch
+from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.models import MTRM, build_model
+from primus_dagster.training.trainer import Trainer, coalesced_rows
+
+KINDS = ("batch", "stream")  # a micro-batch's kind, by its index in the status row
+# a round's status row: ready, ended, kind, n_dense, n_sparse, label sum, rows; then rows touched per table
+STATUS_FIELDS, MAX_TABLES = 7, 8
+HEADER_BYTES = 8 * (STATUS_FIELDS + MAX_TABLES)  # the status row at the head of a round's message (float64)
+
+
+class GradientExchange(Protocol):
+    """One rank's side of the gradient exchange in :class:`~.rounds.RankLoop`'s rounds.
+
+    ``round_messages``: True -- a ready rank runs backward *before* the round's all-gather and
+    :meth:`pack` puts its gradients into its round message (which heads with the status row; the
+    loop sends it through a :class:`~.mesh.ByteAllGather` in a group of more than one); False -- the
+    round's all-gather carries the status rows only (gloo), and the gradients are exchanged during
+    :meth:`gradients`, after it (e.g. inside a ``DistributedDataParallel`` backward).
+    ``divisor``: for each parameter group (``memory`` / ``adapt`` / ``all``, :func:`parameter_groups`)
+    the number of ranks that trained it this round (0: nobody; the group keeps ``grad=None``); the
+    loop updates the same mapping in place every round. ``sent``: bytes this rank put into the
+    exchange; ``seconds``: seconds spent in it outside the loop's all-gather (which the loop counts).
+    """
+
+    round_messages: bool
+    sent: int
+
+    @property
+    def seconds(self) -> float: ...
+
+    def build(self, spec: TrainingSpec, n_dense: int, n_sparse: int) -> Trainer:
+        """The model (``spec.seed``: the same on every rank) and its trainer (``observe_labels=False``:
+        the loop adds the group's label counts)."""
+        ...
+
+    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
+        """After a ready rank's backward (``round_messages`` only): its round message, uint8, headed
+        by ``status`` (float64, ``HEADER_BYTES``); None: the status alone."""
+        ...
+
+    def gradients(
+        self,
+        trainer: Trainer,
+        micro: Batch,
+        loss: torch.Tensor | None,
+        messages: Sequence[torch.Tensor] | None,
+        divisor: Mapping[str, int],
+    ) -> torch.Tensor:
+        """A ready rank, after the round's all-gather: set the parameters' gradients to the group's;
+        the loss. ``loss``: of the backward before the gather (``round_messages``), else None (run the
+        backward of ``micro`` here); ``messages``: every rank's, in rank order (None: status only)."""
+        ...
+
+    def null_gradients(
+        self, trainer: Trainer, kind: str, messages: Sequence[torch.Tensor] | None, divisor: Mapping[str, int]
+    ) -> None:
+        """A rank without data this round (its gradients were zeroed): take part in the exchange and
+        leave the group's gradients; ``kind``: one that some ready rank trains."""
+        ...
+
+    def reset_counters(self) -> None:
+        """Zero ``sent`` and ``seconds`` (after a warm-up)."""
+        ...
+
+
+def parameter_groups(model: nn.Module) -> dict[int, str]:
+    """``id(parameter) -> group`` whose gradients are averaged together: MTRM's ``memory`` /
+    ``adapt`` towers, ``all`` for other models."""
+    mtrm = isinstance(model, MTRM)
+    return {id(p): (name.split(".")[0] if mtrm else "all") for name, p in model.named_parameters()}
+
+
+def _groups_of(kind: int) -> tuple[str, ...]:
+    """The parameter groups a micro-batch of kind ``KINDS[kind]`` trains (the divisor's rule)."""
+    return ("all", "memory") if KINDS[kind] == "batch" else ("all", "adapt")
+
+
+class RowSparseExchange:
+    """The ``row_sparse`` gradient exchange (package docstring), a :class:`GradientExchange`: after
+    backward, :meth:`pack` makes this rank's message of the round -- the status row, then its
+    gradients -- and after the round's :meth:`~.mesh.PeerMesh.all_gather`, :meth:`apply` sums every
+    rank's gradients into the group's.
+
+    A message (bytes): the status row (float64 ``[STATUS_FIELDS + MAX_TABLES]``: ready, ended, kind,
+    n_dense, n_sparse, label sum, rows, then the rows touched per table), then, from a ready rank, for
+    every sparse table (``nn.Embedding(sparse=True)``) of the groups its kind trains its touched rows
+    (int64, coalesced here, ascending: the lazy SparseAdam's own sort and segment sum), then the flat
+    dense gradients of those groups (float32, zeros where this rank has none), then the tables' gradient
+    rows (float32). :meth:`apply`: every group ``g`` that ``divisor[g]`` ranks trained gets the sum of
+    their gradients in rank order divided by ``divisor[g]`` -- dense parameters as dense tensors, tables
+    as one *coalesced* sparse gradient (the ranks' rows merged by the same sort and segment sum), which
+    the optimizer takes as it is; the other groups ``grad=None``. The same bytes on every rank give the
+    same gradients. ``sent``: bytes of this rank's messages; ``pack_s`` / ``apply_s``: seconds spent
+    making them, applying them (the loop's ``mesh_s``: exchanging them, waiting for the peers included).
+
+    Built without a model, :meth:`build` makes it (and indexes it in a group of more than one: a group
+    of one exchanges nothing, it is a single trainer); ``RowSparseExchange(model)`` indexes ``model``.
+
+    Example::
+
+        exchange = RowSparseExchange(model)
+        loss = trainer.backward(micro_batch)
+        messages = mesh.all_gather(exchange.pack(status, kind=0))  # status: float64 [STATUS_FIELDS + MAX_TABLES]
+        exchange.apply(messages, {"memory": 2, "adapt": 0, "all": 2})
+        trainer.apply(micro_batch, loss, started)
+    """
+
+    round_messages = True
+
+    def __init__(self, model: nn.Module | None = None):
+        self.group: dict[int, str] = {}
+        self.tables: list[nn.Parameter] = []
+        self.dense: dict[str, list[nn.Parameter]] = {}
+        self.active = False  # indexed a model: packs and applies messages
+        self.sent, self.pack_s, self.apply_s = 0, 0.0, 0.0
+        if model is not None:
+            self.index(model)
+
+    def index(self, model: nn.Module) -> None:
+        """Sort ``model``'s parameters into tables and dense groups: the messages' layout."""
+        self.group = parameter_groups(model)
+        sparse = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+        self.tables = [p for p in model.parameters() if id(p) in sparse]
+        self.dense = {}
+        for p in model.parameters():
+            if id(p) not in sparse:
+                self.dense.setdefault(self.group[id(p)], []).append(p)
+        if len(self.tables) > MAX_TABLES:
+            raise ValueError(f"{len(self.tables)} sparse embedding tables; at most {MAX_TABLES}")
+        self.active = True
+
+    def build(self, spec: TrainingSpec, n_dense: int, n_sparse: int) -> Trainer:
+        """The model with sparse embedding gradients (the default) and its trainer."""
+        model = build_model(spec.model, n_dense, n_sparse, seed=spec.seed)
+        if dist.get_world_size() > 1:
+            self.index(model)
+        return Trainer(model, spec, observe_labels=False)
+
+    @property
+    def seconds(self) -> float:
+        return self.pack_s + self.apply_s
+
+    def reset_counters(self) -> None:
+        self.sent, self.pack_s, self.apply_s = 0, 0.0, 0.0
+
+    def gradients(
+        self,
+        trainer: Trainer,
+        micro: Batch,
+        loss: torch.Tensor | None,
+        messages: Sequence[torch.Tensor] | None,
+        divisor: Mapping[str, int],
+    ) -> torch.Tensor:
+        """The group's gradients from the round's messages (backward ran before the gather)."""
+        if loss is None:
+            raise ValueError("the row-sparse exchange packs the gradients of a backward before the round")
+        if self.active and messages is not None:
+            self.apply(messages, divisor)
+        return loss
+
+    def null_gradients(
+        self, trainer: Trainer, kind: str, messages: Sequence[torch.Tensor] | None, divisor: Mapping[str, int]
+    ) -> None:
+        """No forward: the status went out alone; the group's gradients from the others' messages."""
+        if self.active and messages is not None:
+            self.apply(messages, divisor)
+
+    def _tables_of(self, kind: int) -> list[int]:
+        groups = _groups_of(kind)
+        return [i for i, p in enumerate(self.tables) if self.group[id(p)] in groups]
+
+    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
+        """This ready rank's message (uint8), after its backward: ``status`` (float64; the rows touched
+        per table are written into it) and the gradients of what ``kind`` trains. None in a group of
+        one: nothing to exchange (the round sends the status alone)."""
+        if not self.active:
+            return None
+        started = time.perf_counter()
+        rows, values = [], []
+        for i in self._tables_of(kind):
+            p = self.tables[i]
+            if p.grad is None:
+                r, v = torch.empty(0, dtype=torch.int64), p.new_empty(0, p.shape[1])
+            else:
+                r, v = coalesced_rows(p.grad)
+            status[STATUS_FIELDS + i] = r.numel()
+            rows.append(r)
+            values.append(v.contiguous())
+        dense = [
+            p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
+            for g in _groups_of(kind)
+            for p in self.dense.get(g, [])
+        ]
+        parts = [status, *rows, *dense, *values]
+        message = torch.cat([t.reshape(-1).view(torch.uint8) for t in parts])
+        self.sent += message.numel()
+        self.pack_s += time.perf_counter() - started
+        return message
+
+    def apply(self, messages: Sequence[torch.Tensor], divisor: Mapping[str, int]) -> None:
+        """Set every parameter's gradient to the group's from the round's ``messages`` (rank order)."""
+        started = time.perf_counter()
+        dense: dict[str, list[torch.Tensor]] = {}
+        rows: dict[int, list[torch.Tensor]] = {}
+        values: dict[int, list[torch.Tensor]] = {}
+        for message in messages:
+            status = message[:HEADER_BYTES].view(torch.float64)
+            if status[0] != 1:
+                continue
+            kind, offset = int(status[2]), HEADER_BYTES
+            tables = [(i, int(status[STATUS_FIELDS + i])) for i in self._tables_of(kind)]
+            for i, n in tables:
+                rows.setdefault(i, []).append(message[offset : offset + 8 * n].view(torch.int64))
+                offset += 8 * n
+            for g in _groups_of(kind):
+                n = 4 * sum(p.numel() for p in self.dense.get(g, []))
+                dense.setdefault(g, []).append(message[offset : offset + n].view(torch.float32))
+                offset += n
+            for i, n in tables:
+                width = self.tables[i].shape[1]
+                values.setdefault(i, []).append(message[offset : offset + 4 * n * width].view(torch.float32))
+                values[i][-1] = values[i][-1].view(n, width)
+                offset += 4 * n * width
+            if offset != message.numel():
+                raise ValueError(f"a round's message of {message.numel()} bytes; its status describes {offset}")
+        for g, params in self.dense.items():
+            if not divisor[g]:
+                for p in params:
+                    p.grad = None
+                continue
+            total = functools.reduce(torch.add, dense[g]) / divisor[g]  # rank order: the same everywhere
+            offset = 0
+            for p in params:
+                p.grad = total[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+        for i, p in enumerate(self.tables):
+            d = divisor[self.group[id(p)]]
+            if not d or not sum(r.numel() for r in rows.get(i, [])):
+                p.grad = None
+                continue
+            if len(rows[i]) == 1:
+                r, v = rows[i][0], values[i][0]
+            else:  # rows of several ranks: merged, each row's values summed in rank order
+                merged = torch.sparse_coo_tensor(
+                    torch.cat(rows[i]).reshape(1, -1), torch.cat(values[i]), p.shape, check_invariants=False
+                )
+                r, v = coalesced_rows(merged)
+            p.grad = torch.sparse_coo_tensor(
+                r.reshape(1, -1), v / d, p.shape, is_coalesced=True, check_invariants=False
+            )
+        self.apply_s += time.perf_counter() - started

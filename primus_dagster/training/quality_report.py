@@ -1,0 +1,93 @@
+"""Data-quality counts of a run: rows repaired or dropped per source and rule, and where.
+
+Each phase's driver counts them (per task, with the files or Kafka offset ranges); :func:`record_quality`
+adds a phase's counts to the run's, says them in the run log and sends them to MLflow; the result and
+the asset's metadata carry them (``data_quality``, ``data_quality_where``).
+
+Example::
+
+    record_quality(run, phase, driver, step=trainer.step)
+    quality_places_text(run.quality_places["impressions"], QUALITY_PLACES_KEPT)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from primus_dagster.data import DataDriver, quality_summary
+from primus_dagster.training.modes import Phase
+from primus_dagster.training.run_state import TrainingRun
+
+log = logging.getLogger(__name__)
+
+#: Places (files, Kafka offset ranges) kept per source and rule where rows were repaired or dropped (the
+#: result, its metadata and checkpoints), and how many of them a run-log line names.
+QUALITY_PLACES_KEPT = 20
+QUALITY_PLACES_LOGGED = 3
+
+
+def merge_quality_places(
+    into: dict[str, dict[str, dict[str, Any]]], by_location: dict[str, dict[str, dict[str, int]]], keep: int
+) -> None:
+    """Add a phase's ``by_location`` counts (source -> rule -> {place: rows}) to ``into`` (see
+    ``TrainingRun.quality_places``): the first ``keep`` places per source and rule are kept, the rest counted.
+
+    >>> places = {}
+    >>> merge_quality_places(places, {"imp": {"dense_invalid": {"a.parquet": 3, "b.parquet": 1}}}, keep=1)
+    >>> places
+    {'imp': {'dense_invalid': {'where': {'a.parquet': 3}, 'more': 1}}}
+    """
+    for name, rules in by_location.items():
+        for rule, places in rules.items():
+            entry = into.setdefault(name, {}).setdefault(rule, {"where": {}, "more": 0})
+            for where, rows in places.items():
+                if where in entry["where"] or len(entry["where"]) < keep:
+                    entry["where"][where] = entry["where"].get(where, 0) + rows
+                else:
+                    entry["more"] += 1
+
+
+def quality_places_text(places: dict[str, dict[str, Any]], limit: int) -> dict[str, list[str]]:
+    """Per rule, ``"<place>: N rows"`` for the first ``limit`` places of one source's ``quality_places``,
+    then ``"... and N more"`` when there are others.
+
+    >>> quality_places_text({"dense_invalid": {"where": {"a.parquet": 3, "b.parquet": 1}, "more": 2}}, 1)
+    {'dense_invalid': ['a.parquet: 3 rows', '... and 3 more']}
+    """
+    out: dict[str, list[str]] = {}
+    for rule, entry in sorted(places.items()):
+        shown = list(entry["where"].items())
+        lines = [f"{where}: {rows:,} rows" for where, rows in shown[:limit]]
+        more = max(len(shown) - limit, 0) + int(entry["more"])
+        out[rule] = lines + ([f"... and {more} more"] if more else [])
+    return out
+
+
+def record_quality(run: TrainingRun, phase: Phase, driver: DataDriver, step: int) -> None:
+    """The phase's data-quality counts (rows repaired or dropped per source and rule): added to the run's,
+    logged (one warning line per source, naming the files / Kafka offset ranges) and sent to MLflow as
+    ``data_quality.<source>.<rule>`` metrics at ``step``."""
+    dataset = run.job.dataset
+    kafka = {source.name for _, source in dataset.all_sources() if source.type == "kafka"}
+    quality = driver.quality_counts(offset_sources=kafka)
+    phase_places: dict[str, dict[str, dict[str, Any]]] = {}
+    merge_quality_places(phase_places, quality["by_location"], QUALITY_PLACES_LOGGED)
+    merge_quality_places(run.quality_places, quality["by_location"], QUALITY_PLACES_KEPT)
+    for name, counts in quality["by_source"].items():
+        mine = run.data_quality.setdefault(name, {})
+        for rule, rows in counts.items():
+            mine[rule] = mine.get(rule, 0) + rows
+        where = "; ".join(
+            f"{rule} in {', '.join(lines)}"
+            for rule, lines in quality_places_text(phase_places.get(name, {}), QUALITY_PLACES_LOGGED).items()
+        )
+        log.warning(
+            "data quality, phase %s: %s%s",
+            phase.name,
+            quality_summary(dataset.source(name), counts),
+            f" -- {where}" if where else "",
+        )
+    metrics = {f"data_quality.{n}.{rule}": float(v) for n, c in run.data_quality.items() for rule, v in c.items()}
+    if metrics:
+        run.tracker.log_metrics(metrics, step)

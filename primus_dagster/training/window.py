@@ -1,0 +1,356 @@
+"""One window run, for any trainer: plan -> MLflow run -> phases on data planes -> evaluation -> model.
+
+:func:`train_window` trains a job's model on one data window, whoever trains it:
+
+1. DTGG plans the window (``planning``); the tasks' source versions (Delta version, Iceberg
+   snapshot, Kafka offsets) are recorded.
+2. The MLflow run for the request's run key is started -- or resumed: a run with that key that did
+   not finish (a killed trainer leaves it RUNNING) continues from its latest checkpoint; a
+   ``warm_start`` run key continues a finished run's model.
+3. Each phase of the mode (``modes``) gets a data driver (restored from the latest checkpoint's
+   snapshot when it was taken in that phase) and a data plane (``RunHooks.data_plane``, else what
+   ``pools.backend`` picks); the :class:`PhaseTrainer` trains the phase on it and checkpoints (model,
+   optimizer, counters, the driver's barrier snapshot, source versions) every
+   ``checkpoint_every_steps`` steps and at the phase's end. The plane's summary, scaling timeline and
+   data-quality counts are recorded per phase. A trainer that can be restarted
+   (:attr:`PhaseTrainer.restartable`) starts again from the latest checkpoint while
+   ``pools.training.restart`` allows.
+4. The final model is evaluated on the hours after the window (next-hour AUC / log loss) and logged
+   with ``mlflow.pytorch``; the :class:`~primus_dagster.training.result.TrainingResult` says what the
+   run did.
+
+Two trainers implement :class:`PhaseTrainer`: :class:`~primus_dagster.training.single_trainer.SingleTrainer`
+(one trainer in this process, ``pools.training.replicas: 1``) and
+:class:`~primus_dagster.training.rank_group.RankGroup` (N rank processes in lock-step rounds). The
+skeleton and its diagram: ``docs/training.md``.
+
+Example::
+
+    result = train_window(TrainingRequest(job, "job.yaml", "/data", TimeWindow(t0, t0 + timedelta(hours=24))))
+    result.evaluation.result.auc, result.run_id, result.model_uri
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shutil
+import time
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+
+from primus_dagster.cluster.backends import data_plane_starter
+from primus_dagster.data import DataDriver, DataPlane, NotReady, SourceContext, TimeWindow
+from primus_dagster.spec import JobSpec
+from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
+from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
+from primus_dagster.training.models import RecModel
+from primus_dagster.training.modes import Phase, phase_tasks, phases
+from primus_dagster.training.planning import plan_training_tasks, planned_line
+from primus_dagster.training.priority import LoadingPriority
+from primus_dagster.training.progress import Heartbeat
+from primus_dagster.training.quality_report import record_quality
+from primus_dagster.training.rank_group import RankFailedError, RankGroup
+from primus_dagster.training.result import TrainingResult, build_result
+from primus_dagster.training.run_state import CheckpointRef, RunHooks, TrainingRequest, TrainingRun
+from primus_dagster.training.single_trainer import SingleTrainer
+from primus_dagster.training.tracking import RUN_KIND_TAG, MlflowTracker
+
+log = logging.getLogger(__name__)
+
+
+class MissingPredecessorError(RuntimeError):
+    """The run should continue the model of the window before it (``warm_start``), which has no finished
+    model, and ``automation.cold_start`` does not allow a fresh start."""
+
+
+class PhaseTrainer(Protocol):
+    """What trains a window run's phases: one trainer in this process, or a rank group.
+
+    The skeleton calls :meth:`begin` once (with the checkpoint a resumed run continues from), then for
+    each phase :meth:`train_phase` on the phase's started data plane and :meth:`end_phase` after the
+    plane is closed and its quality counts recorded; at the end :meth:`final_model` and :meth:`stats`.
+    A trainer checkpoints through :meth:`TrainingRun.log_checkpoint`, which makes the checkpoint the
+    run's latest (where later phases and restarts start). ``restartable``: a failure of its own
+    (:class:`~primus_dagster.training.rank_group.RankFailedError`) may be retried from the latest
+    checkpoint.
+
+    Example::
+
+        trainer: PhaseTrainer = SingleTrainer(hooks) if replicas == 1 else RankGroup(hooks, replicas)
+        params, tags = trainer.describe()        # extra MLflow params and tags of the run
+    """
+
+    trainers: int
+    restartable: bool
+
+    @property
+    def step(self) -> int:
+        """The steps (a rank group: rounds) trained so far."""
+        ...
+
+    def describe(self) -> tuple[dict[str, Any], dict[str, str]]: ...
+
+    def begin(self, run: TrainingRun, resume: Checkpoint | None) -> None: ...
+
+    def train_phase(self, run: TrainingRun, phase: Phase, plane: DataPlane) -> None: ...
+
+    def end_phase(self, run: TrainingRun, phase: Phase) -> None: ...
+
+    def final_model(self, run: TrainingRun) -> tuple[RecModel, int]: ...
+
+    def stats(self, run: TrainingRun) -> dict[str, Any]: ...
+
+
+def phase_trainer(job: JobSpec, hooks: RunHooks) -> PhaseTrainer:
+    """The trainer of ``job``'s runs: a :class:`RankGroup` for ``pools.training.replicas > 1``, else one
+    trainer in this process."""
+    replicas = job.pools.training.replicas
+    return RankGroup(hooks, replicas) if replicas > 1 else SingleTrainer(hooks)
+
+
+def run_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
+    """The MLflow params of a training run of ``job`` on ``window``."""
+    t, m = job.training, job.training.model
+    return {
+        "job": job.name,
+        "mode": t.mode,
+        "model": m.type,
+        "embedding_dim": m.embedding_dim,
+        "hash_buckets": m.hash_buckets,
+        "memory_hidden": m.memory_hidden,
+        "adapt_hidden": m.adapt_hidden,
+        "batch_size": t.batch_size,
+        "learning_rate": t.learning_rate,
+        "seed": t.seed,
+        "priority_weights": job.kind_weights(),
+        "batch_lag": str(t.batch_lag),
+        "window_start": window.start.isoformat(),
+        "window_end": window.end.isoformat(),
+        "data_executors": executors,
+    }
+
+
+def train_window(
+    request: TrainingRequest, hooks: RunHooks | None = None, *, trainer: PhaseTrainer | None = None
+) -> TrainingResult:
+    """Train ``request.job``'s model on ``request.window`` (module docstring); ``trainer``: who trains
+    the phases (default :func:`phase_trainer`)."""
+    hooks = hooks or RunHooks()
+    trainer = trainer or phase_trainer(request.job, hooks)
+    started = time.perf_counter()
+    with Heartbeat() as beat:  # a line in the run log at least every few seconds, whatever the stage
+        return _train(request, hooks, trainer, beat, started)
+
+
+def _train(
+    request: TrainingRequest, hooks: RunHooks, trainer: PhaseTrainer, beat: Heartbeat, started: float
+) -> TrainingResult:
+    job, spec = request.job, request.job.training
+    torch.set_num_threads(spec.threads)  # this process: training (one trainer) and evaluation
+    context = SourceContext(str(request.data_root), kafka_bootstrap_servers=request.kafka_bootstrap)
+    skipped: list[NotReady] = []
+    if request.tasks is None:
+        names = [source.name for _, source in job.dataset.all_sources()]
+        beat.stage("planning window %s: listing %d source(s) (%s)", request.window, len(names), ", ".join(names))
+    tasks = request.tasks if request.tasks is not None else plan_training_tasks(job, context, request.window, skipped)
+    beat.stage(planned_line(job, tasks, skipped))
+    executors = request.executors or job.pools.data.replicas or 1
+    tracker = request.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
+    extra_params, extra_tags = trainer.describe()
+    tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **extra_tags, **request.tags}
+    if skipped:
+        tags["primus.skipped_partitions"] = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in skipped)[
+            :5000
+        ]
+    beat.stage("MLflow: opening the run %s", request.key())
+    tracker.start(request.key(), params={**run_params(job, request.window, executors), **extra_params}, tags=tags)
+    run = TrainingRun(request, tracker, tasks, beat)
+    status = "FAILED"
+    try:
+        log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
+        inputs = tracker.log_source_inputs(run.consumed)
+        log.info("MLflow: %d source dataset(s) recorded as the run's inputs (partitions, versions, offsets)", inputs)
+        resume = load_resume(tracker, run)
+        warm_from, cold_start = load_warm_start(tracker, run) if resume is None and request.warm_start else (None, None)
+        trainer.begin(run, resume)
+        _run_phases(run, trainer, hooks, executors)
+        model, step = trainer.final_model(run)
+        if request.evaluate:
+            beat.stage("evaluating the model on the %d hour(s) after the window", spec.eval_hours)
+        evaluation = evaluate_and_log(request, context, model, tracker, step)
+        beat.stage("logging the model to MLflow")
+        model_uri = tracker.log_model(model)
+        log.info("model logged: %s (%.1f s since the start)", model_uri, time.perf_counter() - started)
+        stats = trainer.stats(run)
+        status = "FINISHED"
+        return build_result(run, model_uri, stats, evaluation, resume, warm_from, cold_start, started, skipped)
+    except KeyboardInterrupt:  # a cancelled run (SIGINT / SIGTERM through the CLI): MLflow says KILLED
+        status = "KILLED"
+        raise
+    finally:
+        tracker.finish(status)
+        shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _run_phases(run: TrainingRun, trainer: PhaseTrainer, hooks: RunHooks, executors: int) -> None:
+    """The phases from the latest checkpoint on; a restartable trainer that failed starts again from the
+    latest checkpoint while ``pools.training`` allows restarts."""
+    pool, restarts = run.job.pools.training, 0
+    while True:
+        try:
+            for phase in phases(run.spec.mode)[run.first_phase() :]:
+                if not phase_tasks(run.tasks, phase):
+                    log.info("phase %s: no tasks, skipped", phase.name)
+                    continue
+                driver = driver_for(run, phase, trainers=trainer.trainers)
+                _run_phase(run, trainer, hooks, phase, driver, executors)
+            return
+        except RankFailedError as exc:
+            if not trainer.restartable or pool.restart == "never" or restarts >= pool.max_restarts:
+                raise
+            restarts += 1
+            where = f"the checkpoint at step {run.latest.step}" if run.latest is not None else "the start"
+            log.warning(
+                "%s\nrestarting the trainer group from %s (restart %d of %d)", exc, where, restarts, pool.max_restarts
+            )
+
+
+def driver_for(run: TrainingRun, phase: Phase, trainers: int = 1) -> DataDriver:
+    """The data driver of ``phase`` serving ``trainers`` readers: restored from the run's latest
+    checkpoint when it was taken in this phase, else fresh with the phase's tasks."""
+    checkpoint = run.checkpoint_in(phase.name)
+    if checkpoint is not None and checkpoint.data_snapshot is not None:
+        driver = DataDriver.restore(checkpoint.data_snapshot, trainers=trainers)
+        log.info("phase %s: data progress restored from the checkpoint at step %d", phase.name, checkpoint.step)
+    else:
+        driver = DataDriver.for_job(run.job.data, trainers=trainers)
+        driver.add_tasks(phase_tasks(run.tasks, phase))
+    driver.source_versions = dict(run.versions)
+    return driver
+
+
+def _run_phase(
+    run: TrainingRun, trainer: PhaseTrainer, hooks: RunHooks, phase: Phase, driver: DataDriver, executors: int
+) -> None:
+    """One phase: the data plane on ``driver``, the trainer on it, then what the pool did and the
+    phase's quality counts."""
+    request = run.request
+    # Both kinds live: q_i weighs the serving buffers; the driver leases to the kind furthest below its share.
+    driver.loading_policy = LoadingPriority(run.job.kind_weights()) if phase.prioritised else None
+    start_plane = hooks.data_plane or data_plane_starter(run.job, run_id=request.key())
+    run.stage(
+        "phase %s: %d task(s) to read; starting %d data executor(s)",
+        phase.name,
+        sum(driver.backlog_by_kind().values()),
+        executors,
+    )
+    with start_plane(
+        request.job_path,
+        request.data_root,
+        driver=driver,
+        executors=executors,
+        trainers=trainer.trainers,
+        token=secrets.token_hex(16),
+        kafka_bootstrap=request.kafka_bootstrap,
+    ) as plane:
+        trainer.train_phase(run, phase, plane)
+        pool = plane.summary()
+        log_pool_timeline(run, pool.pop("timeline", []), plane.started_at - run.started)
+        if isinstance(pool.get("scaling"), dict):
+            pool["scaling"] = {k: v for k, v in pool["scaling"].items() if k != "timeline"}
+        run.data_pools[phase.name] = pool  # the timeline is in MLflow, as metrics
+        plane.driver.raise_if_failed()
+    record_quality(run, phase, driver, step=trainer.step)
+    trainer.end_phase(run, phase)
+
+
+_TIMELINE_METRICS = {
+    "replicas": "data_replicas",
+    "target_replicas": "data_target_replicas",
+    "cpu_util": "data_cpu_util",
+    "memory_util": "data_memory_util",
+    "load": "data_load",
+}
+
+
+def log_pool_timeline(run: TrainingRun, timeline: list[dict[str, Any]], offset_s: float) -> None:
+    """The data pool's scaling timeline as MLflow metrics (replicas and utilisation over time), the step
+    being seconds since the run started; a point's decision counts in ``data_scaling_decisions``."""
+    decisions, points = 0, []
+    for point in timeline:
+        step = int(offset_s + point["t_s"])
+        points += [
+            (name, float(point[key]), step) for key, name in _TIMELINE_METRICS.items() if point.get(key) is not None
+        ]
+        if point.get("decision"):
+            decisions += len(str(point["decision"]).split(","))
+            points.append(("data_scaling_decisions", float(decisions), step))
+    run.tracker.log_metric_points(points)
+
+
+def evaluate_and_log(
+    request: TrainingRequest, context: SourceContext, model: RecModel, tracker: MlflowTracker, step: int
+) -> NextHourEvaluation | None:
+    """The next-hour evaluation of ``model`` after ``request.window`` (None with ``request.evaluate`` off
+    or no labelled hours), logged to the run as ``eval_*`` metrics at ``step``."""
+    if not request.evaluate:
+        return None
+    end = request.window.end
+    evaluation = evaluate_window(
+        request.job, context, model, end, end + timedelta(hours=request.job.training.eval_hours)
+    )
+    if evaluation is not None:
+        values = evaluation.result.to_dict().items()
+        tracker.log_metrics({f"eval_{k}": float(v) for k, v in values if isinstance(v, (int, float))}, step)
+        tracker.set_tags({"primus.eval_labels": evaluation.labels})
+        result = evaluation.result
+        log.info("evaluation: AUC %.4f on %d row(s) (%s labels)", result.auc, result.rows, evaluation.labels)
+    else:
+        log.info("evaluation: no labelled rows after the window")
+    return evaluation
+
+
+def load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> tuple[str | None, str | None]:
+    """Load the final checkpoint of the finished run ``run.request.warm_start`` (continuous training
+    across windows) as ``run.warm``: ``(its run id, None)``. Without one, ``automation.cold_start``
+    decides: ``allow`` starts fresh with a warning, ``(None, why)``; otherwise
+    :class:`MissingPredecessorError`."""
+    key = run.request.warm_start or ""
+    source = tracker.finished_run(key)
+    directory = tracker.latest_checkpoint(run.workdir / "warm", run_id=source) if source else None
+    if directory is None:
+        why = f"no finished run {key!r} with a checkpoint to warm-start from"
+        if run.job.automation.cold_start != "allow":
+            raise MissingPredecessorError(
+                f"job {run.job.name}: {why}: windows train in order, each continuing the model of the one "
+                "before it; train that window first, or set automation.cold_start: allow to start afresh"
+            )
+        log.warning("%s: the model starts fresh (automation.cold_start: allow)", why)
+        tracker.set_tags({"primus.cold_start": why})
+        return None, why
+    run.warm, run.warm_path = load_checkpoint(directory), directory
+    tracker.set_tags({"primus.warm_start": source})
+    log.info("warm start from run %s (%s, step %d)", source, key, run.warm.step)
+    return source, None
+
+
+def load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:
+    """The latest checkpoint of a resumed (killed) run, made the run's latest; None for a new run."""
+    if not tracker.resumed:
+        return None
+    directory = tracker.latest_checkpoint(run.workdir / "resume")
+    if directory is None:
+        return None
+    checkpoint = load_checkpoint(directory)
+    run.latest = CheckpointRef(checkpoint.step, checkpoint.phase, bool(checkpoint.extra.get("phase_done")), directory)
+    # the quality counts of the phases finished before the kill (older checkpoints: none kept)
+    run.data_quality = {k: dict(v) for k, v in (checkpoint.extra.get("data_quality") or {}).items()}
+    run.quality_places = json.loads(json.dumps(checkpoint.extra.get("data_quality_places") or {}))
+    log.info(
+        "resuming run %s from its checkpoint at step %d (phase %s)", tracker.run_id, checkpoint.step, checkpoint.phase
+    )
+    return checkpoint

@@ -1,0 +1,100 @@
+"""Rank groups for the tests, started with :mod:`primus_dagster.training.distributed.launch`.
+
+* :func:`run_ddp` -- ``world_size`` ranks over a data plane, each with its own :class:`RemoteReader`
+  (``trainer_id = rank``), no checkpoints;
+* :func:`run_ddp_in_memory` -- the benchmarks' group without a data plane (``bench/_ddp.py``, also
+  the ``ddp_dense`` baseline exchange): ``bench/`` goes on ``sys.path`` here, which the spawned ranks
+  inherit, so they import their target as ``_ddp``.
+
+Example::
+
+    with DirectDataPlane(job_path, data_root, tasks, executors=2, trainers=2) as plane:
+        results = run_ddp(plane, job.training, world_size=2)
+    assert len({r.params_checksum for r in results}) == 1     # identical replicas
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus_dagster.data import DirectDataPlane, DriverClient, RemoteReader
+from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.distributed import RankLoop, RankProcesses, RankResult, collect_results, serve_rank
+from primus_dagster.training.priority import MixturePriority
+
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from _ddp import run_ddp_in_memory  # noqa: E402 - bench/ on sys.path first
+
+__all__ = ["run_ddp", "run_ddp_in_memory"]
+
+
+@dataclass(frozen=True)
+class PlanePlan:
+    """What every rank of :func:`run_ddp` gets (pickled into the spawned processes)."""
+
+    world_size: int
+    driver_location: str
+    token: str | None
+    training_spec_json: str
+    n_threads: int
+    record_ids: bool
+    kind_weights: dict[str, float] = field(default_factory=dict)
+    timeout_s: float = 600.0
+
+
+def plane_rank(rank: int, init_method: str, out_queue: Any, plan: PlanePlan) -> None:
+    """One rank of :func:`run_ddp`: reads trainer ``rank``'s batches from the data plane and trains."""
+
+    def body() -> RankResult:
+        spec = TrainingSpec.model_validate_json(plan.training_spec_json)
+        started, cpu0 = time.perf_counter(), time.process_time()
+        chooser = MixturePriority(plan.kind_weights, seed=spec.seed + rank) if spec.mode == "mixed" else None
+        with (
+            DriverClient(plan.driver_location, token=plan.token) as client,
+            RemoteReader(client, rank, token=plan.token, choose_queue=chooser) as reader,
+        ):
+            loop = RankLoop(
+                spec,
+                lambda wait_s: reader.next_batch(timeout=wait_s),
+                record_ids=plan.record_ids,
+                timeout_s=plan.timeout_s,
+            )
+            loop.run()
+            loop.close()
+        return loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
+
+    serve_rank(rank, plan.world_size, init_method, plan.n_threads, out_queue, body, timeout_s=plan.timeout_s)
+
+
+def run_ddp(
+    plane: DirectDataPlane,
+    spec: TrainingSpec,
+    world_size: int,
+    *,
+    threads_per_rank: int = 1,
+    record_ids: bool = False,
+    timeout_s: float = 600,
+) -> list[RankResult]:
+    """Train ``spec``'s model on the plane's data with ``world_size`` ranks (``spawn``-ed
+    processes, gloo on loopback); results by rank. RuntimeError naming the rank when one fails."""
+    if plane.trainers != world_size:
+        raise ValueError(f"the data plane serves {plane.trainers} trainers; world_size is {world_size}")
+    plan = PlanePlan(
+        world_size=world_size,
+        driver_location=plane.location,
+        token=plane.token,
+        training_spec_json=spec.model_dump_json(),
+        n_threads=threads_per_rank,
+        record_ids=record_ids,
+        kind_weights=plane.job.kind_weights(),
+        timeout_s=timeout_s,
+    )
+    with RankProcesses(plane_rank, world_size, plan, name="ddp-rank") as ranks:
+        return collect_results(ranks, timeout_s)
