@@ -33,11 +33,11 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Two pytest workers (pytest-xdist), one test file per worker at a time: most tests wait on processes,
-# brokers and daemons, so two files at once fit 2 cores. TEST_WORKERS=0 runs them in this process.
+# brokers and daemons, so two files at once fit 2 cores; the longest files first (tests/conftest.py LONGEST_FIRST). TEST_WORKERS=0 runs them in this process.
 # pytest exit code 5 = no tests collected: not a failure of the suite.
 TEST_WORKERS ?= 2
 test: setup lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
 
 # The reference deployment in `dagster dev` (UI + daemon: its sensors run) on the project's DAGSTER_HOME.
 dev: setup

@@ -24,7 +24,7 @@ import itertools
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,10 +35,12 @@ from torch.nn.parallel import DistributedDataParallel
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.distributed import (
+    Divisor,
     GradientExchange,
     RankLoop,
     RankProcesses,
     RankResult,
+    RoundMessages,
     RowSparseExchange,
     collect_results,
     parameter_groups,
@@ -120,20 +122,13 @@ class DenseDDPExchange:
         return None  # the status alone (never called: no round messages)
 
     def gradients(
-        self,
-        trainer: Trainer,
-        micro: Batch,
-        loss: torch.Tensor | None,
-        messages: Sequence[torch.Tensor] | None,
-        divisor: Mapping[str, int],
+        self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, messages: RoundMessages, divisor: Divisor
     ) -> torch.Tensor:
         """DDP exchanges inside the backward."""
         self.divisor = divisor
         return trainer.backward(micro)
 
-    def null_gradients(
-        self, trainer: Trainer, kind: str, messages: Sequence[torch.Tensor] | None, divisor: Mapping[str, int]
-    ) -> None:
+    def null_gradients(self, trainer: Trainer, kind: str, messages: RoundMessages, divisor: Divisor) -> None:
         self.divisor = divisor
         dense, sparse = torch.zeros(0, self.widths[0]), torch.zeros(0, self.widths[1], dtype=torch.int64)
         (trainer.module(dense, sparse, kind).sum() * 0.0).backward()

@@ -66,11 +66,9 @@ Example (one rank over a data plane; start ``world`` of them with :class:`RankPr
 """
 
 from primus_dagster.training.distributed.exchange import (
-    HEADER_BYTES,
-    KINDS,
-    MAX_TABLES,
-    STATUS_FIELDS,
+    Divisor,
     GradientExchange,
+    RoundMessages,
     RowSparseExchange,
     parameter_groups,
 )
@@ -85,17 +83,15 @@ from primus_dagster.training.distributed.mesh import ByteAllGather, GlooBytes, P
 from primus_dagster.training.distributed.rounds import RankLoop, RankResult, params_checksum
 
 __all__ = [
-    "HEADER_BYTES",
-    "KINDS",
-    "MAX_TABLES",
-    "STATUS_FIELDS",
     "ByteAllGather",
+    "Divisor",
     "GlooBytes",
     "GradientExchange",
     "PeerMesh",
     "RankLoop",
     "RankProcesses",
     "RankResult",
+    "RoundMessages",
     "RowSparseExchange",
     "collect_results",
     "first_failure",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -34,10 +34,14 @@ from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.models import MTRM, build_model
+from primus_dagster.training.models import KINDS, MTRM, build_model
 from primus_dagster.training.trainer import Trainer, coalesced_rows
 
-KINDS = ("batch", "stream")  # a micro-batch's kind, by its index in the status row
+# KINDS (models): a micro-batch's kind, by its index in the status row
+RoundMessages: TypeAlias = (
+    Sequence[torch.Tensor] | None
+)  # every rank's round message, in rank order; None: statuses only
+Divisor: TypeAlias = Mapping[str, int]  # parameter group -> ranks that trained it this round (0: nobody)
 # a round's status row: ready, ended, kind, n_dense, n_sparse, label sum, rows; then rows touched per table
 STATUS_FIELDS, MAX_TABLES = 7, 8
 HEADER_BYTES = 8 * (STATUS_FIELDS + MAX_TABLES)  # the status row at the head of a round's message (float64)
@@ -74,21 +78,14 @@ class GradientExchange(Protocol):
         ...
 
     def gradients(
-        self,
-        trainer: Trainer,
-        micro: Batch,
-        loss: torch.Tensor | None,
-        messages: Sequence[torch.Tensor] | None,
-        divisor: Mapping[str, int],
+        self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, messages: RoundMessages, divisor: Divisor
     ) -> torch.Tensor:
         """A ready rank, after the round's all-gather: set the parameters' gradients to the group's;
         the loss. ``loss``: of the backward before the gather (``round_messages``), else None (run the
         backward of ``micro`` here); ``messages``: every rank's, in rank order (None: status only)."""
         ...
 
-    def null_gradients(
-        self, trainer: Trainer, kind: str, messages: Sequence[torch.Tensor] | None, divisor: Mapping[str, int]
-    ) -> None:
+    def null_gradients(self, trainer: Trainer, kind: str, messages: RoundMessages, divisor: Divisor) -> None:
         """A rank without data this round (its gradients were zeroed): take part in the exchange and
         leave the group's gradients; ``kind``: one that some ready rank trains."""
         ...
@@ -179,12 +176,7 @@ class RowSparseExchange:
         self.sent, self.pack_s, self.apply_s = 0, 0.0, 0.0
 
     def gradients(
-        self,
-        trainer: Trainer,
-        micro: Batch,
-        loss: torch.Tensor | None,
-        messages: Sequence[torch.Tensor] | None,
-        divisor: Mapping[str, int],
+        self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, messages: RoundMessages, divisor: Divisor
     ) -> torch.Tensor:
         """The group's gradients from the round's messages (backward ran before the gather)."""
         if loss is None:
@@ -193,9 +185,7 @@ class RowSparseExchange:
             self.apply(messages, divisor)
         return loss
 
-    def null_gradients(
-        self, trainer: Trainer, kind: str, messages: Sequence[torch.Tensor] | None, divisor: Mapping[str, int]
-    ) -> None:
+    def null_gradients(self, trainer: Trainer, kind: str, messages: RoundMessages, divisor: Divisor) -> None:
         """No forward: the status went out alone; the group's gradients from the others' messages."""
         if self.active and messages is not None:
             self.apply(messages, divisor)

@@ -25,14 +25,13 @@ from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.distributed.exchange import (
     HEADER_BYTES,
-    KINDS,
     MAX_TABLES,
     STATUS_FIELDS,
     GradientExchange,
     RowSparseExchange,
 )
 from primus_dagster.training.distributed.mesh import ByteAllGather, PeerMesh
-from primus_dagster.training.models import MTRM, model_inputs
+from primus_dagster.training.models import KINDS, MTRM, model_inputs
 from primus_dagster.training.trainer import Trainer, TrainerStats
 
 
