@@ -179,14 +179,62 @@ def _all_finite(values: np.ndarray) -> bool:
     return bool(np.isfinite(values).all())
 
 
-def _to_ts(array: pa.Array, where: str) -> pa.Array:
+#: The units an integer event-time column may hold (``columns.ts_unit``), as Arrow names them.
+EPOCH_UNITS = ("s", "ms", "us", "ns")
+
+
+def _epochs(ints: pa.Array, unit: str, where: str) -> pa.Array:
+    """Integer epochs in ``unit`` as ``TS_TYPE`` (nanoseconds truncated to microseconds)."""
+    try:
+        return ints.cast(pa.int64()).cast(pa.timestamp(unit, tz="UTC")).cast(TS_TYPE, safe=unit != "ns")
+    except pa.ArrowInvalid as exc:  # out of the timestamp range in that unit
+        raise SchemaMismatchError(
+            f"{where}: the ts column read as epoch {unit} (columns.ts_unit) is out of the timestamp range ({exc}); "
+            f"declare the unit its integers count in: one of {', '.join(EPOCH_UNITS)}"
+        ) from exc
+
+
+def _to_ts(array: pa.Array, where: str, unit: str = "ms") -> pa.Array:
+    """The event-time column as ``TS_TYPE``: timestamps (naive ones read as UTC), or integer epochs in
+    ``unit`` (``columns.ts_unit``; Kafka and JSON carry milliseconds)."""
     if pa.types.is_timestamp(array.type):
         if array.type.tz is None:
             array = array.cast(pa.timestamp(array.type.unit, tz="UTC"))
         return array.cast(TS_TYPE)
-    if pa.types.is_integer(array.type):  # epoch milliseconds, as Kafka and JSON carry it
-        return pc.multiply(array.cast(pa.int64()), 1000).cast(TS_TYPE)
-    raise SchemaMismatchError(f"{where}: ts column has type {array.type}; expected a timestamp or epoch ms")
+    if pa.types.is_integer(array.type):
+        return _epochs(array, unit, where)
+    raise SchemaMismatchError(
+        f"{where}: ts column has type {array.type}; expected a timestamp or integer epochs (columns.ts_unit)"
+    )
+
+
+def _inside(ts: pa.Array, start: pa.Scalar, end: pa.Scalar) -> int:
+    """How many of ``ts`` lie in ``[start, end)``."""
+    return int(pc.sum(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end))).as_py() or 0)
+
+
+def _misread_times(native: pa.Array, column: str, unit: str, start: pa.Scalar, end: pa.Scalar) -> str:
+    """Why most event times of a read fall outside its partition ``[start, end)``, and the fix: for
+    integer epochs, the unit in which they would fall inside (if one does)."""
+    rows = len(native) - native.null_count
+    outside = rows - _inside(_to_ts(native, column, unit), start, end)
+    span = f"[{start.as_py().isoformat()}, {end.as_py().isoformat()})"
+    said = f"column {column!r}: {outside:,} of {rows:,} event times fall outside the partition {span}"
+    if not pa.types.is_integer(native.type):
+        return f"{said}: the timestamps are of another time -- is the file in its partition's directory?"
+    fits = dict.fromkeys((u for u in EPOCH_UNITS if u != unit), 0)
+    for other in fits:
+        try:
+            fits[other] = _inside(_epochs(native, other, column), start, end)
+        except SchemaMismatchError:
+            continue  # out of range in that unit: not it
+    best = max(fits, key=lambda u: fits[u])
+    if 2 * fits[best] > rows:
+        return (
+            f"{said} read as epoch {unit} (columns.ts_unit: {unit}); as epoch {best} {fits[best]:,} fall inside: "
+            f"declare `ts_unit: {best}` in the source's columns"
+        )
+    return f"{said} read as epoch {unit} (columns.ts_unit: {unit}), and in no other epoch unit: is it the event time?"
 
 
 def _numeric(array: pa.Array, target: pa.DataType, what: str, where: str) -> pa.Array:
@@ -405,14 +453,18 @@ class Normalizer:
 
     def _ts(self, batch: pa.RecordBatch | _Columns, where: str, partition: datetime | None, rules: _Rules) -> pa.Array:
         m = self.mapping
-        ts = _to_ts(_column(batch, m.ts, where), where)
+        native = _column(batch, m.ts, where)
+        ts = _to_ts(native, where, m.ts_unit)
         start = pa.scalar(partition if partition is not None else _EPOCH, TS_TYPE)
         if ts.null_count and rules.check("null_ts", _mask(ts.is_null()), m.ts):
             ts = pc.fill_null(ts, start)
         if partition is not None and len(ts) > ts.null_count:
             end = pa.scalar(partition + self.step, TS_TYPE)
-            bounds = pc.min_max(ts).as_py()
-            if bounds["min"] < start.as_py() or bounds["max"] >= end.as_py():
+            bounds = pc.min_max(ts)  # compared in Arrow: a misread unit may lie beyond Python's datetimes
+            if pc.less(bounds["min"], start).as_py() or pc.greater_equal(bounds["max"], end).as_py():
+                rows = len(ts) - ts.null_count
+                if 2 * (rows - _inside(ts, start, end)) > rows:  # most rows: a misread column, not stray rows
+                    raise SchemaMismatchError(f"{where}: " + _misread_times(native, m.ts, m.ts_unit, start, end))
                 outside = _mask(pc.or_(pc.less(ts, start), pc.greater_equal(ts, end)))
                 rules.check(
                     "ts_outside_partition",

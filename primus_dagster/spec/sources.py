@@ -50,7 +50,15 @@ class ColumnMapping(StrictModel):
     kept under their own names, or a mapping ``canonical_name: native_name``.
     """
 
-    ts: str = Field(description="Event-time column (timestamp or epoch milliseconds).")
+    ts: str = Field(description="Event-time column: a timestamp, or integer epochs in ``ts_unit``.")
+    ts_unit: Literal["s", "ms", "us", "ns"] = Field(
+        default="ms",
+        description=(
+            "The unit of an integer event-time column (epoch seconds, milliseconds, microseconds, nanoseconds); "
+            "ignored for timestamp columns. A read whose rows mostly fall outside their partition fails and "
+            "names the unit that would fit."
+        ),
+    )
     label: str | None = Field(default=None, description="Label column (0/1); may be null in stream rows.")
     id: str | None = Field(default=None, description="Unique sample id column (int64), used for exactly-once checks.")
     dense: list[str] | str = Field(description="Dense feature columns (at least one), or one list column.")

@@ -281,3 +281,62 @@ def test_fail_on_null_ts_and_on_a_missing_kafka_field() -> None:
     kafka = source("{ts: t, label: y, dense: [a]}, quality: {missing_field: fail}")
     with pytest.raises(DataQualityError, match=r"t:0@5-6: column 'a': .*missing_field"):
         Normalizer(kafka)(pa.record_batch({**rows, "t": pa.array([0, 0], pa.int64())}), where="t:0@5-6")
+
+
+def epoch_source(unit: str | None) -> object:
+    declared = f", ts_unit: {unit}" if unit else ""
+    return source(f"{{ts: t, label: y, dense: [a]{declared}}}", "type: parquet, kind: batch, path: p")
+
+
+def epoch_batch(scale: int) -> pa.RecordBatch:
+    """Ten rows inside the partition starting at T0, their times as integer epochs of ``1 / scale`` s."""
+    seconds = [int((T0 + timedelta(minutes=5 * i)).timestamp()) for i in range(10)]
+    return pa.record_batch(
+        {
+            "t": pa.array([s * scale for s in seconds], pa.int64()),
+            "y": pa.array([1.0] * 10),
+            "a": pa.array([0.5] * 10),
+        }
+    )
+
+
+@pytest.mark.parametrize("unit, scale", [("s", 1), ("ms", 1000), ("us", 10**6), ("ns", 10**9)])
+def test_integer_epochs_are_read_in_their_declared_unit(unit: str, scale: int) -> None:
+    norm = Normalizer(epoch_source(unit))
+    out = norm(epoch_batch(scale), where="f.parquet", partition=T0)
+    assert out.column("ts").to_pylist() == [T0 + timedelta(minutes=5 * i) for i in range(10)]
+    assert norm.take() == {}  # nothing outside the partition, nothing repaired
+
+
+@pytest.mark.parametrize("unit, scale, fits", [(None, 1, "s"), ("s", 1000, "ms"), ("ms", 10**6, "us")])
+def test_epochs_misread_in_another_unit_fail_the_read_naming_column_file_and_unit(
+    unit: str | None, scale: int, fits: str
+) -> None:
+    """Most rows outside their partition is a misdeclared column, never a silent repair: the read fails
+    (permanent: no retry), naming the file, the column, the unit used and the one that would fit."""
+    norm = Normalizer(epoch_source(unit))
+    with pytest.raises(SchemaMismatchError) as raised:
+        norm(epoch_batch(scale), where="part-0.parquet", partition=T0)
+    message = str(raised.value)
+    assert message.startswith("part-0.parquet: column 't': 10 of 10 event times fall outside the partition")
+    assert f"read as epoch {unit or 'ms'}" in message and f"declare `ts_unit: {fits}`" in message
+    assert is_permanent(raised.value)
+
+
+def test_a_few_stray_event_times_are_still_the_quality_rule() -> None:
+    """Below half the rows, rows outside the partition are counted and repaired as before."""
+    batch = epoch_batch(1000)
+    times = batch.column("t").to_pylist()
+    times[0] += 7_200_000  # two hours late
+    stray = batch.set_column(0, "t", pa.array(times, pa.int64()))
+    norm = Normalizer(epoch_source(None))
+    norm(stray, where="f.parquet", partition=T0)
+    assert norm.take() == {"ts_outside_partition": 1}
+
+
+def test_timestamps_of_another_time_say_so() -> None:
+    norm = Normalizer(epoch_source(None))
+    batch = epoch_batch(1000)
+    late = batch.set_column(0, "t", pa.array([T0 + timedelta(days=3)] * 10, pa.timestamp("us", tz="UTC")))
+    with pytest.raises(SchemaMismatchError, match="timestamps are of another time"):
+        norm(late, where="f.parquet", partition=T0)
