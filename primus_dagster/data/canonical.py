@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from primus_dagster.data.hashing import is_hashable_category, stable_hash64
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import REPAIRS, ColumnMapping, QualityAction, SourceSpec
 
@@ -259,15 +260,27 @@ def _mask(array: pa.Array) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _ids(array: pa.Array, what: str, where: str) -> tuple[pa.Array, np.ndarray | None, np.ndarray | None]:
+def _ids(
+    array: pa.Array, what: str, where: str, *, categories: bool = False
+) -> tuple[pa.Array, np.ndarray | None, np.ndarray | None]:
     """``array`` as int64 (bad values null), the rows that are null, and the non-null rows that do not convert
-    (NaN, not whole, out of int64 range); a mask is None where it has no row. Non-numbers: SchemaMismatchError."""
+    (NaN, not whole, out of int64 range); a mask is None where it has no row. ``categories``: strings,
+    binaries and dictionaries of them are ids too, by :func:`~primus_dagster.data.hashing.stable_hash64`.
+    Anything else: SchemaMismatchError."""
     kind = array.type
+    nulls = _mask(array.is_null()) if array.null_count else None
+    if categories and is_hashable_category(kind):
+        return stable_hash64(array), nulls, None
     if not (
         pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_null(kind)
     ):
-        raise SchemaMismatchError(f"{where}: {what} has type {kind}; expected an integer")
-    nulls = _mask(array.is_null()) if array.null_count else None
+        expected = "an integer or a string (hashed to an id)" if categories else "an integer"
+        hint = (
+            "; list features are not supported yet: one value per row"
+            if categories and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            else ""
+        )
+        raise SchemaMismatchError(f"{where}: {what} has type {kind}; expected {expected}{hint}")
     if kind == pa.int64():
         return array, nulls, None
     bad: pa.Array | None = None
@@ -442,8 +455,10 @@ class Normalizer:
     def _id_column(
         self, batch: pa.RecordBatch | _Columns, native: str, what: str, where: str, rules: _Rules
     ) -> pa.Array:
-        """An id column as int64 after the ``bad_id`` / ``missing_field`` rules; repaired values are null."""
-        ids, nulls, bad = _ids(_column(batch, native, where), f"{what} {native!r}", where)
+        """An id column as int64 after the ``bad_id`` / ``missing_field`` rules; repaired values are null.
+        Sparse columns may hold strings (hashed); sample ids are integers."""
+        column = _column(batch, native, where)
+        ids, nulls, bad = _ids(column, f"{what} {native!r}", where, categories=what == "sparse column")
         if self.kafka:
             rules.check("missing_field", nulls, native)
             rules.check("bad_id", bad, native, " (NaN, not whole or out of int64 range)")

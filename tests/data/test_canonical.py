@@ -224,8 +224,8 @@ def test_kafka_nulls_are_missing_fields() -> None:
 
 def test_type_errors_are_permanent() -> None:
     norm = Normalizer(source("{ts: t, dense: [a], sparse: [u]}"))
-    with pytest.raises(SchemaMismatchError, match="sparse column 'u' has type string") as info:
-        norm(pa.record_batch({"t": pa.array([0]), "a": pa.array([1.0]), "u": pa.array(["x"])}), where="f.parquet")
+    with pytest.raises(SchemaMismatchError, match="sparse column 'u' has type list<item: int64>") as info:
+        norm(pa.record_batch({"t": pa.array([0]), "a": pa.array([1.0]), "u": pa.array([[1]])}), where="f.parquet")
     assert is_permanent(info.value) and not is_permanent(OSError("connection reset"))
     try:
         raise SourceReadError("t:0", "wrapped") from info.value  # as the Kafka adapter reports it
@@ -340,3 +340,47 @@ def test_timestamps_of_another_time_say_so() -> None:
     late = batch.set_column(0, "t", pa.array([T0 + timedelta(days=3)] * 10, pa.timestamp("us", tz="UTC")))
     with pytest.raises(SchemaMismatchError, match="timestamps are of another time"):
         norm(late, where="f.parquet", partition=T0)
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.dictionary(pa.int32(), pa.string())])
+def test_string_sparse_ids_are_hashed_and_their_nulls_repaired(kind: pa.DataType) -> None:
+    from primus_dagster.data.hashing import stable_hash64
+
+    norm = Normalizer(
+        source("{ts: t, label: y, dense: [a], sparse: [gender, u]}", "type: parquet, kind: batch, path: p")
+    )
+    genders = pa.array(["f", "m", None, "f"], pa.string())
+    batch = pa.record_batch(
+        {
+            "t": pa.array([T0_MS] * 4, pa.int64()),
+            "y": pa.array([1.0, 0.0, 1.0, 0.0]),
+            "a": pa.array([0.5] * 4),
+            "gender": genders.cast(kind) if not pa.types.is_dictionary(kind) else genders.dictionary_encode(),
+            "u": pa.array([1, 2, 3, 4], pa.int64()),
+        }
+    )
+    out = norm(batch, where="f.parquet", partition=T0)
+    hashed = stable_hash64(pa.array(["f", "m"])).to_pylist()
+    assert out.column("gender").to_pylist() == [hashed[0], hashed[1], 0, hashed[0]]  # null -> 0 (bad_id: repair)
+    assert norm.take() == {"bad_id": 1}
+
+
+def test_a_list_sparse_column_and_a_string_sample_id_are_named() -> None:
+    norm = Normalizer(source("{ts: t, id: i, dense: [a], sparse: [genres]}", "type: parquet, kind: batch, path: p"))
+    batch = pa.record_batch(
+        {
+            "t": pa.array([T0_MS], pa.int64()),
+            "i": pa.array([7], pa.int64()),
+            "a": pa.array([0.5]),
+            "genres": pa.array([["drama", "war"]]),
+        }
+    )
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"f.parquet: sparse column 'genres' has type list<item: string>; "
+        r"expected an integer or a string \(hashed to an id\); list features are not supported yet",
+    ):
+        norm(batch, where="f.parquet", partition=T0)
+    string_ids = batch.set_column(1, "i", pa.array(["s-7"]))
+    with pytest.raises(SchemaMismatchError, match=r"id column 'i' has type string; expected an integer$"):
+        norm(string_ids.set_column(3, "genres", pa.array([1], pa.int64())), where="f.parquet", partition=T0)
