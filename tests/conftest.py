@@ -171,13 +171,13 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
 #: whole files to two workers (pytest-xdist ``--dist loadfile --no-loadscope-reorder``: xdist would otherwise
 #: reorder files by their number of tests and leave these for the end) in collection order, and starting
 #: with the longest lets both workers end at about the same time.
-LONGEST_FIRST = (
+LONGEST_FIRST = (  # the two heaviest Dagster servers (browser, self-driving) apart, each beside lighter files
     "tests/dagster_defs/test_browser.py",
-    "tests/dagster_defs/test_self_driving.py",
     "tests/training/test_multi_trainer.py",
-    "tests/dagster_defs/test_training_order.py",
-    "tests/dagster_defs/test_reference_location_cli.py",
     "tests/dagster_defs/test_training_asset_cli.py",
+    "tests/dagster_defs/test_reference_location_cli.py",
+    "tests/dagster_defs/test_training_order.py",
+    "tests/dagster_defs/test_self_driving.py",
     "tests/training/test_distributed.py",
     "tests/training/test_job.py",
     "tests/devtools/test_demo.py",

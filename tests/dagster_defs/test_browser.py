@@ -176,6 +176,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     stop_process_tree(proc)
 
 
+@pytest.mark.timeout(600)  # the demo, two servers and ten pages: 1.5-5 min on 2 shared cores
 def test_dagster_and_mlflow_uis_show_the_demo(
     tmp_path: Path, own_kafka_broker, browser: object, artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
