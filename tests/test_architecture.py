@@ -436,15 +436,20 @@ def code_location_roots() -> dict[str, str]:
         path = REPO / (name.replace(".", "/") + ".py")
         assert path.is_file(), f"workspace.yaml loads {name!r}, which is no file of the repository ({rel(path)})"
         for node in ast.walk(parsed(path)):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            for target in targets:
+            for target in import_targets(node):
                 if target.split(".")[0] in (PACKAGE, *LOCATION_PACKAGES) and is_module(target):
                     roots[target] = f"imported by {rel(path)} (code location of workspace.yaml)"
     return roots
+
+
+def import_targets(node: ast.AST) -> list[str]:
+    """What an absolute import statement may name: its modules, and for ``from m import n`` also ``m.n``
+    (a submodule, or a name of ``m``); nothing for other nodes and relative imports."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        return [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return []
 
 
 def reachable(graph: grimp.ImportGraph, roots: Iterable[str]) -> set[str]:
@@ -468,12 +473,7 @@ def outside_importers() -> dict[str, list[str]]:
     for root in (REPO / "bench", REPO / "tests"):
         for path in sorted(root.rglob("*.py")):
             for node in ast.walk(parsed(path)):
-                targets = []
-                if isinstance(node, ast.Import):
-                    targets = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                    targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                for target in targets:
+                for target in import_targets(node):
                     if target in modules and isinstance(node, (ast.Import, ast.ImportFrom)):
                         found.setdefault(target, []).append(f"{rel(path)}:{node.lineno}")
     return found

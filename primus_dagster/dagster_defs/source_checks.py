@@ -98,6 +98,7 @@ def scan_recording_schema_errors(
     read failed on a schema mismatch (their errors are in ``scan.errors`` with the others)."""
     # PartitionScan.errors keeps only (uri, message): the exception type that tells a schema mismatch
     # from an unreadable file is recorded here until the scan records it itself.
+    adapter.normalize.fail_on_misread_times = False  # rows outside the partition: the event-time check's
     recorder = _SchemaErrorRecorder(adapter)
     scan = scan_partition(recorder, partition, on_task=on_task)  # type: ignore[arg-type]
     return scan, frozenset(recorder.schema_error_uris)

@@ -4,7 +4,6 @@ repaired times); declared ``ts_unit: s`` they train."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the job tests' small world
-from jobkit import make_job
+from jobkit import make_job, train_one_hour
 
 pytestmark = pytest.mark.integration
 
@@ -30,27 +29,10 @@ def as_epoch_seconds(directory: Path) -> int:
     return len(files)
 
 
-def train(env: dict) -> subprocess.CompletedProcess[str]:
-    command = [
-        str(Path(sys.executable).parent / "primus-dagster"),
-        "train",
-        str(env["job_path"]),
-        "--data-root",
-        str(env["root"]),
-        "--start",
-        env["window"].start.strftime("%Y-%m-%dT%H"),
-        "--hours",
-        "1",
-        "--executors",
-        "1",
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-
-
 def test_epoch_seconds_fail_by_default_and_train_once_declared(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="batch", model="single", hours=1)
     assert as_epoch_seconds(tmp_path / "parquet" / "impressions") > 0
-    failed = train(env)
+    failed = train_one_hour(env)
     assert failed.returncode != 0, failed.stderr[-2000:]
     assert "column 'event_time'" in failed.stderr and "read as epoch ms" in failed.stderr
     assert "declare `ts_unit: s` in the source's columns" in failed.stderr
@@ -61,5 +43,5 @@ def test_epoch_seconds_fail_by_default_and_train_once_declared(tmp_path: Path) -
     env["job_path"].write_text(
         text.replace("columns: &cols {ts: event_time,", "columns: &cols {ts: event_time, ts_unit: s,")
     )
-    trained = train(env)
+    trained = train_one_hour(env)
     assert trained.returncode == 0, trained.stderr[-2000:]

@@ -4,7 +4,6 @@ table holds user ids) is hashed to ids by the stable hash and trains; no type er
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the job tests' small world
-from jobkit import make_job
+from jobkit import make_job, train_one_hour
 
 pytestmark = pytest.mark.integration
 
@@ -26,21 +25,7 @@ def test_a_string_sparse_column_trains(tmp_path: Path) -> None:
         index = table.schema.get_field_index("user_id")
         as_text = pc.binary_join_element_wise("u-", pc.cast(table.column(index), pa.string()), "")
         pq.write_table(table.set_column(index, "user_id", as_text.cast(pa.large_string())), path)
-    command = [
-        str(Path(sys.executable).parent / "primus-dagster"),
-        "train",
-        str(env["job_path"]),
-        "--data-root",
-        str(tmp_path),
-        "--start",
-        env["window"].start.strftime("%Y-%m-%dT%H"),
-        "--hours",
-        "1",
-        "--executors",
-        "1",
-        "--json",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = train_one_hour(env, "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["samples"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -114,3 +115,12 @@ def dev_train_command(env: dict, samples_log: Path, slow_executors_ms: int) -> l
     if env.get("kafka"):
         command += ["--kafka-bootstrap", env["kafka"]]
     return command
+
+
+def train_one_hour(env: dict, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``primus-dagster train`` on the first hour of the job's window with one executor (``extra``: more
+    arguments, e.g. ``--json``); its exit code, stdout and stderr."""
+    command = [str(Path(sys.executable).parent / "primus-dagster"), "train", str(env["job_path"])]
+    command += ["--data-root", str(env["root"]), "--start", env["window"].start.strftime("%Y-%m-%dT%H")]
+    command += ["--hours", "1", "--executors", "1", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
