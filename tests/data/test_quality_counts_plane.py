@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from primus_dagster.data import Batch, DataDriver, DriverClient, DriverServer
@@ -105,7 +104,8 @@ def test_a_type_error_is_not_retried(tmp_path: Path) -> None:
     write_tree(tmp_path, hours=1, files=1, rows=20)
     (path,) = (tmp_path / "pq").rglob("*.parquet")
     table = native(T0, 20, 0)
-    pq.write_table(table.set_column(5, "user_id", pc.cast(table.column("user_id"), pa.string())), path)
+    as_lists = pa.array([[v] for v in table.column("user_id").to_pylist()], pa.list_(pa.int64()))  # no id type
+    pq.write_table(table.set_column(5, "user_id", as_lists), path)
     spec = job()
     driver = DataDriver(lease_s=5, max_attempts=3, failed_task_threshold=1.0)
     driver.add_tasks(plan(spec, tmp_path, hours=1))
