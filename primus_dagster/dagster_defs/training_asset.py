@@ -11,10 +11,13 @@ returns AUC, samples, samples/s, the MLflow run,
 the data window and the source versions as typed metadata (:func:`typed_metadata`). Each trained
 partition registers its model as a version of the registered model named after the job
 (``models:/<job>/<version>``, tagged with the partition, window, source versions, MLflow run and
-Dagster run). The blocking ``auc_not_regressed`` check fails when the next-hour AUC drops more than
-``training.auc_tolerance`` below the previous partition's; only when it passes does the alias
-``champion`` move to the new version (:func:`promotes`), so ``models:/<job>@champion`` is always a
-checked model. A failed check fails the step (after the materialisation and the version are
+Dagster run). The blocking ``auc_not_regressed`` check (:func:`auc_check`) fails when the next-hour AUC
+drops more than ``training.auc_tolerance`` below the previous partition's, and when the model does not
+learn: an AUC at or below 0.5 + 0.01 (no better than chance), or below a popularity prior counted on the
+same training rows and scored on the same held-out rows (:mod:`~primus_dagster.training.baseline`; the
+check's metadata names the prior's feature and AUC). Only when it passes does the alias ``champion`` move
+to the new version (:func:`promotes`), so ``models:/<job>@champion`` is always a checked model that
+beats chance and the prior. A failed check fails the step (after the materialisation and the version are
 recorded), which keeps downstream assets of the run from running on it.
 In a run that also materialises the sources, a failed blocking source check (see
 :mod:`~primus_dagster.dagster_defs.source_checks`) keeps it from running.
@@ -68,6 +71,7 @@ from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.data import TimeWindow
 from primus_dagster.spec import JobSpec, dependency_offsets, first_training_start
 from primus_dagster.spec.durations import format_duration
+from primus_dagster.training.baseline import CHANCE_MARGIN, BaselineVerdict, verdict
 from primus_dagster.training.final_eval import eval_end, final_labels, labels_complete_at
 
 if TYPE_CHECKING:  # mlflow and torch load when an asset runs, not with the definitions
@@ -209,10 +213,29 @@ def previous_auc(
     return None if value is None else float(value.value)
 
 
-def auc_check(job: JobSpec, auc: float | None, previous: float | None) -> AssetCheckResult:
-    """Pass unless the AUC dropped more than ``training.auc_tolerance`` below the previous partition's."""
+def baseline_metadata(baseline: BaselineVerdict | None) -> dict[str, MetadataValue]:
+    """The popularity prior of an evaluation as check metadata: ``popularity_auc``, ``popularity_feature``
+    and every feature's AUC (``popularity_aucs``); empty without a prior."""
+    if baseline is None:
+        return {}
+    return {
+        "popularity_auc": MetadataValue.float(float(baseline.popularity_auc)),
+        "popularity_feature": MetadataValue.text(baseline.popularity_feature),
+        "popularity_aucs": MetadataValue.json({k: None if math.isnan(v) else v for k, v in baseline.aucs.items()}),
+    }
+
+
+def auc_check(
+    job: JobSpec, auc: float | None, previous: float | None, baseline: BaselineVerdict | None = None
+) -> AssetCheckResult:
+    """Pass unless the AUC dropped more than ``training.auc_tolerance`` below the previous partition's,
+    or the model does not learn (:func:`~primus_dagster.training.baseline.verdict`): an AUC at or below
+    0.5 + ``CHANCE_MARGIN``, or below ``baseline``, the popularity prior on the same rows (None: a model
+    without sparse features, only the chance guard applies). Those fail with severity ERROR
+    (``training.baseline_guard: block``, the default) or WARN (``warn``) -- never promoted either way --,
+    the metadata naming the prior and the reason; no AUC at all is a WARN."""
     tolerance = job.training.auc_tolerance
-    check_metadata = {
+    check_metadata: dict[str, Any] = {
         "auc": auc if auc is not None else float("nan"),
         "tolerance": tolerance,
         "previous_auc": previous if previous is not None else float("nan"),
@@ -223,6 +246,16 @@ def auc_check(job: JobSpec, auc: float | None, previous: float | None) -> AssetC
             passed=False,
             severity=AssetCheckSeverity.WARN,
             metadata={**check_metadata, "reason": "no evaluation (no held-out data after the window)"},
+        )
+    learns, why = verdict(auc, baseline)
+    check_metadata |= {**baseline_metadata(baseline), "chance_margin": CHANCE_MARGIN, "baseline_verdict": why}
+    if not learns:
+        return AssetCheckResult(
+            check_name=AUC_CHECK_NAME,
+            passed=False,
+            severity=AssetCheckSeverity.ERROR if job.training.baseline_guard == "block" else AssetCheckSeverity.WARN,
+            description=why,
+            metadata={**check_metadata, "reason": why},
         )
     if previous is None:
         return AssetCheckResult(
@@ -256,7 +289,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 AUC_CHECK_NAME,
                 asset=key,
                 description=(
-                    "next-hour AUC not below the previous partition's minus the tolerance; blocking: "
+                    "next-hour AUC not below the previous partition's minus the tolerance, above chance "
+                    f"(0.5 + {CHANCE_MARGIN}) and not below the popularity prior on the same rows; blocking: "
                     f"the `{CHAMPION_ALIAS}` alias moves to the partition's model version only when it passes"
                 ),
                 blocking=True,
@@ -316,7 +350,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         metadata[COLUMN_SCHEMA] = MetadataValue.table_schema(training_column_schema(job))
         if previous_key is None:
             metadata["cold_start"] = MetadataValue.text("first training partition")
-        auc_result = auc_check(job, result_metadata.get("eval_auc"), previous_partition_auc)
+        baseline = result.evaluation.baseline if result.evaluation is not None else None
+        auc_result = auc_check(job, result_metadata.get("eval_auc"), previous_partition_auc, baseline)
         if result.model_uri:
             version, version_metadata = register_version(
                 tracker,
@@ -382,9 +417,12 @@ def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> 
     """The non-blocking ``auc_final`` check of the training asset (module docstring). Its op config
     ``partition`` names the training partition to score (empty: the newest whose labels are complete).
 
-    It passes when the final AUC beats chance (> 0.5) and records ``auc_final``, ``rows``, the labels used,
-    the AUC at materialisation (``eval_auc``) and the change; it also logs ``final_auc`` to the partition's
-    MLflow run and tags the model version ``primus.final_auc``.
+    It passes when the final AUC beats chance (> 0.5) and, where the popularity prior of the partition's
+    training rows could be counted, the verdict of :func:`~primus_dagster.training.baseline.verdict` (above
+    0.5 + 0.01 and not below the prior on the same held-out rows: ``popularity_auc``, ``popularity_feature``,
+    ``baseline_verdict``). It records ``auc_final``, ``rows``, the labels used, the AUC at materialisation
+    (``eval_auc``) and the change; it also logs ``final_auc`` to the partition's MLflow run and tags the
+    model version ``primus.final_auc``.
 
     Example::
 
@@ -451,6 +489,7 @@ def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> 
             window.end,
             eval_end(job, window.end),
             labels=(kind,),
+            train_start=window.start,
         )
         if evaluation is None:
             return _not_evaluated(f"no {kind} rows in the hours after {partition_key}", metadata)
@@ -475,9 +514,13 @@ def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> 
             tracker.client.set_model_version_tag(
                 registered_model_name(job), str(trained["model_version"].value), "primus.final_auc", f"{auc:.6f}"
             )
+        passed = auc > 0.5
+        if evaluation.baseline is not None:  # the guard of the training check, on complete labels
+            passed, why = evaluation.verdict()
+            metadata |= {**baseline_metadata(evaluation.baseline), "baseline_verdict": MetadataValue.text(why)}
         return AssetCheckResult(
             check_name=AUC_FINAL_CHECK_NAME,
-            passed=auc > 0.5,
+            passed=passed,
             severity=AssetCheckSeverity.WARN,
             metadata=metadata,
         )

@@ -17,7 +17,15 @@ Example::
                 logits = model(batch.dense, batch.sparse, batch.kind)
 """
 
-from primus_dagster.data.batch import Batch, BatchMeta, BatchTensors, arrow_to_tensors, sparse_feature_names
+from primus_dagster.data.batch import (
+    Batch,
+    BatchMeta,
+    BatchTensors,
+    Jagged,
+    arrow_to_tensors,
+    list_feature_names,
+    sparse_feature_names,
+)
 from primus_dagster.data.canonical import (
     Normalizer,
     SchemaMismatchError,
@@ -75,6 +83,7 @@ __all__ = [
     "DriverClient",
     "DriverServer",
     "ExecutorConfig",
+    "Jagged",
     "KafkaSource",
     "ListingCache",
     "Normalizer",
@@ -98,6 +107,7 @@ __all__ = [
     "arrow_to_tensors",
     "batch_first",
     "canonical_schema",
+    "list_feature_names",
     "make_adapter",
     "native_columns",
     "plan_report",

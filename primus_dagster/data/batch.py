@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from primus_dagster.data.canonical import WEIGHTS_SUFFIX
 from primus_dagster.data.tasks import BatchId
 
 if TYPE_CHECKING:  # torch is imported on the first conversion: executor processes never need it
@@ -87,6 +88,31 @@ class BatchMeta:
 
 
 @dataclass(frozen=True)
+class Jagged:
+    """A list feature of a batch, TorchRec's jagged layout: row ``b`` holds
+    ``values[offsets[b]:offsets[b + 1]]`` (no padding); ``weights`` (float32, like ``values``) or None.
+
+    >>> import torch
+    >>> j = Jagged(torch.tensor([7, 8, 9]), torch.tensor([0, 2, 2, 3]))
+    >>> j.lengths().tolist(), j.slice(1, 3).values.tolist()
+    ([2, 0, 1], [9])
+    """
+
+    values: torch.Tensor  # int64 [N]
+    offsets: torch.Tensor  # int64 [B + 1], offsets[0] == 0
+    weights: torch.Tensor | None = None
+
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def slice(self, start: int, stop: int) -> Jagged:
+        stop = max(start, min(stop, len(self.offsets) - 1))
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        weights = None if self.weights is None else self.weights[first:last]
+        return Jagged(self.values[first:last], self.offsets[start : stop + 1] - first, weights)
+
+
+@dataclass(frozen=True)
 class BatchTensors:
     """The columns of a batch as torch tensors (see :func:`arrow_to_tensors`)."""
 
@@ -95,11 +121,13 @@ class BatchTensors:
     label: torch.Tensor
     ts: torch.Tensor | None  # None: the batch has no ts column (a reader that asked for fewer fields)
     sample_id: torch.Tensor | None
+    lists: dict[str, Jagged] = field(default_factory=dict)  # list features by name, in schema order
 
     def slice(self, start: int, stop: int) -> BatchTensors:
         sid = None if self.sample_id is None else self.sample_id[start:stop]
         ts = None if self.ts is None else self.ts[start:stop]
-        return BatchTensors(self.dense[start:stop], self.sparse[start:stop], self.label[start:stop], ts, sid)
+        lists = {name: j.slice(start, stop) for name, j in self.lists.items()}
+        return BatchTensors(self.dense[start:stop], self.sparse[start:stop], self.label[start:stop], ts, sid, lists)
 
 
 class Batch:
@@ -153,20 +181,33 @@ class Batch:
         *,
         kind: str,
         sparse_names: Sequence[str] | None = None,
+        lists: Mapping[str, Jagged] | None = None,
     ) -> Batch:
         """A batch of in-memory tensors (tests, benchmarks): dense float32 [B, n], sparse int64
-        [B, F] (columns ``sparse_names``, default ``s0..``), label float32 [B]; ``ts`` is 0."""
+        [B, F] (columns ``sparse_names``, default ``s0..``), label float32 [B], list features
+        ``lists`` (name -> :class:`Jagged`); ``ts`` is 0."""
         rows, width = int(dense.shape[0]), int(dense.shape[1])
         names = list(sparse_names) if sparse_names is not None else [f"s{i}" for i in range(int(sparse.shape[1]))]
         sparse_np = sparse.detach().cpu().numpy()
         columns = {
             "ts": pa.array(np.zeros(rows, dtype=np.int64), pa.timestamp("us", "UTC")),
             "label": pa.array(label.detach().cpu().numpy().astype(np.float32, copy=False)),
-            "dense": pa.FixedSizeListArray.from_arrays(
-                pa.array(dense.detach().cpu().numpy().astype(np.float32, copy=False).ravel()), width
-            ),
             **{name: pa.array(sparse_np[:, i].astype(np.int64, copy=False)) for i, name in enumerate(names)},
         }
+        if width:  # no dense feature: no dense column
+            values = pa.array(dense.detach().cpu().numpy().astype(np.float32, copy=False).ravel())
+            columns = {
+                "ts": columns["ts"],
+                "label": columns["label"],
+                "dense": pa.FixedSizeListArray.from_arrays(values, width),
+                **{k: v for k, v in columns.items() if k not in ("ts", "label")},
+            }
+        for name, jagged in (lists or {}).items():
+            offsets = pa.array(jagged.offsets.detach().cpu().numpy().astype(np.int32))
+            columns[name] = pa.ListArray.from_arrays(offsets, pa.array(jagged.values.detach().cpu().numpy()))
+            if jagged.weights is not None:
+                weights = pa.array(jagged.weights.detach().cpu().numpy().astype(np.float32))
+                columns[name + WEIGHTS_SUFFIX] = pa.ListArray.from_arrays(offsets, weights)
         return cls(pa.record_batch(columns), BatchMeta("", 0, rows, "", kind, ""))
 
     @classmethod
@@ -247,6 +288,15 @@ class Batch:
         return sparse_feature_names(self.columns.schema)
 
     @property
+    def lists(self) -> dict[str, Jagged]:
+        """The list features (``columns.lists``) by name: jagged ids (and weights), no padding."""
+        return self.tensors.lists
+
+    @property
+    def list_names(self) -> list[str]:
+        return list_feature_names(self.columns.schema)
+
+    @property
     def label(self) -> torch.Tensor:
         """float32 [B]; not (yet) labelled -> NaN."""
         return self.tensors.label
@@ -285,6 +335,27 @@ def sparse_feature_names(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_SPARSE and pa.types.is_integer(f.type)]
 
 
+def list_feature_names(schema: pa.Schema) -> list[str]:
+    """The list feature columns of a canonical schema: every list of integers."""
+    return [
+        f.name
+        for f in schema
+        if (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)) and pa.types.is_integer(f.type.value_type)
+    ]
+
+
+def _jagged(column: pa.Array, weights: pa.Array | None) -> Jagged:
+    """A canonical ``list<int64>`` column (null lists: empty) as :class:`Jagged` (values zero-copy)."""
+    offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    values = column.values.slice(first, last - first)
+    w = None
+    if weights is not None:
+        w_offsets = weights.offsets.to_numpy(zero_copy_only=False)
+        w = _torch(_numpy(weights.values.slice(int(w_offsets[0]), last - first), np.nan).astype(np.float32))
+    return Jagged(_torch(_numpy(values, 0)), _torch(offsets - first), w)
+
+
 def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
     """The one Arrow -> torch converter: dense [B, n] (missing -> NaN), sparse [B, F] (null -> 0),
     label (null -> NaN), ts (µs; None without a ts column), sample_id (null -> -1; None without
@@ -294,7 +365,11 @@ def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
     from an Arrow IPC stream: shared memory or Flight): then it is column-major ([B, F] with
     strides (1, distance)), not contiguous; otherwise the columns are stacked into a copy."""
     schema = columns.schema
-    dense = _dense(columns.column(schema.get_field_index("dense")))
+    dense_index = schema.get_field_index("dense")
+    if dense_index >= 0:
+        dense = _dense(columns.column(dense_index))
+    else:  # no dense feature
+        dense = np.zeros((columns.num_rows, 0), dtype=np.float32)
     label = _numpy(columns.column(schema.get_field_index("label")))
     ts_index = schema.get_field_index("ts")
     ts = None
@@ -311,7 +386,12 @@ def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
             sparse = np.stack([_numpy(a, 0) for a in arrays], axis=1)
     else:
         sparse = np.zeros((columns.num_rows, 0), dtype=np.int64)
-    return BatchTensors(_torch(dense), _torch(sparse), _torch(label), ts, sample_id)
+    lists = {}
+    for name in list_feature_names(schema):
+        w_index = schema.get_field_index(name + WEIGHTS_SUFFIX)
+        weights = columns.column(w_index) if w_index >= 0 else None
+        lists[name] = _jagged(columns.column(schema.get_field_index(name)), weights)
+    return BatchTensors(_torch(dense), _torch(sparse), _torch(label), ts, sample_id, lists)
 
 
 def _strided_view(arrays: list[pa.Array]) -> np.ndarray | None:
@@ -387,14 +467,14 @@ def _without_constants(batch: pa.RecordBatch) -> pa.RecordBatch:
     if not any(f.name in CONSTANT_COLUMNS or pa.types.is_dictionary(f.type) for f in batch.schema):
         return batch
     arrays, fields = [], []
-    for field, column in zip(batch.schema, batch.columns, strict=True):
-        if field.name in CONSTANT_COLUMNS:
+    for column_field, column in zip(batch.schema, batch.columns, strict=True):
+        if column_field.name in CONSTANT_COLUMNS:
             continue
-        if pa.types.is_dictionary(field.type):
-            column = pc.cast(column, field.type.value_type)
-            field = field.with_type(field.type.value_type)
+        if pa.types.is_dictionary(column_field.type):
+            column = pc.cast(column, column_field.type.value_type)
+            column_field = column_field.with_type(column_field.type.value_type)
         arrays.append(column)
-        fields.append(field)
+        fields.append(column_field)
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 

@@ -3,7 +3,11 @@
 Canonical columns, in order:
 ``sample_id`` int64 (nullable when the source has no id), ``ts`` timestamp[us, UTC],
 ``label`` float32 (null = not yet labelled), ``dense`` fixed_size_list<float32>[n],
-one int64 column per sparse feature, ``source`` and ``kind`` (dictionary strings).
+one int64 column per sparse feature, one ``list<int64>`` column per list feature (with a
+``list<float32>`` ``<name>.weights`` column where the source maps its weights), ``source`` and
+``kind`` (dictionary strings). String, binary and dictionary ids are hashed to int64 by
+:func:`~primus_dagster.data.hashing.stable_hash64`; a missing dense value is NaN (the model's
+transform fills it, :class:`~primus_dagster.training.features.DenseTransform`).
 
 Data quality: the normaliser applies the source's ``quality`` policy (see
 :class:`~primus_dagster.spec.sources.QualityPolicy`) -- every row that breaks a rule (NaN/+-inf
@@ -38,6 +42,8 @@ from primus_dagster.spec.sources import REPAIRS, ColumnMapping, QualityAction, S
 TS_TYPE = pa.timestamp("us", tz="UTC")
 #: Canonical fields a reader may leave out (``fields=``): every trainer needs label, dense and sparse.
 OPTIONAL_FIELDS = ("sample_id", "ts")
+#: The canonical column of a list feature's pooling weights: ``<list name>`` + this.
+WEIGHTS_SUFFIX = ".weights"
 #: The canonical fields (sparse: every sparse feature column).
 FIELDS = ("sample_id", "ts", "label", "dense", "sparse")
 
@@ -101,17 +107,23 @@ def check_fields(fields: Iterable[str] | None) -> frozenset[str] | None:
 def canonical_schema(
     mapping: ColumnMapping, dense_width: int, fields: frozenset[str] | None = None, constants: bool = True
 ) -> pa.Schema:
-    """The canonical Arrow schema for a column mapping with ``dense_width`` dense features; with
-    ``fields`` (see :func:`check_fields`) only those, without ``constants`` no ``source``/``kind``."""
+    """The canonical Arrow schema for a column mapping with ``dense_width`` dense features (none: no
+    ``dense`` column, Arrow has no fixed-size list of 0); with ``fields`` (see :func:`check_fields`)
+    only those, without ``constants`` no ``source``/``kind``."""
     out = [
         pa.field("sample_id", pa.int64()),
         pa.field("ts", TS_TYPE, nullable=False),
         pa.field("label", pa.float32()),
-        pa.field("dense", pa.list_(pa.float32(), dense_width)),
     ]
+    if dense_width:
+        out.append(pa.field("dense", pa.list_(pa.float32(), dense_width)))
     if fields is not None:
         out = [f for f in out if f.name in fields]
     out += [pa.field(name, pa.int64()) for name, _ in mapping.sparse_pairs()]
+    for name, _ in mapping.list_pairs():
+        out.append(pa.field(name, pa.list_(pa.int64()), nullable=False))
+        if name in mapping.weights:
+            out.append(pa.field(name + WEIGHTS_SUFFIX, pa.list_(pa.float32()), nullable=False))
     if constants:
         out += [
             pa.field("source", pa.dictionary(pa.int32(), pa.string()), nullable=False),
@@ -132,6 +144,8 @@ def native_columns(mapping: ColumnMapping, fields: frozenset[str] | None = None)
     cols += [c for c in (mapping.label, mapping.id if fields is None or "sample_id" in fields else None) if c]
     cols += [mapping.dense] if isinstance(mapping.dense, str) else list(mapping.dense)
     cols += [native for _, native in mapping.sparse_pairs()]
+    cols += [native for _, native in mapping.list_pairs()]
+    cols += list(mapping.weights.values())
     return list(dict.fromkeys(cols))
 
 
@@ -247,7 +261,12 @@ def _numeric(array: pa.Array, target: pa.DataType, what: str, where: str) -> pa.
         or pa.types.is_boolean(array.type)
         or pa.types.is_null(array.type)
     ):
-        raise SchemaMismatchError(f"{where}: {what} has type {array.type}; expected a number")
+        hint = ""
+        if what.startswith("dense column") and is_hashable_category(array.type):
+            hint = ": a categorical column belongs in columns.sparse (its values are hashed to ids)"
+        elif what.startswith("dense column") and _is_list(array.type):
+            hint = ": a list of ids belongs in columns.lists"
+        raise SchemaMismatchError(f"{where}: {what} has type {array.type}; expected a number{hint}")
     # Unsafe: a float of any size becomes a float32 (an overflow is +-inf, which the dense rule
     # catches), an int64 beyond 2^24 loses low bits as it must.
     return pc.cast(array, target, safe=False)
@@ -276,8 +295,8 @@ def _ids(
     ):
         expected = "an integer or a string (hashed to an id)" if categories else "an integer"
         hint = (
-            "; list features are not supported yet: one value per row"
-            if categories and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            "; it is a list column: map it in columns.lists (a categorical_list feature), not columns.sparse"
+            if categories and _is_list(kind)
             else ""
         )
         raise SchemaMismatchError(f"{where}: {what} has type {kind}; expected {expected}{hint}")
@@ -297,6 +316,28 @@ def _ids(
     else:
         bad_rows = None
     return pc.cast(array, pa.int64(), safe=False), nulls, bad_rows
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _list_parts(array: pa.Array, what: str, where: str) -> tuple[np.ndarray, pa.Array]:
+    """A list column's offsets (int32, from 0; a null list is empty) and its values (those of the rows only)."""
+    if not _is_list(array.type):
+        raise SchemaMismatchError(
+            f"{where}: {what} has type {array.type}; expected a list (list<int> or list<string>); "
+            "a column of one id per row belongs in columns.sparse"
+        )
+    if pa.types.is_fixed_size_list(array.type):
+        array = array.cast(pa.list_(array.type.value_type))
+    if array.null_count:
+        array = pc.if_else(array.is_null(), pa.scalar([], array.type), array)
+    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    if last - first > np.iinfo(np.int32).max:
+        raise SchemaMismatchError(f"{where}: {what} holds more than 2^31 values in one batch: lower batch_rows")
+    return (offsets - first).astype(np.int32), array.values.slice(first, last - first)
 
 
 def _any(*masks: np.ndarray | None) -> np.ndarray | None:
@@ -425,6 +466,8 @@ class Normalizer:
             nulls = _mask(values.is_null()).reshape(n, width) if values.null_count else None
             matrix = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, width)
             return matrix, nulls, [dense] * width
+        if not dense:  # no dense feature: a [n, 0] matrix
+            return np.zeros((n, 0), dtype=np.float32), None, []
         columns = [
             _numeric(_column(batch, name, where), pa.float32(), f"dense column {name!r}", where) for name in dense
         ]
@@ -435,8 +478,10 @@ class Normalizer:
         tensor = pa.RecordBatch.from_arrays(columns, names=dense).to_tensor(null_to_nan=True, row_major=True)
         return np.asarray(tensor).reshape(n, len(dense)), nulls, list(dense)
 
-    def _dense(self, batch: pa.RecordBatch | _Columns, n: int, where: str, rules: _Rules) -> pa.Array:
+    def _dense(self, batch: pa.RecordBatch | _Columns, n: int, where: str, rules: _Rules) -> pa.Array | None:
         matrix, nulls, names = self._dense_matrix(batch, n, where)
+        if not names:
+            return None  # no dense feature: no dense column
         if nulls is None and _all_finite(matrix):  # the common case: one pass, no mask
             return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
         finite = np.isfinite(matrix)
@@ -449,9 +494,10 @@ class Normalizer:
             rows = np.asarray(invalid.any(axis=1))
             column = names[int(np.argmax(invalid.any(axis=0)))]
             rules.check("dense_invalid", rows, column, " (NaN, +-inf or null)")
-        if invalid.any() or nulls is not None:
-            # repair (or rows about to be dropped): every non-finite value is 0, the models' reading of it
-            matrix = np.nan_to_num(matrix, nan=0.0, posinf=0.0, neginf=0.0)
+        if invalid.any():
+            # repair (or rows about to be dropped): every non-finite value is missing (NaN), which the model's
+            # transform fills (training.features.dense[].fill)
+            matrix = np.where(finite, matrix, np.float32(np.nan))
         width = matrix.shape[1] if matrix.ndim == 2 else 0
         return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), width)
 
@@ -468,6 +514,33 @@ class Normalizer:
         else:
             rules.check("bad_id", _any(nulls, bad), native, " (null, NaN, not whole or out of int64 range)")
         return ids
+
+    def _list_columns(self, cols: _Columns, where: str, rules: _Rules) -> list[pa.Array]:
+        """Each list column as ``list<int64>`` (ids hashed like sparse ones; a null id is ``bad_id``, a null
+        list is empty), followed by its weights where mapped (``list<float32>``, one per id; missing -> 1)."""
+        out = []
+        for name, native in self.mapping.list_pairs():
+            what = f"list column {native!r}"
+            offsets, values = _list_parts(cols(native), what, where)
+            ids, nulls, bad = _ids(values, f"the values of {what}", where, categories=True)
+            if nulls is not None or bad is not None:
+                rows_of_values = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+                broken = np.zeros(len(offsets) - 1, dtype=bool)
+                broken[rows_of_values[_any(nulls, bad)]] = True
+                rules.check("bad_id", broken, native, " (a null, NaN, not whole or out-of-range id in the list)")
+            out.append(pa.ListArray.from_arrays(pa.array(offsets), pc.fill_null(ids, 0) if ids.null_count else ids))
+            weights_native = self.mapping.weights.get(name)
+            if weights_native is not None:
+                w_what = f"weights column {weights_native!r}"
+                w_offsets, w_values = _list_parts(cols(weights_native), w_what, where)
+                if not np.array_equal(w_offsets, offsets):
+                    raise SchemaMismatchError(
+                        f"{where}: {w_what} does not hold one weight per id of {what} (its list lengths differ)"
+                    )
+                weights = _numeric(w_values, pa.float32(), w_what, where)
+                weights = pc.fill_null(weights, 1.0) if weights.null_count else weights
+                out.append(pa.ListArray.from_arrays(pa.array(offsets), weights))
+        return out
 
     def _ts(self, batch: pa.RecordBatch | _Columns, where: str, partition: datetime | None, rules: _Rules) -> pa.Array:
         m = self.mapping
@@ -524,13 +597,13 @@ class Normalizer:
         for _, native in m.sparse_pairs():
             ids = self._id_column(cols, native, "sparse column", where, rules)
             sparse.append(pc.fill_null(ids, 0) if ids.null_count else ids)
-        arrays += [label, dense, *sparse]
+        arrays += [label, *([dense] if dense is not None else []), *sparse, *self._list_columns(cols, where, rules)]
         if self.constants:
             zeros = pa.array(np.zeros(n, dtype=np.int32))
             arrays.append(pa.DictionaryArray.from_arrays(zeros, self._source.dictionary))
             arrays.append(pa.DictionaryArray.from_arrays(zeros, self._kind.dictionary))
         if self.schema is None:
-            self.schema = self._schema(dense.type.list_size)
+            self.schema = self._schema(dense.type.list_size if dense is not None else 0)
         out = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         rules.count(self.counts)
         if rules.drop is not None:

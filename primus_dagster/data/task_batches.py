@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -72,7 +72,7 @@ def task_batches(task: DataTask, adapter_for: AdapterFor) -> Iterator[pa.RecordB
         yield from joined.combine_chunks().to_batches()
 
 
-def read_batches(job: JobSpec, context: SourceContext, tasks: Iterable[DataTask]) -> Iterator[Batch]:
+def read_batches(job: JobSpec, context: SourceContext, tasks: Iterable[DataTask]) -> Generator[Batch, None, None]:
     """The non-empty output batches of ``tasks``, read in this process through the source adapters
     (numbered as an executor numbers them)."""
     adapters: dict[str, SourceAdapter] = {}

@@ -18,6 +18,7 @@ from primus_dagster.spec.automation import AutomationSpec
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.dataset import DatasetSpec
 from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default
+from primus_dagster.spec.features import FeaturesSpec
 from primus_dagster.spec.names import job_asset_names
 from primus_dagster.spec.sources import KafkaSourceSpec
 
@@ -214,6 +215,13 @@ class DataPlaneSpec(StrictModel):
         default=duration_default("60s"), description="A running task's executor must report within it."
     )
     buffer_batches: int = Field(default=8, ge=1, le=1_000_000, description="Per-executor buffer before backpressure.")
+    deterministic: bool = Field(
+        default=False,
+        description="The trainer takes the batches in one order fixed by the plan (task by task, each task's "
+        "batches in order) whatever executor reads them when: with training.seed the same spec and data give the "
+        "same samples in the same order and the same model, with any number of executors; costs the reorder "
+        "wait (docs/data_plane.md). Default false: batches are trained as they arrive.",
+    )
     backup_after: float = Field(
         default=0.0,
         ge=0,
@@ -294,6 +302,9 @@ class TrainingSpec(StrictModel):
 
     mode: Literal["batch", "stream", "batch_then_stream", "mixed"] = "batch_then_stream"
     model: ModelSpec = Field(default_factory=ModelSpec)
+    features: FeaturesSpec = Field(
+        default_factory=FeaturesSpec, description="How the model reads each mapped column (spec/features.py)."
+    )
     batch_size: int = Field(default=1024, ge=1, le=2**24)
     learning_rate: float = Field(default=1e-3, gt=0, le=1e3, description="Adam's step size (finite, > 0).")
     checkpoint_every_steps: int = Field(default=500, ge=1, le=2**40)
@@ -304,6 +315,13 @@ class TrainingSpec(StrictModel):
         description="Checkpoints kept in MLflow per run (the newest; the final one always among them); older ones are deleted.",
     )
     auc_tolerance: float = Field(default=0.005, ge=0, le=1, description="Max AUC drop vs the previous partition.")
+    baseline_guard: Literal["block", "warn"] = Field(
+        default="block",
+        description="A model no better than chance (AUC <= 0.51) or than the popularity prior on its own "
+        "training rows: block -- the training asset's check fails with severity ERROR (the run fails, "
+        "downstream waits); warn -- it fails with severity WARN (the run succeeds). Either way the model "
+        "is not promoted to champion.",
+    )
     batch_lag: NonNegativeDuration = Field(
         default=duration_default("0h"),
         description="Batch data of a training window comes from the window shifted back by this "
@@ -386,6 +404,36 @@ class JobSpec(StrictModel):
                 "the multi-trainer exchange sends a batch rank's memory-tower gradients only (set it to 0)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _declared_features_mapped(self) -> JobSpec:
+        # A declaration no source maps would do nothing: name the column kind it must be mapped as.
+        features = self.training.features
+        for _, source in self.dataset.all_sources():
+            m = source.columns
+            mapped = {
+                "dense": set(m.dense) if isinstance(m.dense, list) else set(),
+                "categorical": {name for name, _ in m.sparse_pairs()},
+                "categorical_list": {name for name, _ in m.list_pairs()},
+            }
+            where = {"dense": "columns.dense", "categorical": "columns.sparse", "categorical_list": "columns.lists"}
+            for kind, declared in (
+                ("dense", features.dense),
+                ("categorical", features.categorical),
+                ("categorical_list", features.categorical_list),
+            ):
+                for feature in declared:
+                    if feature.name in mapped[kind]:
+                        continue
+                    other = next((k for k, names in mapped.items() if feature.name in names), None)
+                    hint = f"it is mapped in {where[other]}" if other else "no column of that name is mapped"
+                    if kind == "dense" and isinstance(m.dense, str):
+                        hint = f"columns.dense is the list column {m.dense!r}: declare dense features by column name"
+                    raise ValueError(
+                        f"training.features.{kind}: {feature.name!r} is not in {where[kind]} of source "
+                        f"{source.name!r} ({hint})"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _source_names_free(self) -> JobSpec:

@@ -61,35 +61,67 @@ class ColumnMapping(StrictModel):
     )
     label: str | None = Field(default=None, description="Label column (0/1); may be null in stream rows.")
     id: str | None = Field(default=None, description="Unique sample id column (int64), used for exactly-once checks.")
-    dense: list[str] | str = Field(description="Dense feature columns (at least one), or one list column.")
-    sparse: list[str] | dict[str, str] = Field(default_factory=list, description="Sparse id columns.")
+    dense: list[str] | str = Field(
+        default_factory=list, description="Dense feature columns (numeric; none is fine), or one list column."
+    )
+    sparse: list[str] | dict[str, str] = Field(
+        default_factory=list, description="Categorical id columns (integers, strings or binaries: one id per row)."
+    )
+    lists: list[str] | dict[str, str] = Field(
+        default_factory=list, description="Categorical list columns (list<int | string>: several ids per row)."
+    )
+    weights: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per list column (canonical name): the native list<float> column of its ids' pooling weights.",
+    )
 
     @field_validator("dense")
     @classmethod
     def _dense_unique(cls, value: list[str] | str) -> list[str] | str:
-        if isinstance(value, list) and not value:
-            raise ValueError("at least one dense column is needed")
         if isinstance(value, list) and len(set(value)) != len(value):
             raise ValueError(f"dense columns must be unique, got {value}")
         return value
 
+    @model_validator(mode="after")
+    def _features(self) -> ColumnMapping:
+        names = [name for name, _ in [*self.sparse_pairs(), *self.list_pairs()]]
+        dense = self.dense if isinstance(self.dense, list) else [self.dense]
+        twice = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(dense)))
+        if twice:
+            raise ValueError(f"columns {twice} are mapped twice (dense, sparse and lists name each column once)")
+        lists = dict(self.list_pairs())
+        for name in self.weights:
+            if name not in lists:
+                raise ValueError(f"weights: {name!r} is not a list column (columns.lists: {sorted(lists)})")
+        if not dense and not names:
+            raise ValueError("no features: map at least one dense, sparse or lists column")
+        return self
+
     def sparse_pairs(self) -> list[tuple[str, str]]:
         """``(canonical_name, native_name)`` for each sparse column, in spec order."""
-        if isinstance(self.sparse, dict):
-            return list(self.sparse.items())
-        return [(name, name) for name in self.sparse]
+        return _pairs(self.sparse)
+
+    def list_pairs(self) -> list[tuple[str, str]]:
+        """``(canonical_name, native_name)`` for each list column, in spec order."""
+        return _pairs(self.lists)
+
+
+def _pairs(columns: list[str] | dict[str, str]) -> list[tuple[str, str]]:
+    if isinstance(columns, dict):
+        return list(columns.items())
+    return [(name, name) for name in columns]
 
 
 QualityAction = Literal["repair", "drop", "fail"]
 
 #: What ``repair`` does, per data-quality rule (also the text the run log and metadata show).
 REPAIRS: dict[str, str] = {
-    "dense_invalid": "NaN, +-inf or null dense values -> 0.0",
+    "dense_invalid": "NaN, +-inf or null dense values -> missing, the feature's fill (training.features)",
     "null_label": "null label -> 0.0 (a negative, until a correction arrives)",
     "null_ts": "null event time -> the start of the partition read",
     "ts_outside_partition": "row kept in the partition it was read for (event time unchanged)",
     "bad_id": "sparse id -> 0, sample id -> null",
-    "missing_field": "the field's repair: dense -> 0.0, sparse id -> 0, sample id -> null",
+    "missing_field": "the field's repair: dense -> missing (its fill), sparse id -> 0, sample id -> null",
 }
 
 

@@ -4,6 +4,12 @@ Example::
 
     primus-dagster synth --spec examples/job.yaml --days 2 --rows-per-hour 50000
     primus-dagster synth --hours 3 --sources impressions_parquet impressions_delta --seed 11
+    primus-dagster synth --schema realistic --days 2        # examples/realistic/job.yaml's sources
+
+``--schema`` picks the shape of the rows: ``ctr`` (the default) is the world's native columns
+(:func:`~primus_dagster.synth.world.world_schema`), ``realistic`` the same world in a real team's shape
+(:mod:`primus_dagster.synth.realistic`: string ids and demographics, a ``genres`` list, epoch-second
+``event_ts``, raw-scale numbers, label ``liked``).
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from primus_dagster.broker_discovery import default_bootstrap_servers
+from primus_dagster.synth.realistic import RealisticWorld, realistic_schema
 from primus_dagster.synth.world import SyntheticWorld, WorldConfig
 from primus_dagster.synth.writers import WriteSummary, write_world
+
+#: The spec ``--spec`` defaults to, per ``--schema``.
+DEFAULT_SPECS = {"ctr": "examples/job.yaml", "realistic": "examples/realistic/job.yaml"}
 
 
 def _default_data_root() -> str:
@@ -33,7 +43,19 @@ def _flag(name: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``synth`` options (and one flag per :class:`WorldConfig` knob) to ``parser``."""
-    parser.add_argument("--spec", default="examples/job.yaml", help="job spec YAML (default: %(default)s)")
+    parser.add_argument(
+        "--spec",
+        default=None,
+        help=f"job spec YAML (default: {DEFAULT_SPECS['ctr']}; with --schema realistic {DEFAULT_SPECS['realistic']})",
+    )
+    parser.add_argument(
+        "--schema",
+        choices=sorted(DEFAULT_SPECS),
+        default="ctr",
+        help="shape of the rows: ctr, the world's native columns; realistic, the same world as a real team's "
+        "table (string ids, a genres list, epoch-second event_ts, raw-scale numbers, label liked) "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--data-root",
         default=_default_data_root(),
@@ -97,6 +119,27 @@ def _parse_start(text: str) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+def _realistic_problem(sources: list[Any]) -> str | None:
+    """Why the realistic rows cannot be written to ``sources`` (None: they can): an Iceberg source (its
+    writer partitions by a timestamp column, the realistic event time is integer seconds), or a mapped
+    column the realistic rows lack."""
+    from primus_dagster.data import native_columns
+
+    have = set(realistic_schema().names)
+    for source in sources:
+        if missing := [c for c in native_columns(source.columns) if c not in have]:
+            return (
+                f"source {source.name!r} maps columns {missing} that --schema realistic does not write "
+                f"(it writes {sorted(have - {'click_delay_s'})}); see examples/realistic/job.yaml"
+            )
+    if iceberg := [s.name for s in sources if s.type == "iceberg"]:
+        return (
+            f"--schema realistic writes no Iceberg sources (its event time is epoch seconds): {iceberg}; "
+            f"leave them out with --sources"
+        )
+    return None
+
+
 def print_summary(summary: WriteSummary, data_root: str) -> None:
     """A table of rows, bytes and seconds per source."""
     from rich.console import Console
@@ -131,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     from primus_dagster.data.sources.base import SourceContext
     from primus_dagster.spec import load_job_spec
 
-    job = load_job_spec(args.spec)
+    schema = getattr(args, "schema", "ctr")
+    job = load_job_spec(args.spec or DEFAULT_SPECS[schema])
     try:
         config = world_config_from_args(args)
     except ValueError as exc:
@@ -143,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
         print("error: --hours/--days must be positive", file=sys.stderr)
         return 2
     chosen = [s for _, s in job.dataset.all_sources() if args.sources is None or s.name in args.sources]
+    if schema == "realistic" and (problem := _realistic_problem(chosen)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     bootstrap = args.kafka_bootstrap
     if bootstrap is None and any(s.type == "kafka" and not s.bootstrap_servers for s in chosen):
         bootstrap = default_bootstrap_servers()
@@ -157,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     data_root = str(args.data_root)
     try:
-        world = SyntheticWorld(config, start)
+        world = RealisticWorld(config, start) if schema == "realistic" else SyntheticWorld(config, start)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

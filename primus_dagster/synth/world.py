@@ -147,13 +147,14 @@ def shard_of(sample_ids: np.ndarray | pa.Array | pa.ChunkedArray, n: int) -> np.
     return (x % np.uint64(n)).astype(np.int64)
 
 
-def stream_copy(table: pa.Table, window: timedelta) -> pa.Table:
-    """Same rows with ``click`` = 1 only where the click arrived within ``window`` (what a stream joiner sees)."""
+def stream_copy(table: pa.Table, window: timedelta, label: str = "click") -> pa.Table:
+    """Same rows with the ``label`` column (0/1 int32) = 1 only where the click arrived within ``window``
+    (what a stream joiner sees); ``click_delay_s`` says when each click arrived."""
     delay = table.column("click_delay_s").to_numpy(zero_copy_only=False)
-    click = table.column("click").to_numpy()
+    click = table.column(label).to_numpy()
     seen = np.nan_to_num(delay.astype(np.float64), nan=np.inf) <= window.total_seconds()
     early = (click.astype(bool) & seen).astype(np.int32)
-    index = table.schema.get_field_index("click")
+    index = table.schema.get_field_index(label)
     return table.set_column(index, table.schema.field(index), pa.array(early, pa.int32()))
 
 

@@ -27,9 +27,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from primus_dagster.training.features import FeatureLayout
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -289,20 +292,20 @@ def trainer_checkpoint(
     versions: dict[str, Any],
     mode: str,
     window: list[str],
-    widths: tuple[int, int],
+    layout: FeatureLayout,
     stats: dict[str, Any],
     **extra: Any,
 ) -> Checkpoint:
     """The checkpoint of a window run at ``step`` (one trainer's or a rank group's): the fields every
-    resume reads (``phase_done``, ``samples_by_kind``, ``mode``, ``window``, the model's input ``widths``
-    as ``n_dense`` / ``n_sparse``, ``stats``) and the trainer's own ``extra``.
+    resume reads (``phase_done``, ``samples_by_kind``, ``mode``, ``window``, the model's feature
+    ``layout`` -- with its widths ``n_dense`` / ``n_sparse`` --, ``stats``) and the trainer's own ``extra``.
 
     Example::
 
         ck = trainer_checkpoint(*trainer.state(), step=100, samples=102_400, samples_by_kind={"batch": 102_400},
                                 phase="batch", phase_done=False, snapshot=reader.barrier(100), versions={},
                                 mode="batch", window=["2026-11-01T00:00:00+00:00", "2026-11-02T00:00:00+00:00"],
-                                widths=(13, 26), stats=trainer.stats())
+                                layout=trainer.model.layout, stats=trainer.stats())
     """
     return Checkpoint(
         step=step,
@@ -317,8 +320,9 @@ def trainer_checkpoint(
             "samples_by_kind": dict(samples_by_kind),
             "mode": mode,
             "window": window,
-            "n_dense": widths[0],
-            "n_sparse": widths[1],
+            "n_dense": layout.n_dense,
+            "n_sparse": layout.n_sparse,
+            "layout": layout.to_dict(),
             "stats": stats,
             **extra,
         },

@@ -88,7 +88,11 @@ def evaluate(model: RecModel, batches: Iterable[Batch], *, max_rows: int | None 
                     batch = batch.slice(0, max_rows - rows)
                 if batch.rows:
                     dense, sparse, label = model_inputs(batch)
-                    logits = model.predict(dense.to(device), sparse.to(device))
+                    lists = batch.lists
+                    if lists:
+                        logits = model.predict(dense.to(device), sparse.to(device), lists)
+                    else:
+                        logits = model.predict(dense.to(device), sparse.to(device))
                     probs.append(torch.sigmoid(logits.float()).cpu())
                     labels.append(label.float().cpu())
                     rows += batch.rows

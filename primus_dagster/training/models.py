@@ -2,13 +2,18 @@
 
 The model protocol (every model built by :func:`build_model` follows it)::
 
-    model.n_dense, model.n_sparse                   # input widths
-    model(dense, sparse, kind) -> logits [B]        # training output for samples of ``kind``
-    model.predict(dense, sparse) -> logits [B]      # serving output
+    model.layout, model.n_dense, model.n_sparse, model.list_names   # what it reads
+    model(dense, sparse, kind, lists) -> logits [B]  # training output for samples of ``kind``
+    model.predict(dense, sparse, lists) -> logits [B]  # serving output
 
-``dense`` is float32 [B, n_dense] (missing -> 0), ``sparse`` int64 [B, n_sparse] raw ids (any int64,
-negative ones included; the model hashes them), ``kind`` is ``"batch"`` (complete, delayed labels) or
-``"stream"`` (fresh, partially labelled). Outputs are logits: apply ``torch.sigmoid`` for a CTR.
+``dense`` is float32 [B, n_dense] raw values (NaN: missing; the model's :class:`DenseTransform`
+standardizes, log-transforms or clips them with statistics it keeps as buffers, and fills the
+missing ones), ``sparse`` int64 [B, n_sparse] raw ids (any int64, negative ones included; the model
+hashes them into each feature's table), ``lists`` the list features by name as jagged ids
+(:class:`~primus_dagster.data.batch.Jagged`; empty without list features), ``kind`` is ``"batch"``
+(complete, delayed labels) or ``"stream"`` (fresh, partially labelled). Outputs are logits: apply
+``torch.sigmoid`` for a CTR. Tables and transforms follow the
+:class:`~primus_dagster.training.features.FeatureLayout` the model is built on.
 
 * :class:`SingleTower` -- DLRM-style baseline; ``kind`` is ignored and ``predict == forward``.
 * :class:`MTRM` -- mixture training recommendation model (Primus, ATC'25): a memory tower learns
@@ -21,21 +26,23 @@ Example::
 
     model = build_model(ModelSpec(type="mtrm"), n_dense=13, n_sparse=5, seed=0)
     dense, sparse, label = model_inputs(batch)
-    loss = F.binary_cross_entropy_with_logits(model(dense, sparse, batch.kind), label)
-    ctr = torch.sigmoid(model.predict(dense, sparse))
+    loss = F.binary_cross_entropy_with_logits(model(dense, sparse, batch.kind, batch.lists), label)
+    ctr = torch.sigmoid(model.predict(dense, sparse, batch.lists))
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primus_dagster.data import Batch
+from primus_dagster.data import Batch, Jagged
 from primus_dagster.spec.job import ModelSpec
+from primus_dagster.training.features import DenseStats, DenseTransform, FeatureLayout, ModelInit
 
 KINDS = ("batch", "stream")
 
@@ -46,11 +53,13 @@ def _zero_nan(values: torch.Tensor) -> torch.Tensor:
 
 
 def model_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dense, sparse, label)`` as the models read them: a missing dense value is 0, an unlabelled
-    row is a negative (a stream row without a click yet, until it is corrected)."""
+    """``(dense, sparse, label)`` as the models read them: a missing dense value stays NaN (the model's
+    :class:`~primus_dagster.training.features.DenseTransform` fills it), an unlabelled row is a
+    negative (a stream row without a click yet, until it is corrected). List features:
+    ``batch.lists``."""
     if batch.kind not in KINDS:
         raise ValueError(f"batch {batch.batch_id.key()} has kind {batch.kind!r}; expected one of {KINDS}")
-    return _zero_nan(batch.dense), batch.sparse, _zero_nan(batch.label)
+    return batch.dense, batch.sparse, _zero_nan(batch.label)
 
 
 HASH_PRIME = (1 << 31) - 1  # Mersenne prime modulus of the hash; products of 22-bit limbs and 31-bit salts fit int64
@@ -112,13 +121,20 @@ def _salt(feature: int, k: int) -> int:
     return 1 + _splitmix64(feature * 8 + k) % (HASH_PRIME - 1)
 
 
+Lists = Mapping[str, Jagged]  # a batch's list features by name (Batch.lists)
+_NO_LISTS: Lists = {}
+
+
 class HashedEmbedding(nn.Module):
-    """``n_features`` sparse features hashed into one shared table of ``buckets`` rows of size ``dim``.
+    """``n_features`` id columns and ``len(poolings)`` list features hashed into one table of ``buckets``
+    rows of size ``dim``.
 
     The id of feature f is split into three limbs l_j and hashed with per-feature salts:
     ``bucket = ((a0_f*l0 + a1_f*l1 + a2_f*l2 + b_f) mod (2^31-1)) mod buckets`` -- all int64,
-    non-negative, no overflow, negative ids included. ``sparse``: the table's gradient holds only the
-    rows a batch touched (for ``torch.optim.SparseAdam``); dense otherwise (DDP).
+    non-negative, no overflow, negative ids included. A list feature's ids hash the same way (salts of
+    feature ``n_features + k``) and its rows pool (``sum`` / ``mean``, weighted when the list has
+    weights) with ``embedding_bag`` over the jagged values: no padding. ``sparse``: the table's
+    gradient holds only the rows a batch touched (for ``torch.optim.SparseAdam``); dense otherwise (DDP).
 
     Example::
 
@@ -128,34 +144,101 @@ class HashedEmbedding(nn.Module):
 
     salts: torch.Tensor  # registered buffer
 
-    def __init__(self, n_features: int, buckets: int, dim: int, sparse: bool = False):
+    def __init__(self, n_features: int, buckets: int, dim: int, sparse: bool = False, poolings: Sequence[str] = ()):
         super().__init__()
         if n_features < 0 or buckets < 1 or dim < 1:
             raise ValueError(f"need n_features >= 0, buckets >= 1, dim >= 1; got {n_features}, {buckets}, {dim}")
         self.n_features, self.buckets, self.dim = n_features, buckets, dim
+        self.poolings = tuple(poolings)
         self.table = nn.Embedding(buckets, dim, sparse=sparse)  # sparse: gradients of the touched rows only
         nn.init.normal_(self.table.weight, mean=0.0, std=0.01)
         self.table.weight.data = huge_page_copy(self.table.weight.data)  # the same values, on 2 MB pages
-        salts = torch.tensor([[_salt(f, k) for f in range(n_features)] for k in range(4)], dtype=torch.int64)
-        self.register_buffer("salts", salts.reshape(4, n_features), persistent=False)  # rows: a0, a1, a2, b
+        count = n_features + len(self.poolings)
+        salts = torch.tensor([[_salt(f, k) for f in range(count)] for k in range(4)], dtype=torch.int64)
+        self.register_buffer("salts", salts.reshape(4, count), persistent=False)  # rows: a0, a1, a2, b
+
+    @property
+    def width(self) -> int:
+        return (self.n_features + len(self.poolings)) * self.dim
 
     def bucket_ids(self, sparse: torch.Tensor) -> torch.Tensor:
         """Bucket index in [0, buckets) of every id: LongTensor [B, F] -> LongTensor [B, F]."""
         if sparse.dim() != 2 or sparse.shape[1] != self.n_features:
             raise ValueError(f"sparse ids must be [B, {self.n_features}], got {list(sparse.shape)}")
-        ids = sparse.to(torch.int64)
+        return self._buckets(sparse, self.salts[:, : self.n_features])
+
+    def _buckets(self, ids: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(torch.int64)
         if ids.numel() and _one_limb(ids):
-            h = ids * self.salts[0] + self.salts[3]  # the upper limbs are 0: the same sum, 2 ops instead of 12
+            h = ids * salts[0] + salts[3]  # the upper limbs are 0: the same sum, 2 ops instead of 12
         else:
-            h = self.salts[3].expand_as(ids)
+            h = salts[3].expand_as(ids)
             for k, (shift, bits) in enumerate(HASH_LIMBS):
                 limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
-                h = h + limb * self.salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
+                h = h + limb * salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
         return torch.remainder(torch.remainder(h, HASH_PRIME), self.buckets)
 
-    def forward(self, sparse: torch.Tensor) -> torch.Tensor:
-        """LongTensor [B, F] raw ids -> float [B, F * dim]."""
-        return self.table(self.bucket_ids(sparse)).reshape(sparse.shape[0], self.n_features * self.dim)
+    def pooled(self, k: int, jagged: Jagged) -> torch.Tensor:
+        """List feature ``k``'s rows pooled: [B, dim]."""
+        f = self.n_features + k
+        buckets = self._buckets(jagged.values.unsqueeze(1), self.salts[:, f : f + 1]).squeeze(1)
+        starts = jagged.offsets[:-1]
+        mode, weights = self.poolings[k], jagged.weights
+        if weights is None:
+            return F.embedding_bag(buckets, self.table.weight, starts, mode=mode, sparse=self.table.sparse)
+        # per-sample weights need mode sum; a weighted mean divides by each row's weight sum
+        total = F.embedding_bag(
+            buckets, self.table.weight, starts, mode="sum", sparse=self.table.sparse, per_sample_weights=weights
+        )
+        if mode == "mean":
+            rows = torch.repeat_interleave(torch.arange(len(starts)), jagged.lengths())
+            norm = torch.zeros(len(starts), dtype=weights.dtype).index_add_(0, rows, weights)
+            total = total / torch.where(norm == 0, torch.ones_like(norm), norm).unsqueeze(1)
+        return total
+
+    def forward(self, sparse: torch.Tensor, lists: Sequence[Jagged] = ()) -> torch.Tensor:
+        """LongTensor [B, F] raw ids (and this table's list features) -> float [B, width]."""
+        out = self.table(self.bucket_ids(sparse)).reshape(sparse.shape[0], self.n_features * self.dim)
+        if not self.poolings:
+            return out
+        return torch.cat([out, *(self.pooled(k, j) for k, j in enumerate(lists))], dim=1)
+
+
+class FeatureEmbeddings(nn.Module):
+    """Every id and list feature of a :class:`~primus_dagster.training.features.FeatureLayout`, each in
+    its table (one :class:`HashedEmbedding` per table): ``(sparse [B, F], lists) -> [B, width]``,
+    table by table in the layout's order, a table's id columns before its lists.
+
+    Example::
+
+        emb = FeatureEmbeddings(FeatureLayout.plain(ModelSpec(), n_dense=0, n_sparse=3), sparse=True)
+        emb(torch.zeros(4, 3, dtype=torch.int64), {}).shape       # [4, 3 * 16]
+    """
+
+    def __init__(self, layout: FeatureLayout, sparse: bool):
+        super().__init__()
+        self.tables = nn.ModuleDict()
+        self.columns: dict[str, list[int]] = {}  # table -> its id columns (indices into sparse)
+        self.list_names: dict[str, list[str]] = {}
+        for name in layout.table_names():
+            ids = [i for i, c in enumerate(layout.sparse) if c.table == name]
+            lists = [c for c in layout.lists if c.table == name]
+            buckets, dim = layout.tables[name]
+            self.tables[name] = HashedEmbedding(len(ids), buckets, dim, sparse, [str(c.pooling) for c in lists])
+            self.columns[name] = ids
+            self.list_names[name] = [c.name for c in lists]
+        self.n_sparse = layout.n_sparse
+        self.width = layout.embedding_width()
+
+    def forward(self, sparse: torch.Tensor, lists: Mapping[str, Jagged] = _NO_LISTS) -> torch.Tensor:
+        parts = []
+        for name, table in self.tables.items():
+            ids = self.columns[name]
+            chosen = sparse if len(ids) == self.n_sparse else sparse[:, ids]  # all of them (the default): no copy
+            parts.append(table(chosen, [lists[n] for n in self.list_names[name]]))
+        if not parts:
+            return sparse.new_zeros((sparse.shape[0], 0), dtype=torch.float32)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def _mlp(in_dim: int, hidden: list[int]) -> tuple[nn.Sequential, int]:
@@ -167,26 +250,31 @@ def _mlp(in_dim: int, hidden: list[int]) -> tuple[nn.Sequential, int]:
     return nn.Sequential(*layers), in_dim
 
 
-def _check_inputs(model: nn.Module, dense: torch.Tensor, sparse: torch.Tensor) -> None:
+def _check_inputs(model: RecModel, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> None:
     if dense.dim() != 2 or dense.shape[1] != model.n_dense:
         raise ValueError(f"dense must be [B, {model.n_dense}], got {list(dense.shape)}")
     if sparse.dim() != 2 or sparse.shape[1] != model.n_sparse or sparse.shape[0] != dense.shape[0]:
         raise ValueError(f"sparse must be [{dense.shape[0]}, {model.n_sparse}], got {list(sparse.shape)}")
+    if list(lists) != model.list_names:
+        raise ValueError(f"list features must be {model.list_names}, got {list(lists)}")
 
 
 class _DLRMTower(nn.Module):
-    """Bottom MLP on dense (-> embedding_dim) ++ hashed embeddings [++ aux] -> top MLP -> logit."""
+    """Bottom MLP on dense (-> embedding_dim) ++ embeddings [++ aux] -> top MLP -> logit."""
 
-    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int, aux_dim: int = 0):
+    def __init__(self, spec: ModelSpec, layout: FeatureLayout, aux_dim: int = 0):
         super().__init__()
-        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim, spec.sparse_embeddings)
+        self.embedding = FeatureEmbeddings(layout, spec.sparse_embeddings)
+        n_dense = layout.n_dense
         self.bottom = nn.Sequential(nn.Linear(n_dense, spec.embedding_dim), nn.ReLU()) if n_dense else None
-        width = (spec.embedding_dim if n_dense else 0) + n_sparse * spec.embedding_dim + aux_dim
+        width = (spec.embedding_dim if n_dense else 0) + self.embedding.width + aux_dim
         self.top, width = _mlp(width, list(spec.adapt_hidden))
         self.head = nn.Linear(width, 1)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, aux: torch.Tensor | None = None) -> torch.Tensor:
-        parts = [self.embedding(sparse)]
+    def forward(
+        self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, aux: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        parts = [self.embedding(sparse, lists)]
         if self.bottom is not None:
             parts.insert(0, self.bottom(dense))
         if aux is not None:
@@ -195,51 +283,62 @@ class _DLRMTower(nn.Module):
 
 
 class _MemoryTower(nn.Module):
-    """Hashed embeddings ++ dense -> MLP (memory_hidden) -> h_mem -> logit."""
+    """Embeddings ++ dense -> MLP (memory_hidden) -> h_mem -> logit."""
 
-    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
+    def __init__(self, spec: ModelSpec, layout: FeatureLayout):
         super().__init__()
-        self.embedding = HashedEmbedding(n_sparse, spec.hash_buckets, spec.embedding_dim, spec.sparse_embeddings)
-        self.mlp, self.hidden_dim = _mlp(n_dense + n_sparse * spec.embedding_dim, list(spec.memory_hidden))
+        self.embedding = FeatureEmbeddings(layout, spec.sparse_embeddings)
+        self.mlp, self.hidden_dim = _mlp(layout.n_dense + self.embedding.width, list(spec.memory_hidden))
         self.head = nn.Linear(self.hidden_dim, 1)
 
-    def hidden(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([dense, self.embedding(sparse)], dim=1))
+    def hidden(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> torch.Tensor:
+        return self.mlp(torch.cat([dense, self.embedding(sparse, lists)], dim=1))
 
-    def state(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        """``h_mem ++ embeddings`` [B, hidden_dim + n_sparse * embedding_dim]: what the adapt tower reads."""
-        emb = self.embedding(sparse)
+    def state(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> torch.Tensor:
+        """``h_mem ++ embeddings`` [B, hidden_dim + embedding width]: what the adapt tower reads."""
+        emb = self.embedding(sparse, lists)
         return torch.cat([self.mlp(torch.cat([dense, emb], dim=1)), emb], dim=1)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.head(self.hidden(dense, sparse)).squeeze(-1)
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> torch.Tensor:
+        return self.head(self.hidden(dense, sparse, lists)).squeeze(-1)
 
 
 class RecModel(nn.Module):
-    """What every model built by :func:`build_model` is (the protocol in the module docstring)."""
+    """What every model built by :func:`build_model` is (the protocol in the module docstring).
+
+    Subclasses implement :meth:`logits` on *transformed* dense values: ``forward`` checks the inputs
+    and applies :attr:`dense_transform` (the layout's transforms, statistics saved with the weights)."""
 
     model_type: str
 
-    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
+    def __init__(self, spec: ModelSpec, layout: FeatureLayout):
         super().__init__()
-        if n_dense < 0 or n_sparse < 0 or n_dense + n_sparse == 0:
-            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
-        self.spec, self.n_dense, self.n_sparse = spec, n_dense, n_sparse
+        if layout.n_dense + layout.n_sparse + len(layout.lists) == 0:
+            raise ValueError("need some input features: the layout has no dense, id or list column")
+        self.spec, self.layout = spec, layout
+        self.n_dense, self.n_sparse = layout.n_dense, layout.n_sparse
+        self.list_names = [c.name for c in layout.lists]
+        self.dense_transform = DenseTransform(layout)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
-        """Training logits [B] for samples of ``kind``."""
+    def logits(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str) -> torch.Tensor:
+        """Training logits [B] of transformed ``dense``."""
         raise NotImplementedError
 
-    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, lists: Lists = _NO_LISTS) -> torch.Tensor:
+        """Training logits [B] for samples of ``kind`` (``dense``: raw values, NaN where missing)."""
+        _check_inputs(self, dense, sparse, lists)
+        return self.logits(self.dense_transform(dense), sparse, lists, kind)
+
+    def predict(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists = _NO_LISTS) -> torch.Tensor:
         """Serving logits [B]."""
-        raise NotImplementedError
+        return self.forward(dense, sparse, "batch", lists)
 
     def lr_scale(self, name: str) -> float:
         """The factor on ``training.learning_rate`` for the parameter called ``name`` (1: the same rate)."""
         return 1.0
 
     def auxiliary_loss(
-        self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, label: torch.Tensor
+        self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, label: torch.Tensor, lists: Lists = _NO_LISTS
     ) -> torch.Tensor | None:
         """A loss the trainer adds to ``BCE(model(dense, sparse, kind), label)`` (None: nothing)."""
         return None
@@ -250,22 +349,18 @@ class SingleTower(RecModel):
 
     Example::
 
-        model = SingleTower(ModelSpec(type="single"), n_dense=13, n_sparse=5)
+        model = SingleTower(ModelSpec(type="single"), FeatureLayout.plain(ModelSpec(), n_dense=13, n_sparse=5))
         logits = model(dense, sparse, "batch")            # [B]
     """
 
     model_type = "single"
 
-    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
-        super().__init__(spec, n_dense, n_sparse)
-        self.tower = _DLRMTower(spec, n_dense, n_sparse)
+    def __init__(self, spec: ModelSpec, layout: FeatureLayout):
+        super().__init__(spec, layout)
+        self.tower = _DLRMTower(spec, layout)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
-        _check_inputs(self, dense, sparse)
-        return self.tower(dense, sparse)
-
-    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.forward(dense, sparse, "batch")
+    def logits(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str) -> torch.Tensor:
+        return self.tower(dense, sparse, lists)
 
 
 class MTRM(RecModel):
@@ -286,7 +381,7 @@ class MTRM(RecModel):
 
     Example::
 
-        model = MTRM(ModelSpec(type="mtrm"), n_dense=13, n_sparse=5)
+        model = MTRM(ModelSpec(type="mtrm"), FeatureLayout.plain(ModelSpec(), n_dense=13, n_sparse=5))
         loss = F.binary_cross_entropy_with_logits(model(dense, sparse, "stream"), label)
         ctr = torch.sigmoid(model.predict(dense, sparse))
     """
@@ -295,12 +390,12 @@ class MTRM(RecModel):
     label_sums: torch.Tensor  # registered buffers
     label_counts: torch.Tensor
 
-    def __init__(self, spec: ModelSpec, n_dense: int, n_sparse: int):
-        super().__init__(spec, n_dense, n_sparse)
-        self.memory = _MemoryTower(spec, n_dense, n_sparse)
+    def __init__(self, spec: ModelSpec, layout: FeatureLayout):
+        super().__init__(spec, layout)
+        self.memory = _MemoryTower(spec, layout)
         # h_aux: the memory tower's hidden state and its embeddings of the sample's ids (see memory_state)
-        aux_dim = self.memory.hidden_dim + n_sparse * spec.embedding_dim
-        self.adapt = _DLRMTower(spec, n_dense, n_sparse, aux_dim=aux_dim)
+        aux_dim = self.memory.hidden_dim + self.memory.embedding.width
+        self.adapt = _DLRMTower(spec, layout, aux_dim=aux_dim)
         # [batch, stream] label sums and counts (float64: exact far beyond a day of samples)
         self.register_buffer("label_sums", torch.zeros(2, dtype=torch.float64))
         self.register_buffer("label_counts", torch.zeros(2, dtype=torch.float64))
@@ -325,14 +420,14 @@ class MTRM(RecModel):
         logits = torch.log(rates / (1 - rates))
         return float(logits[0] - logits[1])
 
-    def memory_state(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        """h_aux [B, memory_hidden[-1] + n_sparse * embedding_dim], without gradient: the memory
-        tower's hidden state and its embeddings of the sample's ids. The embeddings, learnt on every
-        batch sample's complete labels, carry the long-term user/item knowledge the adapt tower's own
-        table (stream samples only) learns more slowly; with them the adapt tower gained AUC over
-        the hidden state alone on the bench's tuning seeds (docs/training.md)."""
+    def memory_state(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists = _NO_LISTS) -> torch.Tensor:
+        """h_aux [B, memory_hidden[-1] + embedding width], without gradient (of transformed ``dense``):
+        the memory tower's hidden state and its embeddings of the sample's ids. The embeddings, learnt
+        on every batch sample's complete labels, carry the long-term user/item knowledge the adapt
+        tower's own table (stream samples only) learns more slowly; with them the adapt tower gained
+        AUC over the hidden state alone on the bench's tuning seeds (docs/training.md)."""
         with torch.no_grad():
-            return self.memory.state(dense, sparse)
+            return self.memory.state(dense, sparse, lists)
 
     def lr_scale(self, name: str) -> float:
         """``spec.memory_lr_scale`` for the memory tower's parameters, 1 for the adapt tower's. The
@@ -343,7 +438,7 @@ class MTRM(RecModel):
         return self.spec.memory_lr_scale if name.startswith("memory.") else 1.0
 
     def auxiliary_loss(
-        self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, label: torch.Tensor
+        self, dense: torch.Tensor, sparse: torch.Tensor, kind: str, label: torch.Tensor, lists: Lists = _NO_LISTS
     ) -> torch.Tensor | None:
         """On a batch sample with ``spec.adapt_batch_weight`` w > 0: w x the adapt tower's BCE on the
         detached ``h_aux`` (the stream-only adapt tower had to relearn the long-term affinity from the
@@ -351,38 +446,63 @@ class MTRM(RecModel):
         w = self.spec.adapt_batch_weight
         if kind != "batch" or w == 0:
             return None
-        logits = self.adapt(dense, sparse, self.memory_state(dense, sparse))
+        x = self.dense_transform(dense)
+        logits = self.adapt(x, sparse, lists, self.memory_state(x, sparse, lists))
         return w * F.binary_cross_entropy_with_logits(logits, label)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, kind: str) -> torch.Tensor:
-        _check_inputs(self, dense, sparse)
+    def logits(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str) -> torch.Tensor:
         if kind == "batch":
-            return self.memory(dense, sparse)
+            return self.memory(dense, sparse, lists)
         if kind == "stream":
-            return self.adapt(dense, sparse, self.memory_state(dense, sparse))
+            return self.adapt(dense, sparse, lists, self.memory_state(dense, sparse, lists))
         raise ValueError(f"MTRM got samples of kind {kind!r}; expected 'batch' or 'stream'")
 
-    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.forward(dense, sparse, "stream") + self.delay_offset()
+    def predict(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists = _NO_LISTS) -> torch.Tensor:
+        return self.forward(dense, sparse, "stream", lists) + self.delay_offset()
 
 
 _KIND_INDEX = {"batch": 0, "stream": 1}
 _MIN_OBSERVED = 1000  # samples of each kind before the calibration applies
 
 
-def build_model(spec: ModelSpec, n_dense: int, n_sparse: int, seed: int = 0) -> RecModel:
-    """The model of ``spec.type``, initialised deterministically from ``seed`` (global RNG untouched).
+def build_model(
+    spec: ModelSpec,
+    n_dense: int | None = None,
+    n_sparse: int | None = None,
+    seed: int = 0,
+    *,
+    layout: FeatureLayout | None = None,
+    stats: DenseStats | None = None,
+) -> RecModel:
+    """The model of ``spec.type`` on ``layout`` (or, without one, on ``n_dense`` standardized columns
+    and ``n_sparse`` ids in the shared table), initialised deterministically from ``seed`` (global RNG
+    untouched); ``stats``: the dense transforms' statistics (:func:`~.features.fit_dense_stats`).
 
     Example::
 
-        model = build_model(job.training.model, n_dense=13, n_sparse=5, seed=job.training.seed)
+        model = build_model(job.training.model, layout=layout, seed=job.training.seed)
+        model = build_model(ModelSpec(type="single"), n_dense=13, n_sparse=5)
     """
     classes: dict[str, type[RecModel]] = {"single": SingleTower, "mtrm": MTRM}
     if spec.type not in classes:
         raise ValueError(f"unknown model type {spec.type!r}; expected one of {sorted(classes)}")
+    if layout is None:
+        if n_dense is None or n_sparse is None:
+            raise ValueError("build_model needs a layout, or n_dense and n_sparse")
+        if n_dense < 0 or n_sparse < 0:
+            raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
+        layout = FeatureLayout.plain(spec, n_dense, n_sparse)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return classes[spec.type](spec, n_dense, n_sparse)
+        model = classes[spec.type](spec, layout)
+    if stats is not None:
+        model.dense_transform.load(stats)
+    return model
+
+
+def build_initial_model(spec: ModelSpec, init: ModelInit, seed: int = 0) -> RecModel:
+    """:func:`build_model` on ``init``'s layout and statistics."""
+    return build_model(spec, seed=seed, layout=init.layout, stats=init.stats)
 
 
 def _count(module: nn.Module) -> int:
@@ -396,6 +516,10 @@ def model_summary(model: nn.Module) -> dict:
         "params": _count(model),
         "n_dense": getattr(model, "n_dense", None),
         "n_sparse": getattr(model, "n_sparse", None),
+        "lists": getattr(model, "list_names", []),
+        "tables": {name: list(shape) for name, shape in model.layout.tables.items()}
+        if isinstance(model, RecModel)
+        else {},
     }
     if isinstance(model, MTRM):
         summary.update(memory_params=_count(model.memory), adapt_params=_count(model.adapt))

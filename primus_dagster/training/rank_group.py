@@ -70,7 +70,8 @@ from primus_dagster.training.distributed import (
     pin_cores,
     serve_rank,
 )
-from primus_dagster.training.models import RecModel, build_model
+from primus_dagster.training.features import ModelInit
+from primus_dagster.training.models import RecModel, build_initial_model
 from primus_dagster.training.modes import Phase
 from primus_dagster.training.planning import NoTrainingDataError
 from primus_dagster.training.priority import MixturePriority
@@ -109,6 +110,7 @@ class RankPlan:
     collective_timeout_s: float = 300.0
     progress_s: float = 2.0
     kind_weights: dict[str, float] = field(default_factory=dict)  # w_i per kind (JobSpec.kind_weights)
+    model_init: dict[str, Any] | None = None  # ModelInit.to_dict(): the layout and fresh dense statistics
 
 
 class _Rank:
@@ -119,6 +121,7 @@ class _Rank:
         self.spec = TrainingSpec.model_validate_json(plan.spec_json)
         self.init = load_checkpoint(plan.init_path) if plan.init_path else None
         self.loop = RankLoop(self.spec, lambda wait_s: reader.next_batch(timeout=wait_s))
+        self.loop.init = ModelInit.from_dict(plan.model_init) if plan.model_init is not None else None
         self.loop.every = self.spec.checkpoint_every_steps
         if self.init is not None and plan.init_kind == "resume":
             self.loop.rounds = self.init.step
@@ -209,7 +212,7 @@ class _Rank:
             versions=self.plan.versions,
             mode=self.spec.mode,
             window=self.plan.window,
-            widths=(trainer.model.n_dense, trainer.model.n_sparse),
+            layout=trainer.model.layout,
             stats=stats,
             trainers=self.plan.world_size,
             ranks=ranks,
@@ -468,6 +471,7 @@ class RankGroup:
             record_batches=self.hooks.on_batch is not None,
             parent_pid=os.getpid(),
             rank_hook=self.hooks.rank_hook,
+            model_init=run.model_init.to_dict() if run.model_init is not None else None,
         )
         run.stage("phase %s: data executors up; starting %d trainer rank(s)", phase.name, world)
         _Group(self, run, plane).run_group(plan, phase)
@@ -480,7 +484,7 @@ class RankGroup:
             raise NoTrainingDataError(f"job {run.job.name}: the window {run.request.window} produced no batches")
         final = self.final = load_checkpoint(run.latest.path)
         spec = run.spec
-        model = build_model(spec.model, int(final.extra["n_dense"]), int(final.extra["n_sparse"]), seed=spec.seed)
+        model = build_initial_model(spec.model, ModelInit.of_checkpoint(final.extra, spec.model), seed=spec.seed)
         model.load_state_dict(final.model_state)
         return model, final.step
 

@@ -69,6 +69,13 @@ class TrainingResult:
             out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
             out["eval_labels"] = self.evaluation.labels
             out["eval_window"] = f"{self.evaluation.window.start.isoformat()}/{self.evaluation.window.end.isoformat()}"
+            baseline = self.evaluation.baseline
+            if baseline is not None:  # the popularity prior on the same held-out rows
+                out["popularity_auc"] = baseline.popularity_auc
+                out["popularity_feature"] = baseline.popularity_feature
+                out["popularity_aucs"] = dict(baseline.aucs)
+            # the guard: above chance and the prior ("AUC … vs popularity prior …: ok" / "…: BELOW BASELINE: …")
+            out["baseline_verdict"] = self.evaluation.verdict_text()
         return out
 
 

@@ -29,6 +29,7 @@ from primus_dagster.data import Batch, DataPlaneStarter, DataTask, TimeWindow, s
 from primus_dagster.paths import primus_home
 from primus_dagster.spec import JobSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
+from primus_dagster.training.features import ModelInit
 from primus_dagster.training.modes import phase_index
 from primus_dagster.training.planning import consumed_sources
 from primus_dagster.training.progress import Heartbeat
@@ -124,6 +125,8 @@ class TrainingRun:
         self.latest: CheckpointRef | None = None  # resumed from or logged last: later phases and restarts start here
         self.warm: Checkpoint | None = None  # a previous run's final model: its weights and Adam state only
         self.warm_path: Path | None = None  # ... and where its files are
+        # the model's feature layout (and, for a fresh model, its dense statistics): set before the phases
+        self.model_init: ModelInit | None = None
         self.checkpoints: list[int] = []
         self.data_pools: dict[str, dict[str, Any]] = {}  # phase -> what its data pool did (executors, scaling)
         self.data_quality: dict[str, dict[str, int]] = {}  # source -> quality rule -> rows repaired/dropped

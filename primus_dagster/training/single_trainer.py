@@ -22,7 +22,7 @@ from typing import Any
 
 from primus_dagster.data import ChooseQueue, DataPlane
 from primus_dagster.training.checkpoint import Checkpoint, load_weights, save_checkpoint, trainer_checkpoint
-from primus_dagster.training.models import RecModel, build_model, model_summary
+from primus_dagster.training.models import RecModel, build_initial_model, model_summary
 from primus_dagster.training.modes import Phase
 from primus_dagster.training.planning import NoTrainingDataError
 from primus_dagster.training.priority import MixturePriority
@@ -64,13 +64,15 @@ class SingleTrainer:
         self.resume = resume
         self.next_checkpoint = (resume.step if resume is not None else 0) + run.spec.checkpoint_every_steps
 
-    def build(self, run: TrainingRun, n_dense: int, n_sparse: int) -> Trainer:
-        """The trainer (built once, at the first batch: its input widths come from the data), with the
-        resumed checkpoint or the warm start applied."""
+    def build(self, run: TrainingRun) -> Trainer:
+        """The trainer (built once, at the first batch, on ``run.model_init``), with the resumed
+        checkpoint or the warm start applied."""
         if self.trainer is not None:
             return self.trainer
         spec = run.spec
-        trainer = Trainer(build_model(spec.model, n_dense, n_sparse, seed=spec.seed), spec)
+        if run.model_init is None:
+            raise RuntimeError("the run's model layout was not resolved before training (train_window sets it)")
+        trainer = Trainer(build_initial_model(spec.model, run.model_init, seed=spec.seed), spec)
         run.tracker.set_tags({"primus.model": str(model_summary(trainer.model))})
         if self.resume is not None:
             ck = self.resume
@@ -105,7 +107,8 @@ class SingleTrainer:
                     first_batch = False
                     waited = time.monotonic() - phase_started
                     run.stage("phase %s: training (first batch after %.1f s)", phase.name, waited)
-                trainer = self.build(run, batch.dense.shape[1], batch.sparse.shape[1])
+                trainer = self.build(run)
+                trainer.model.layout.check(batch)
                 trainer.train(batch)
                 if self.hooks.on_batch is not None:
                     self.hooks.on_batch(trainer.step, batch)
@@ -130,7 +133,7 @@ class SingleTrainer:
 
     def final_model(self, run: TrainingRun) -> tuple[RecModel, int]:
         if self.trainer is None and self.resume is not None:  # everything was done before the restart
-            self.build(run, int(self.resume.extra["n_dense"]), int(self.resume.extra["n_sparse"]))
+            self.build(run)
         if self.trainer is None:
             raise NoTrainingDataError(f"job {run.job.name}: the window {run.request.window} produced no batches")
         return self.trainer.model, self.trainer.step
@@ -155,7 +158,7 @@ class SingleTrainer:
             versions=run.versions,
             mode=run.spec.mode,
             window=[window.start.isoformat(), window.end.isoformat()],
-            widths=(trainer.model.n_dense, trainer.model.n_sparse),
+            layout=trainer.model.layout,
             stats=trainer.stats(),
             # the finished phases' quality counts (the current phase's are in its driver snapshot)
             data_quality=run.data_quality,

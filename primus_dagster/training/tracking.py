@@ -284,6 +284,10 @@ class MlflowTracker:
         for chunk in _chunks([RunTag(str(k), str(v)) for k, v in tags.items()], 100):
             self.client.log_batch(run_id, tags=chunk)
 
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        """``data`` as a JSON artifact of the run (e.g. ``features.json``: the model's feature layout)."""
+        self.client.log_dict(self.require_run_id(), dict(data), artifact_file)
+
     def log_source_inputs(self, sources: Mapping[str, Mapping[str, Any]], context: str = "training") -> int:
         """Record the data the run consumed as MLflow dataset inputs (``mlflow.log_input``; the run's
         *Datasets used* in the UI): one dataset per source, named after it, with ``source_type`` from

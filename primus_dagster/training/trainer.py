@@ -297,10 +297,12 @@ class Trainer:
         trainer group exchanges them in between, ``distributed``); the loss."""
         self.module.train()
         dense, sparse, label = model_inputs(batch)
+        lists = batch.lists
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.module(dense, sparse, batch.kind)
+        # a module wrapping the model (DDP) is called with the list features only where there are some
+        logits = self.module(dense, sparse, batch.kind, lists) if lists else self.module(dense, sparse, batch.kind)
         loss = self.loss_fn(logits, label)
-        extra = self.model.auxiliary_loss(dense, sparse, batch.kind, label)  # MTRM: adapt_batch_weight
+        extra = self.model.auxiliary_loss(dense, sparse, batch.kind, label, lists)  # MTRM: adapt_batch_weight
         if extra is not None:
             loss = loss + extra
         self._recent.append((logits.detach(), label))

@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import secrets
@@ -43,13 +44,14 @@ from typing import Any, Protocol
 import torch
 
 from primus_dagster.cluster.backends import data_plane_starter
-from primus_dagster.data import DataDriver, DataPlane, NotReady, SourceContext, TimeWindow
+from primus_dagster.data import DataDriver, DataPlane, NotReady, SourceContext, TimeWindow, read_batches
 from primus_dagster.spec import JobSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
+from primus_dagster.training.features import ModelInit, fit_dense_stats
 from primus_dagster.training.models import RecModel
 from primus_dagster.training.modes import Phase, phase_tasks, phases
-from primus_dagster.training.planning import plan_training_tasks, planned_line
+from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
 from primus_dagster.training.priority import LoadingPriority
 from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.quality_report import record_quality
@@ -176,6 +178,7 @@ def _train(
         log.info("MLflow: %d source dataset(s) recorded as the run's inputs (partitions, versions, offsets)", inputs)
         resume = load_resume(tracker, run)
         warm_from, cold_start = load_warm_start(tracker, run) if resume is None and request.warm_start else (None, None)
+        run.model_init = model_init(run, context, resume)
         trainer.begin(run, resume)
         _run_phases(run, trainer, hooks, executors)
         model, step = trainer.final_model(run)
@@ -301,17 +304,68 @@ def evaluate_and_log(
         return None
     end = request.window.end
     evaluation = evaluate_window(
-        request.job, context, model, end, end + timedelta(hours=request.job.training.eval_hours)
+        request.job,
+        context,
+        model,
+        end,
+        end + timedelta(hours=request.job.training.eval_hours),
+        train_start=request.window.start,
     )
     if evaluation is not None:
         values = evaluation.result.to_dict().items()
-        tracker.log_metrics({f"eval_{k}": float(v) for k, v in values if isinstance(v, (int, float))}, step)
-        tracker.set_tags({"primus.eval_labels": evaluation.labels})
+        metrics = {f"eval_{k}": float(v) for k, v in values if isinstance(v, (int, float))}
+        tags = {"primus.eval_labels": evaluation.labels, "primus.baseline_verdict": evaluation.verdict_text()[:5000]}
+        if evaluation.baseline is not None:
+            metrics["eval_popularity_auc"] = float(evaluation.baseline.popularity_auc)
+            tags["primus.popularity_feature"] = evaluation.baseline.popularity_feature
+        tracker.log_metrics(metrics, step)
+        tracker.set_tags(tags)
         result = evaluation.result
         log.info("evaluation: AUC %.4f on %d row(s) (%s labels)", result.auc, result.rows, evaluation.labels)
+        log.info("quality: %s", evaluation.verdict_text())
     else:
         log.info("evaluation: no labelled rows after the window")
     return evaluation
+
+
+def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | None) -> ModelInit:
+    """The feature layout (and dense statistics) the run's model is built on: a resumed model's own;
+    else the layout of the first planned tasks' data (read here, in plan order: the first phase's
+    tasks, the same rows on every trainer rank) and, for a fresh model, the statistics of its first
+    ``training.features.stats_rows`` rows (a warm-started model has its statistics in its weights)."""
+    spec = run.spec
+    if resume is not None:
+        return ModelInit.of_checkpoint(resume.extra, spec.model)
+    first = next((phase_tasks(run.tasks, p) for p in phases(spec.mode) if phase_tasks(run.tasks, p)), [])
+    rows = 1 if run.warm is not None else spec.features.stats_rows
+    run.stage("features: reading the first %d row(s) of the window for the layout and dense statistics", rows)
+    started = time.perf_counter()
+    batches = read_batches(run.job, context, first)
+    try:
+        head = next(batches, None)
+        if head is None:
+            raise NoTrainingDataError(f"job {run.job.name}: the window {run.request.window} produced no batches")
+        shape = ModelInit.of_batch(spec, run.job.dataset.source(head.source).columns, head)
+        stats = fit_dense_stats(shape.layout, itertools.chain([head], batches), rows) if run.warm is None else None
+    finally:
+        batches.close()
+    init = ModelInit(shape.layout, stats)
+    layout = init.layout
+    log.info(
+        "features: %d dense (%s), %d id and %d list feature(s) in %d table(s) (%s); dense statistics of %d row(s) "
+        "(%.1f s)%s",
+        layout.n_dense,
+        ", ".join(f"{c.name}: {c.transform}" for c in layout.dense) or "none",
+        layout.n_sparse,
+        len(layout.lists),
+        len(layout.tables),
+        ", ".join(f"{name} {b:,}x{d}" for name, (b, d) in layout.tables.items()) or "none",
+        stats.rows if stats is not None else 0,
+        time.perf_counter() - started,
+        "; a warm start keeps its model's" if stats is None else "",
+    )
+    run.tracker.log_dict(init.to_dict(), "features.json")
+    return init
 
 
 def load_warm_start(tracker: MlflowTracker, run: TrainingRun) -> tuple[str | None, str | None]:

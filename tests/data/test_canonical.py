@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -127,7 +128,9 @@ def test_default_policy_repairs_or_drops_and_counts_every_rule() -> None:
     # batch source: the null label is dropped; the rest is repaired (the out-of-partition row is kept as read)
     rows = {r["sample_id"]: r for r in out.to_pylist()}
     assert sorted(rows) == [0, 1, 2, 4, 5]
-    assert rows[1]["dense"] == [0.0, 2.0] and rows[2]["dense"] == [1.0, 0.0]
+    # repaired dense values are missing (NaN): the model's transform fills them
+    assert math.isnan(rows[1]["dense"][0]) and rows[1]["dense"][1] == 2.0
+    assert rows[2]["dense"][0] == 1.0 and math.isnan(rows[2]["dense"][1])
     assert rows[5]["u"] == 0 and rows[4]["ts"] == T0 + timedelta(hours=1)
 
 
@@ -160,7 +163,8 @@ def test_repair_everything_keeps_every_row() -> None:
     norm = Normalizer(parquet_source("{null_label: repair}"))
     out = norm(bad_batch(), where="f.parquet", partition=T0)
     assert out.num_rows == ROWS and out.column("label").to_pylist()[3] == 0.0
-    assert np.isfinite(out.column("dense").flatten().to_numpy()).all()
+    dense = out.column("dense").flatten().to_numpy()
+    assert not np.isinf(dense).any() and np.isnan(dense).sum() == 2  # the two repaired values: missing
 
 
 def test_null_ts_is_dropped_by_default_or_repaired_to_the_partition_start() -> None:
@@ -237,7 +241,8 @@ def test_quality_summary_names_the_action_and_the_repair() -> None:
     line = quality_summary(parquet_source(), {"dense_invalid": 1200, "null_label": 3})
     assert (
         line
-        == "src: 1,200 rows dense_invalid (repaired: NaN, +-inf or null dense values -> 0.0), 3 rows null_label (dropped)"
+        == "src: 1,200 rows dense_invalid (repaired: NaN, +-inf or null dense values -> missing, the feature's fill "
+        "(training.features)), 3 rows null_label (dropped)"
     )
 
 
@@ -268,7 +273,10 @@ def test_dense_counts_match_a_row_by_row_reference(dense: list[tuple[float | Non
     out = norm(batch, partition=T0)
     assert norm.take() == ({"dense_invalid": expected} if expected else {})
     assert out.num_rows == (n - expected if action == "drop" else n)
-    assert np.isfinite(out.column("dense").flatten().to_numpy()).all()
+    values = out.column("dense").flatten().to_numpy()
+    assert not np.isinf(values).any()  # +-inf repaired to missing (NaN), which the model's transform fills
+    if action == "drop":
+        assert not np.isnan(values).any()
 
 
 def test_fail_on_null_ts_and_on_a_missing_kafka_field() -> None:
@@ -378,7 +386,7 @@ def test_a_list_sparse_column_and_a_string_sample_id_are_named() -> None:
     with pytest.raises(
         SchemaMismatchError,
         match=r"f.parquet: sparse column 'genres' has type list<item: string>; "
-        r"expected an integer or a string \(hashed to an id\); list features are not supported yet",
+        r"expected an integer or a string \(hashed to an id\); it is a list column: map it in columns.lists",
     ):
         norm(batch, where="f.parquet", partition=T0)
     string_ids = batch.set_column(1, "i", pa.array(["s-7"]))

@@ -57,7 +57,7 @@ REQUIRED = {
     ("dataset",): {"start", "streams"},
     ("dataset", "streams", 0): {"name", "sources"},
     ("dataset", "streams", 0, "sources", 0): {"name", "type", "columns", "path", "uri", "table", "topic"},
-    ("dataset", "streams", 0, "sources", 0, "columns"): {"ts", "dense"},
+    ("dataset", "streams", 0, "sources", 0, "columns"): {"ts"},
 }
 
 

@@ -135,10 +135,10 @@ BAD_SPECS = [
         "{HH}",
     ),
     (
-        "empty dense list",
+        "no feature at all",
         _mutate("dataset.streams.0.sources.0.columns", {"ts": "t", "dense": []}),
-        "dataset.streams[0].sources[0].columns.dense",
-        "at least one",
+        "dataset.streams[0].sources[0].columns",
+        "no features",
     ),
     (
         "unknown metric",

@@ -125,7 +125,7 @@ def test_mtrm_gradients_are_routed_by_kind() -> None:
 
     F.binary_cross_entropy_with_logits(model(dense, sparse, "stream"), labels).backward()
     memory, adapt = _grads(model.memory), _grads(model.adapt)
-    assert {"embedding.table.weight", "mlp.0.weight", "head.weight"} <= memory.keys()
+    assert {"embedding.tables.shared.table.weight", "mlp.0.weight", "head.weight"} <= memory.keys()
     assert not any(memory.values()), f"stream loss reached the memory tower: {memory}"
     assert all(adapt.values()), f"adapt parameters without gradient: {adapt}"
     assert all(p.grad is None for p in model.memory.parameters())  # Adam skips them entirely

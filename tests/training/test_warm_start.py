@@ -12,6 +12,7 @@ from jobkit import make_job
 from primus_dagster.data.sources import TimeWindow
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.checkpoint import Checkpoint
+from primus_dagster.training.features import FeatureLayout, ModelInit
 from primus_dagster.training.models import build_model
 from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.run_state import RunHooks, TrainingRequest, TrainingRun
@@ -27,10 +28,11 @@ def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monke
     run = TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [], Heartbeat())
     other = build_model(ModelSpec(type="mtrm", embedding_dim=4, hash_buckets=64), n_dense=3, n_sparse=2)
     run.warm = Checkpoint(step=7, samples=70, model_state=other.state_dict(), optimizer_state={})
+    run.model_init = ModelInit(FeatureLayout.plain(env["job"].training.model, n_dense=5, n_sparse=3))
     trainer = SingleTrainer(RunHooks())
     trainer.begin(run, resume=None)
     with pytest.raises(ValueError, match="cannot warm-start from run key 'train-test/2026-11-01'"):
-        trainer.build(run, n_dense=5, n_sparse=3)
+        trainer.build(run)
 
 
 def test_a_window_without_ready_data_is_a_clear_error(tmp_path) -> None:

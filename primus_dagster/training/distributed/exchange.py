@@ -12,7 +12,7 @@ Example (a strategy of one's own: the loop calls these, in this order)::
     class MyExchange:                       # satisfies GradientExchange
         round_messages = True               # backward before the round's all-gather
         sent, seconds = 0, 0.0
-        def build(self, spec, n_dense, n_sparse): ...       # -> Trainer (same seed on every rank)
+        def build(self, spec, init): ...                    # -> Trainer (same seed on every rank)
         def pack(self, status, kind): ...                    # -> this rank's message, or None
         def gradients(self, trainer, micro, loss, messages, divisor): ...   # -> loss
         def null_gradients(self, trainer, kind, messages, divisor): ...
@@ -34,7 +34,8 @@ from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.models import KINDS, MTRM, build_model
+from primus_dagster.training.features import ModelInit
+from primus_dagster.training.models import KINDS, MTRM, build_initial_model
 from primus_dagster.training.trainer import Trainer, coalesced_rows
 
 # KINDS (models): a micro-batch's kind, by its index in the status row
@@ -43,7 +44,7 @@ RoundMessages: TypeAlias = (
 )  # every rank's round message, in rank order; None: statuses only
 Divisor: TypeAlias = Mapping[str, int]  # parameter group -> ranks that trained it this round (0: nobody)
 # a round's status row: ready, ended, kind, n_dense, n_sparse, label sum, rows; then rows touched per table
-STATUS_FIELDS, MAX_TABLES = 7, 8
+STATUS_FIELDS, MAX_TABLES = 7, 64
 HEADER_BYTES = 8 * (STATUS_FIELDS + MAX_TABLES)  # the status row at the head of a round's message (float64)
 
 
@@ -67,9 +68,9 @@ class GradientExchange(Protocol):
     @property
     def seconds(self) -> float: ...
 
-    def build(self, spec: TrainingSpec, n_dense: int, n_sparse: int) -> Trainer:
-        """The model (``spec.seed``: the same on every rank) and its trainer (``observe_labels=False``:
-        the loop adds the group's label counts)."""
+    def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
+        """The model on ``init`` (``spec.seed``: the same on every rank) and its trainer
+        (``observe_labels=False``: the loop adds the group's label counts)."""
         ...
 
     def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
@@ -161,9 +162,9 @@ class RowSparseExchange:
             raise ValueError(f"{len(self.tables)} sparse embedding tables; at most {MAX_TABLES}")
         self.active = True
 
-    def build(self, spec: TrainingSpec, n_dense: int, n_sparse: int) -> Trainer:
+    def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
         """The model with sparse embedding gradients (the default) and its trainer."""
-        model = build_model(spec.model, n_dense, n_sparse, seed=spec.seed)
+        model = build_initial_model(spec.model, init, seed=spec.seed)
         if dist.get_world_size() > 1:
             self.index(model)
         return Trainer(model, spec, observe_labels=False)

@@ -31,6 +31,7 @@ from primus_dagster.training.distributed.exchange import (
     RowSparseExchange,
 )
 from primus_dagster.training.distributed.mesh import ByteAllGather, PeerMesh
+from primus_dagster.training.features import FeatureLayout, ModelInit
 from primus_dagster.training.models import KINDS, MTRM, model_inputs
 from primus_dagster.training.trainer import Trainer, TrainerStats
 
@@ -101,6 +102,7 @@ class RankLoop:
         self.trainer: Trainer | None = None
         self.rounds, self.null_steps = 0, 0
         self.widths = (0, 0)
+        self.init: ModelInit | None = None  # the layout (and fresh statistics) the model is built on
         self.divisor = {"memory": 1, "adapt": 1, "all": 1}  # of each group in this round (0: not sent)
         self.sample_ids: list[int] | None = [] if record_ids else None
         self.every, self.next_checkpoint = 0, 0  # checkpoints every `every` rounds (0: none), the next at
@@ -145,13 +147,20 @@ class RankLoop:
         return self.pending[0] if self.pending else None
 
     def build(self, n_dense: int, n_sparse: int) -> Trainer:
-        """Build the model and its trainer (every rank at the same round, same seed), then ``on_build``."""
+        """Build the model and its trainer on :attr:`init` (every rank at the same round, same seed;
+        without one: the plain layout of these widths), then ``on_build``."""
         if self.spec.model.type == "mtrm" and self.spec.model.adapt_batch_weight and dist.get_world_size() > 1:
             raise ValueError(
                 "training.model.adapt_batch_weight needs a single trainer: the multi-trainer exchange sends a "
                 "batch rank's memory-tower gradients only (set it to 0 or run one trainer)"
             )
-        self.trainer = self.exchange.build(self.spec, n_dense, n_sparse)
+        init = self.init or ModelInit(FeatureLayout.plain(self.spec.model, n_dense, n_sparse))
+        if (init.layout.n_dense, init.layout.n_sparse) != (n_dense, n_sparse):
+            raise ValueError(
+                f"batches of input widths {(n_dense, n_sparse)}; the model's layout: "
+                f"{(init.layout.n_dense, init.layout.n_sparse)}"
+            )
+        self.trainer = self.exchange.build(self.spec, init)
         self.widths = (n_dense, n_sparse)
         if self.on_build is not None:
             self.on_build(self.trainer)

@@ -184,7 +184,7 @@ def test_column_added_later_reads_as_null_in_older_files_repaired_and_counted(tm
     source = DeltaSource(make_spec(str(path), dense=[*DENSE, "d13"]), SourceContext())
     table = read_all(source, source.split(source.partition(T0))).sort_by("sample_id")
     extra = table.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 14)[:, 13]
-    assert (extra[:10] == 0).all() and (extra[10:] == 1).all()  # quality.dense_invalid: repair (null -> 0)
+    assert np.isnan(extra[:10]).all() and (extra[10:] == 1).all()  # dense_invalid: repair (null -> missing)
     assert source.normalize.take() == {"dense_invalid": 10}
 
 

@@ -223,7 +223,7 @@ def test_corrupt_records_are_skipped_and_counted(kafka_broker: EmbeddedBroker, f
     bad_values = [
         b"not json at all",
         json.dumps({**sample(1000, H0_MS), "d3": "oops"}).encode(),  # string in a float field
-        json.dumps({**sample(1001, H0_MS), "user_id": "u-17"}).encode(),  # string in an id field
+        json.dumps({**sample(1001, H0_MS), "user_id": [17]}).encode(),  # a list in an id field (a string is hashed)
         b"[1, 2, 3]",
         b"null",
         b"",

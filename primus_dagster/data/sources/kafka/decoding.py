@@ -6,6 +6,32 @@ until the undecodable records are isolated, so one bad record costs O(log N) re-
 never the chunk. The record timestamp (event time, epoch ms) fills ``ts`` when the JSON has no
 such field.
 
+Field types follow the source's column mapping: ``ts``, ``id`` int64, ``label`` float64, dense
+float32 (or ``list<float32>``), a ``lists`` field ``list<int64>`` or ``list<string>``, a ``weights``
+field ``list<float32>``. Categorical ids (``sparse`` fields and the values of ``lists`` fields) may be
+JSON integers or JSON strings, and each value keeps its own JSON type: an integer is that id, a
+string is hashed by :func:`~primus_dagster.data.hashing.stable_hash64` (by the normaliser, or here
+where a chunk mixes both) -- the ids a Parquet column of those integers or strings gives, whatever
+else the chunk holds. (Hashing the decimal text of the integers of a mixed field instead would give
+the same value another id in a chunk that happens to hold a string, so it is not done.)
+
+How, without per-record Python work: every id field is first read as integers -- the schema
+and cost of an integer topic are exactly those of a spec without string ids. When ``pyarrow.json``
+reports that an id field holds the other JSON type (``Column(/user_id) changed from number to
+string``), the decoder switches that field to strings (``pa.string()``, ``list<string>``) and parses
+again; the choice sticks for the decoder's later chunks. A field found holding both (within one
+chunk, or switched a second time) is *mixed*: before each parse one bulk ``re.sub`` over the chunk's
+text renames the key of its string values (``"user_id":"u7"`` -> ``"user_id\\u0000":"u7"``; for a
+list, the lists whose first element is a string), the two columns are parsed side by side and merged
+into int64 ids (strings hashed). A single list holding both integers and strings (``[1, "a"]``)
+stays undecodable, as does an id of any other JSON type (a float, a boolean, an object).
+
+A missing or null field is null, as before: the normaliser applies ``missing_field`` to dense,
+sparse and id fields and reads a null list as empty (no id), which is what a missing ``lists`` field
+means here too. A missing ``weights`` field of a present list is filled with weight 1 per id (the
+normaliser's repair of a missing weight); a record whose weights and ids lists differ in length is
+undecodable (counted, never the batch's failure).
+
 Example::
 
     decoder = JsonRecordDecoder(spec)
@@ -16,7 +42,12 @@ Example::
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import json
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -24,12 +55,45 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from primus_dagster.data.canonical import native_columns
-from primus_dagster.spec.sources import KafkaSourceSpec
+from primus_dagster.data.hashing import stable_hash64
+from primus_dagster.spec.sources import ColumnMapping, KafkaSourceSpec
+
+#: How an id field's JSON values are read: integers, strings, or both (:data:`SHADOW` column beside).
+IdKind = Literal["int", "string", "mixed"]
+#: Suffix of the column a mixed id field's string values are parsed into (a NUL: no real field's name).
+SHADOW = "\x00"
+_CONFLICT = re.compile(r"Column\((.+)\) changed from (number|string) to (number|string) in row")
 
 
-def json_schema(spec: KafkaSourceSpec) -> pa.Schema:
-    """Explicit schema for decoding the JSON records of ``spec`` (only mapped fields)."""
+def id_fields(mapping: ColumnMapping) -> dict[str, bool]:
+    """The native fields whose ids may be JSON integers or strings, each with whether it is a list field.
+
+    The ``sparse`` and ``lists`` fields of ``mapping``, less any that is also its ts, label, id or dense column.
+    """
+    dense = [mapping.dense] if isinstance(mapping.dense, str) else mapping.dense
+    fixed = {mapping.ts, mapping.label, mapping.id, *dense}
+    out: dict[str, bool] = {}
+    for native, is_list in [(n, False) for _, n in mapping.sparse_pairs()] + [
+        (n, True) for _, n in mapping.list_pairs()
+    ]:
+        if native not in fixed:
+            out.setdefault(native, is_list)
+    return out
+
+
+def json_schema(spec: KafkaSourceSpec, kinds: Mapping[str, IdKind] | None = None) -> pa.Schema:
+    """Explicit schema for decoding the JSON records of ``spec`` (only mapped fields).
+
+    ``kinds``: how each id field (:func:`id_fields`) is read -- ``int`` (the default: int64,
+    ``list<int64>``), ``string`` (``string``, ``list<string>``) or ``mixed`` (the int column, then
+    ``<name>`` + :data:`SHADOW` of the strings).
+    """
     m = spec.columns
+    ids = id_fields(m)
+    kinds = dict(kinds or {})
+    unknown = sorted(set(kinds) - set(ids))
+    if unknown:
+        raise ValueError(f"{unknown} are not id fields of source {spec.name!r} (those are {sorted(ids)})")
     types: dict[str, pa.DataType] = {m.ts: pa.int64()}
     if m.label:
         types.setdefault(m.label, pa.float64())
@@ -40,25 +104,153 @@ def json_schema(spec: KafkaSourceSpec) -> pa.Schema:
         types.setdefault(name, pa.list_(pa.float32()) if isinstance(m.dense, str) else pa.float32())
     for _, native in m.sparse_pairs():
         types.setdefault(native, pa.int64())
-    return pa.schema([(name, types[name]) for name in native_columns(m)])
+    for _, native in m.list_pairs():
+        types.setdefault(native, pa.list_(pa.int64()))
+    for native in m.weights.values():
+        types.setdefault(native, pa.list_(pa.float32()))
+    fields: list[tuple[str, pa.DataType]] = []
+    for name in native_columns(m):
+        kind = kinds.get(name, "int")
+        strings = pa.list_(pa.string()) if ids.get(name) else pa.string()
+        fields.append((name, strings if kind == "string" else types[name]))
+        if kind == "mixed":
+            fields.append((name + SHADOW, strings))
+    return pa.schema(fields)
+
+
+def _is_strings(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or (pa.types.is_list(kind) and pa.types.is_string(kind.value_type))
+
+
+def _hashed(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A ``string`` or ``list<string>`` column as ``int64`` / ``list<int64>`` ids (stable_hash64; nulls stay)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not pa.types.is_list(column.type):
+        return stable_hash64(column)
+    mask = column.is_null() if column.null_count else None
+    return pa.ListArray.from_arrays(column.offsets, stable_hash64(column.values), mask=mask)
+
+
+def _mask(array: pa.Array) -> np.ndarray:
+    """A boolean Arrow array as numpy (null: False)."""
+    return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _indices(keep: Sequence[int], good: list[tuple[int, int, pa.Table]]) -> np.ndarray:
+    """The indices in the decoded values of the rows of the good chunks' tables, concatenated in order."""
+    return np.concatenate([np.asarray(keep[lo:hi], dtype=np.int64) for lo, hi, _ in good])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to parse a chunk: each id field's kind, the explicit schema, and the rewrites and merges of mixed fields."""
+
+    kinds: Mapping[str, IdKind]
+    parse_options: pj.ParseOptions
+    #: (pattern, replacement) run over the text before parsing: a mixed field's string values to its shadow key.
+    rewrites: tuple[tuple[re.Pattern[bytes], bytes], ...]
+    mixed: tuple[str, ...]
+
+
+def _shadow_rewrite(name: str, is_list: bool) -> tuple[re.Pattern[bytes], bytes]:
+    """The bulk rewrite moving ``name``'s string values (lists starting with a string) to its shadow key.
+
+    Matches the key only where a JSON key can stand: its opening quote unescaped (inside a string it
+    would be ``\\"``), followed by ``:`` and a string (or ``[`` and a string).
+    """
+    key = json.dumps(name, ensure_ascii=False).encode()
+    shadow = json.dumps(name + SHADOW, ensure_ascii=False).encode()
+    opening = rb'\[\s*"' if is_list else rb'"'
+    pattern = re.compile(re.escape(key) + rb"\s*:\s*" + opening)
+    replacement = shadow + (b':["' if is_list else b':"')
+    return pattern, replacement.replace(b"\\", b"\\\\")  # a template: backslashes doubled
 
 
 class JsonRecordDecoder:
     """Decodes chunks of consumer records of one Kafka source; holds its schema and parse options.
+
+    ``schema``: the schema of a topic whose ids are integers (the first parse of every id field);
+    :attr:`id_kinds` says how each id field is read now (module docstring).
 
     Example::
 
         decoder = JsonRecordDecoder(spec)
         decoder.schema                                  # pa.schema([("event_time", pa.int64()), ...])
         table, bad = decoder.decode([r.value for r in records], [r.timestamp for r in records])
+        decoder.id_kinds                                # {"user_id": "string", "genres": "string"}
     """
 
     def __init__(self, spec: KafkaSourceSpec) -> None:
+        self.spec = spec
         self.schema = json_schema(spec)
         self.ts_column = spec.columns.ts
-        self._parse_options = pj.ParseOptions(explicit_schema=self.schema, unexpected_field_behavior="ignore")
+        self._id_fields = id_fields(spec.columns)
+        self._pointers = {f"/{name}/[]" if is_list else f"/{name}": name for name, is_list in self._id_fields.items()}
+        lists = dict(spec.columns.list_pairs())
+        self._weights = [(lists[name], native) for name, native in spec.columns.weights.items()]
         # One thread: the reader's figure of merit is rows per CPU-second, and executors run one reader per core.
         self._read_options = pj.ReadOptions(use_threads=False, block_size=16 << 20)
+        self._lock = threading.Lock()
+        self._switches: dict[str, int] = {}
+        self._plan = self._make_plan({})
+
+    @property
+    def id_kinds(self) -> dict[str, IdKind]:
+        """How each id field is read now: ``int``, ``string`` or ``mixed`` (module docstring)."""
+        return {name: self._plan.kinds.get(name, "int") for name in self._id_fields}
+
+    def _make_plan(self, kinds: Mapping[str, IdKind]) -> _Plan:
+        schema = json_schema(self.spec, kinds)
+        mixed = tuple(name for name, kind in kinds.items() if kind == "mixed")
+        return _Plan(
+            kinds=dict(kinds),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+            rewrites=tuple(_shadow_rewrite(name, self._id_fields[name]) for name in mixed),
+            mixed=mixed,
+        )
+
+    def _adapted(self, plan: _Plan, error: str) -> _Plan | None:
+        """The plan after ``error`` (a parse error under ``plan``), when it is an id field holding the other
+        JSON type: that field switched to it, or mixed on its second switch; None for any other error."""
+        found = _CONFLICT.search(error)
+        name = self._pointers.get(found.group(1)) if found else None
+        if name is None:
+            return None
+        with self._lock:
+            if self._plan is not plan:  # another thread adapted meanwhile: try its plan first
+                return self._plan
+            kind = plan.kinds.get(name, "int")
+            if kind == "mixed":  # a list holding both, or a conflict of the shadow column: undecodable
+                return None
+            self._switches[name] = self._switches.get(name, 0) + 1
+            new: IdKind = "mixed" if self._switches[name] > 1 else ("string" if kind == "int" else "int")
+            self._plan = self._make_plan({**plan.kinds, name: new})
+            return self._plan
+
+    def _read(self, text: bytes, plan: _Plan) -> pa.Table:
+        """``text`` parsed under ``plan``; a mixed field's two columns merged into int64 ids."""
+        for pattern, replacement in plan.rewrites:
+            text = pattern.sub(replacement, text)
+        table = pj.read_json(io.BytesIO(text), read_options=self._read_options, parse_options=plan.parse_options)
+        for name in plan.mixed:
+            ints, strings = table.column(name), table.column(name + SHADOW)
+            merged = pc.coalesce(ints.combine_chunks(), _hashed(strings))
+            table = table.set_column(table.schema.get_field_index(name), name, merged)
+            table = table.drop_columns([name + SHADOW])
+        return table
+
+    def _parse(self, text: bytes) -> pa.Table:
+        """``text`` parsed under the current plan, adapting it (for good) while id fields hold the other type."""
+        plan = self._plan
+        while True:
+            try:
+                return self._read(text, plan)
+            except pa.ArrowInvalid as exc:
+                adapted = self._adapted(plan, str(exc))
+                if adapted is None:
+                    raise
+                plan = adapted
 
     def _parse_isolating(
         self,
@@ -71,8 +263,7 @@ class JsonRecordDecoder:
     ) -> None:
         """Parse ``lines[lo:hi]`` in bulk (``joined``: already newline-joined); on failure bisect to the bad records."""
         try:
-            text = joined if joined is not None else b"\n".join(lines[lo:hi])
-            table = pj.read_json(io.BytesIO(text), read_options=self._read_options, parse_options=self._parse_options)
+            table = self._parse(joined if joined is not None else b"\n".join(lines[lo:hi]))
             if table.num_rows != hi - lo:
                 raise ValueError(f"{table.num_rows} JSON values in {hi - lo} records (several objects in one?)")
             good.append((lo, hi, table))
@@ -122,6 +313,41 @@ class JsonRecordDecoder:
             lines.append(text)
         return keep, lines
 
+    @staticmethod
+    def _concat(tables: list[pa.Table]) -> pa.Table:
+        """The chunks' tables as one; an id field read as strings in one chunk and as ints in another is
+        hashed where it is strings (the ids the normaliser would give each)."""
+        if len(tables) > 1 and any(not t.schema.equals(tables[0].schema) for t in tables[1:]):
+            for i in range(tables[0].num_columns):
+                if len({t.schema.field(i).type for t in tables}) > 1:
+                    tables = [
+                        t.set_column(i, t.schema.field(i).name, _hashed(t.column(i)))
+                        if _is_strings(t.schema.field(i).type)
+                        else t
+                        for t in tables
+                    ]
+        return pa.concat_tables(tables).combine_chunks()
+
+    def _check_weights(self, table: pa.Table) -> tuple[pa.Table, np.ndarray | None]:
+        """``table`` with missing weights lists of present ids lists filled with 1.0 per id, and the rows whose
+        weights and ids lists differ in length (None: none)."""
+        broken: np.ndarray | None = None
+        for ids_name, weights_name in self._weights:
+            ids, weights = table.column(ids_name).combine_chunks(), table.column(weights_name).combine_chunks()
+            ids_len = pc.fill_null(pc.list_value_length(ids), 0).to_numpy().astype(np.int64)
+            if weights.null_count:
+                missing = _mask(pc.and_(weights.is_null(), ids.is_valid()))
+                if missing.any():  # weight 1 per id, as the normaliser repairs a missing weight
+                    offsets = np.concatenate([[0], np.cumsum(np.where(missing, ids_len, 0))]).astype(np.int32)
+                    ones = pa.array(np.ones(int(offsets[-1]), np.float32))
+                    filled = pa.ListArray.from_arrays(pa.array(offsets), ones, mask=pa.array(~missing))
+                    weights = pc.coalesce(weights, filled)
+                    table = table.set_column(table.schema.get_field_index(weights_name), weights_name, weights)
+            differ = pc.fill_null(pc.list_value_length(weights), 0).to_numpy().astype(np.int64) != ids_len
+            if differ.any():
+                broken = differ if broken is None else broken | differ
+        return table, broken
+
     def decode(
         self, values: Sequence[bytes | None], timestamps: Sequence[int]
     ) -> tuple[pa.Table | None, list[tuple[int, str]]]:
@@ -140,13 +366,22 @@ class JsonRecordDecoder:
             keep, lines = self._lines(values, bad)
             if lines:
                 self._parse_isolating(lines, 0, len(lines), good, bad_lines)
-        bad = sorted(bad + [(keep[j], err) for j, err in bad_lines])
+        bad += [(keep[j], err) for j, err in bad_lines]
         if not good:
-            return None, bad
-        table = pa.concat_tables([t for _, _, t in good]).combine_chunks()
+            return None, sorted(bad)
+        table = self._concat([t for _, _, t in good])
+        rows: np.ndarray | None = None  # the table's rows' indices in values, once needed
+        if self._weights:
+            table, broken = self._check_weights(table)
+            if broken is not None:
+                rows = _indices(keep, good)
+                bad += [(int(i), "weights and ids lists differ in length") for i in rows[broken]]
+                table, rows = table.filter(pa.array(~broken)), rows[~broken]
+                if not table.num_rows:
+                    return None, sorted(bad)
         ts = table.schema.get_field_index(self.ts_column)  # the record timestamp fills a missing ts
         if table.column(ts).null_count:
-            rows = np.concatenate([np.asarray(keep[lo:hi], dtype=np.int64) for lo, hi, _ in good])
+            rows = _indices(keep, good) if rows is None else rows
             record_ts = pa.array(np.asarray(timestamps, dtype=np.int64)[rows])
             table = table.set_column(ts, self.ts_column, pc.coalesce(table.column(ts), record_ts))
-        return table, bad
+        return table, sorted(bad)
