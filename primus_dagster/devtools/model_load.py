@@ -49,8 +49,15 @@ model.eval()
 g = torch.Generator().manual_seed(seed)
 dense = torch.randn(rows, model.n_dense, generator=g)
 sparse = torch.randint(0, 2**40, (rows, model.n_sparse), generator=g)
+lists = {}
+if getattr(model, "list_names", None):  # jagged list features: 0..3 ids per row
+    from primus_dagster.data import Jagged
+    for name in model.list_names:
+        lengths = torch.randint(0, 4, (rows,), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+        lists[name] = Jagged(torch.randint(0, 2**40, (int(offsets[-1]),), generator=g), offsets)
 with torch.no_grad():
-    logits = model.predict(dense, sparse)
+    logits = model.predict(dense, sparse, lists) if lists else model.predict(dense, sparse)
 scores = torch.sigmoid(logits)
 from importlib.metadata import version
 print(json.dumps({

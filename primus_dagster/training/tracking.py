@@ -30,7 +30,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -123,15 +123,21 @@ def use_tracking_uri(uri: str) -> Iterator[None]:
                 os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
-def model_signature(n_dense: int, n_sparse: int) -> ModelSignature:
+def model_signature(n_dense: int, n_sparse: int, list_names: Sequence[str] = ()) -> ModelSignature:
     """The signature of the project's models: tensor inputs ``dense`` ``[-1, n_dense]`` float32 and
-    ``sparse`` ``[-1, n_sparse]`` int64, output ``[-1]`` float32 logits (``forward(dense, sparse, kind)``;
-    ``kind``, ``"batch"`` or ``"stream"``, is a plain argument and not part of it)."""
+    ``sparse`` ``[-1, n_sparse]`` int64, and per list feature its jagged ``<name>.values`` ``[-1]``
+    int64 and ``<name>.offsets`` ``[-1]`` int64 (rows + 1; :class:`~primus_dagster.data.Jagged`),
+    output ``[-1]`` float32 logits (``forward(dense, sparse, kind, lists)``; ``kind``, ``"batch"`` or
+    ``"stream"``, is a plain argument and not part of it)."""
+    lists = [
+        TensorSpec(np.dtype(np.int64), (-1,), f"{name}.{part}") for name in list_names for part in ("values", "offsets")
+    ]
     return ModelSignature(
         inputs=Schema(
             [
                 TensorSpec(np.dtype(np.float32), (-1, int(n_dense)), "dense"),
                 TensorSpec(np.dtype(np.int64), (-1, int(n_sparse)), "sparse"),
+                *lists,
             ]
         ),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1,), "logit")]),
@@ -447,7 +453,9 @@ class MlflowTracker:
         params = self.client.get_run(run_id).data.params
         if signature is None:
             n_dense, n_sparse = getattr(model, "n_dense", None), getattr(model, "n_sparse", None)
-            signature = model_signature(n_dense, n_sparse) if n_dense is not None and n_sparse is not None else False
+            lists = getattr(model, "list_names", [])
+            known = n_dense is not None and n_sparse is not None
+            signature = model_signature(n_dense, n_sparse, lists) if known else False
         # Created here rather than by log_model: without an active fluent run MLflow would put the
         # model into the default experiment, whose artifacts go to ./mlruns of the working dir.
         logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)

@@ -269,3 +269,41 @@ def test_registered_versions_aliases_signature_and_requirements(uri: str, exp: s
     assert f"primus_dagster=={importlib.metadata.version('primus_dagster')}" in requirements.split()
     assert model_requirements()[0] == "torch" and "torch" in requirements.split()
     tracker.finish()
+
+
+@pytest.mark.integration
+def test_a_model_with_list_features_logs_its_layout_signature_and_loads(uri: str, exp: str) -> None:
+    from primus_dagster.data import Jagged
+    from primus_dagster.spec.job import ModelSpec, TrainingSpec
+    from primus_dagster.training.features import FeatureLayout, fit_dense_stats
+    from primus_dagster.training.models import build_model
+
+    training = TrainingSpec(
+        mode="batch",
+        model=ModelSpec(type="single", hash_buckets=64, embedding_dim=4),
+        features={
+            "dense": [{"name": "price", "transform": "log1p"}],
+            "categorical": [{"name": "u", "buckets": 32, "dim": 2}],
+        },
+    )
+    layout = FeatureLayout.resolve(training, ["price"], ["u"], ["tags"])
+    dense = torch.rand(6, 1) * 1000
+    from primus_dagster.data import Batch
+
+    stats = fit_dense_stats(
+        layout, [Batch.from_tensors(dense, torch.zeros(6, 1, dtype=torch.int64), torch.zeros(6), kind="batch")], 100
+    )
+    model = build_model(training.model, layout=layout, stats=stats).eval()
+    tracker = MlflowTracker(uri, exp)
+    tracker.start("job-lists", {})
+    model_uri = tracker.log_model(model)
+    with use_tracking_uri(tracker.tracking_uri):
+        loaded = mlflow.pytorch.load_model(model_uri)
+        info = mlflow.models.Model.load(model_uri)
+    lists = {"tags": Jagged(torch.tensor([5, 6, 7]), torch.tensor([0, 2, 2, 3, 3, 3, 3]))}
+    sparse = torch.arange(6).unsqueeze(1)
+    with torch.no_grad():
+        assert torch.allclose(loaded.predict(dense, sparse, lists), model.predict(dense, sparse, lists))
+    assert loaded.layout == layout and torch.equal(loaded.dense_transform.center, model.dense_transform.center)
+    assert [s.name for s in info.signature.inputs.inputs] == ["dense", "sparse", "tags.values", "tags.offsets"]
+    tracker.finish()
