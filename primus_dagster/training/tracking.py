@@ -454,8 +454,10 @@ class MlflowTracker:
         if signature is None:
             n_dense, n_sparse = getattr(model, "n_dense", None), getattr(model, "n_sparse", None)
             lists = getattr(model, "list_names", [])
-            known = n_dense is not None and n_sparse is not None
-            signature = model_signature(n_dense, n_sparse, lists) if known else False
+            if n_dense is not None and n_sparse is not None:
+                signature = model_signature(n_dense, n_sparse, lists)
+            else:
+                signature = False
         # Created here rather than by log_model: without an active fluent run MLflow would put the
         # model into the default experiment, whose artifacts go to ./mlruns of the working dir.
         logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)
