@@ -409,6 +409,21 @@ def realistic_seed(seed: int, work: Path, args: argparse.Namespace) -> dict:
             )
             meta = train(spec, midnight(day1), 24, root, f"real-schema/{name}/s{seed}", args, broker.bootstrap_servers)
             out[name] = model_record(meta)
+            if name == "single" and seed == args.first_seed and args.noise_repeats:
+                # the same spec, data and seed again: the run-to-run noise auc_tolerance must sit above
+                again = [
+                    train(spec, midnight(day1), 24, root, f"real-schema/{name}/s{seed}/again{k}", args,
+                          broker.bootstrap_servers)["eval_auc"]
+                    for k in range(args.noise_repeats)
+                ]  # fmt: skip
+                aucs = [meta["eval_auc"], *again]
+                out["noise"] = {
+                    "variant": name,
+                    "aucs": [round(a, 6) for a in aucs],
+                    "max_abs_diff": round(max(aucs) - min(aucs), 6),
+                    "std": round(statistics.stdev(aucs), 6),
+                }
+                log(f"realistic seed {seed} {name}: identical runs {out['noise']}")
             log(
                 f"realistic seed {seed} {name}: AUC {meta['eval_auc']:.4f} ({meta.get('samples')} samples, "
                 f"{meta.get('eval_rows')} eval rows, {meta['bench_wall_s']}s) {meta['quality_line']}"
@@ -505,6 +520,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ml-train-start", default="1997-09-20", help="MovieLens first training day")
     parser.add_argument("--ml-train-end", default="1998-04-01", help="MovieLens first held-out day")
     parser.add_argument("--ml-eval-days", type=int, default=7)
+    parser.add_argument(
+        "--noise-repeats",
+        type=int,
+        default=2,
+        help="train the first seed's single variant this many more times, unchanged: run-to-run noise",
+    )
     parser.add_argument("--skip-movielens", action="store_true")
     parser.add_argument("--skip-realistic", action="store_true")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
@@ -553,6 +574,7 @@ def main() -> None:
         }
     else:
         result.update(auc=None, diffs=None, criteria=None)
+    result["run_to_run_noise"] = next((p["noise"] for p in per_seed if "noise" in p), None)
     result["real_data"] = real
     result["settings"] = {
         "quick": args.quick,

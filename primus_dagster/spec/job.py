@@ -306,7 +306,13 @@ class TrainingSpec(StrictModel):
         default_factory=FeaturesSpec, description="How the model reads each mapped column (spec/features.py)."
     )
     batch_size: int = Field(default=1024, ge=1, le=2**24)
-    learning_rate: float = Field(default=1e-3, gt=0, le=1e3, description="Adam's step size (finite, > 0).")
+    learning_rate: float = Field(
+        default=3e-3,
+        gt=0,
+        le=1e3,
+        description="Adam's step size (finite, > 0); 3e-3 was chosen on tuning seeds of the realistic world "
+        "(docs/training.md: 'Defaults that learn').",
+    )
     checkpoint_every_steps: int = Field(default=500, ge=1, le=2**40)
     checkpoint_keep_last: int = Field(
         default=3,
@@ -391,6 +397,18 @@ class JobSpec(StrictModel):
             raise ValueError(
                 "pools.backend in_trainer has no executor pool to scale (its executors are threads of the "
                 "trainer): remove scaling or use backend local"
+            )
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _deterministic_single_trainer(cls, value: DataPlaneSpec, info: ValidationInfo) -> DataPlaneSpec:
+        pools = info.data.get("pools")  # absent when pools itself was invalid
+        if pools is not None and pools.training.replicas > 1 and value.deterministic:
+            raise ValueError(
+                f"data.deterministic orders the batches of one trainer; pools.training.replicas is "
+                f"{pools.training.replicas} (which rank gets which batch follows the executors' timing): use one "
+                "trainer, or set it to false"
             )
         return value
 

@@ -17,6 +17,11 @@ things:
 * **serving** (:class:`MixturePriority`, a reader ``choose_queue``): which reader queue the next
   batch comes from.
 
+With ``data.deterministic`` the serving side gives up the backlog: :class:`MixturePriority` with
+``deterministic=True`` samples ``P(i) = w_i / sum_j w_j`` from its seeded generator alone, one draw per
+batch, so the same seed gives the same sequence of kinds in every run (the reader then waits for the
+drawn kind's next batch in the plan's order, and takes the other kind once the drawn one is exhausted).
+
 A kind whose buffer fills (a stream surge) gets a larger share of the loaders and of the trainer,
 while ``sigmoid`` keeps every share of a kind with a positive weight above
 ``w_i * sigmoid(-gain) / (w_i * sigmoid(-gain) + sum_{j != i} w_j * sigmoid(gain))`` (two kinds:
@@ -170,6 +175,12 @@ class MixturePriority:
     in the reader's own queues (``QueueStat.rows``) are added to it: ``b_i`` is then the whole
     serving buffer of kind ``i``. ``picks`` counts the picks per queue.
 
+    ``deterministic=True`` (``data.deterministic``): the picks depend on the seed alone -- each call
+    draws once and picks queue ``i`` of ``stats`` with probability ``w_i / sum_j w_j`` whatever the
+    queues hold (no backlog, no head ages; ``backlog_fn`` is not called), so the same seed gives the
+    same sequence in every run; the reader stands in for an exhausted queue. :meth:`skip` replays the
+    draws of batches already trained (a resumed run goes on with the same sequence).
+
     Example::
 
         choose = MixturePriority(job.kind_weights(), seed=job.training.seed,
@@ -188,6 +199,7 @@ class MixturePriority:
         backlog_fn: Callable[[], Mapping[str, float]] | None = None,
         gain: float = 1.0,
         queue_rows: bool = False,
+        deterministic: bool = False,
     ) -> None:
         named: dict[str, float] = {str(name): weight for name, weight in weights.items()}
         _check_weights(named)
@@ -204,6 +216,7 @@ class MixturePriority:
         self.backlog_fn = backlog_fn
         self.gain = gain
         self.queue_rows = queue_rows
+        self.deterministic = deterministic
         self.picks: Counter[str] = Counter()
         self._rng = random.Random(seed)
 
@@ -218,12 +231,21 @@ class MixturePriority:
         """The probability of each queue in ``stats`` being picked next (0.0 for empty queues;
         all 0.0 when every queue is empty)."""
         result = dict.fromkeys(stats, 0.0)
+        if self.deterministic:  # the fixed weights alone: nothing that depends on timing
+            result.update(_live_shares(self.weights, dict.fromkeys(stats, 0.0)))
+            return result
         live = [name for name, stat in stats.items() if stat.size > 0]
         if not live:
             return result
         signals = backlog_signals(stats, lag_scale_s=self.lag_scale_s, backlog=self._backlog(stats), gain=self.gain)
         result.update(_live_shares(self.weights, {name: signals[name] for name in live}))
         return result
+
+    def skip(self, draws: int) -> None:
+        """Advance the generator by ``draws`` picks without picking (a resumed deterministic run: the
+        batches trained before its checkpoint each took one)."""
+        for _ in range(max(0, int(draws))):
+            self._rng.random()
 
     def __call__(self, stats: Mapping[str, QueueStat]) -> str:
         """The name of the queue to pop next; ValueError when every queue is empty."""

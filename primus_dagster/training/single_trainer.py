@@ -92,16 +92,22 @@ class SingleTrainer:
         spec = run.spec
         # Both kinds live: q_i weighs the serving buffers (rows per kind at the executors and in the
         # reader queue); it steers what the reader serves (the driver's loading policy, what it leases).
-        chooser: ChooseQueue | None = (
-            MixturePriority(
+        # data.deterministic: the plan's order, and kinds drawn from the seed and w_i alone -- replayed up
+        # to the batches a resumed phase's driver says were trained (one draw each).
+        deterministic = run.job.data.deterministic
+        chooser: ChooseQueue | None = None
+        if phase.prioritised and deterministic:
+            mixture = MixturePriority(run.job.kind_weights(), seed=spec.seed, deterministic=True)
+            mixture.skip(int(plane.driver.status().get("consumed_batches", 0)))
+            chooser = mixture
+        elif phase.prioritised:
+            chooser = MixturePriority(
                 run.job.kind_weights(), seed=spec.seed, backlog_fn=plane.driver.serving_rows_by_kind, queue_rows=True
             )
-            if phase.prioritised
-            else None
-        )
+        ordered: dict[str, Any] = {"deterministic": True} if deterministic else {}
         run.stage("phase %s: data executors up; waiting for the first batch", phase.name)
         phase_started, first_batch = time.monotonic(), True
-        with plane.reader(0, choose_queue=chooser) as reader:
+        with plane.reader(0, choose_queue=chooser, **ordered) as reader:
             for batch in reader:
                 if first_batch:
                     first_batch = False

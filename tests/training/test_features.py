@@ -241,3 +241,24 @@ def test_tables_train_with_the_row_sparse_optimiser_only_where_touched() -> None
     changed = (table.table.weight.detach() != before).any(dim=1).nonzero().flatten()
     assert set(changed.tolist()) == set(table.bucket_ids(batch.sparse[:, :1]).unique().tolist())
     assert F.relu(torch.zeros(1)).item() == 0.0
+
+
+def test_deterministic_order_with_several_trainers_is_refused() -> None:
+    from primus_dagster.spec.job import JobSpec
+
+    job = {
+        "name": "j",
+        "pools": {"training": {"replicas": 2, "max_replicas": 2}},
+        "data": {"deterministic": True},
+        "dataset": {
+            "start": "2026-11-01",
+            "streams": [
+                {
+                    "name": "s",
+                    "sources": [{"name": "a", "type": "parquet", "path": "p", "columns": {"ts": "t", "sparse": ["u"]}}],
+                }
+            ],
+        },
+    }
+    with pytest.raises(ValueError, match="data.deterministic orders the batches of one trainer"):
+        JobSpec.model_validate(job)

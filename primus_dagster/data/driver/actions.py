@@ -44,6 +44,8 @@ ACTIONS: dict[str, str] = {
     "raise_if_failed": "{} -> {} (or a DataFailedError / DataAbortedError)",
     "failure_report": '{} -> {"failed_tasks": [{"task_id", "uri", "attempts", "failures", "error"}]}',
     "task_info": '{"task_id"} -> task info',
+    "task_order": '{"trainer_id", "kind", "start", "limit"} -> {"total", "planned", "window", "done", "failed", '
+    '"tasks": [[task_id, sealed, failed]]}',
 }
 #: lease  = {"task": DataTask.to_dict(), "attempt": int, "deadline": float, "claimed_rows": [int]}
 #: report = {"executor_id", "address", "running": [task_id], "metrics": {name: float}}

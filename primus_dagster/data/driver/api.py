@@ -71,3 +71,8 @@ class DriverAPI(Protocol):
 
     def status(self) -> dict[str, Any]:
         """Counts per state, failed-task report, whether all tasks are done, whether the task set failed."""
+
+    def task_order(self, trainer_id: str, kind: str, start: int = 0, limit: int = 64) -> dict[str, Any]:
+        """The plan's order of ``kind``'s tasks from place ``start``, each with whether it is sealed (no
+        batch of it will be claimed any more); records ``start`` as this reader's place (a deterministic
+        reader: ``data.deterministic``)."""

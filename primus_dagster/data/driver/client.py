@@ -139,6 +139,10 @@ class DriverClient:
     def status(self) -> dict[str, Any]:
         return self.call("status")
 
+    def task_order(self, trainer_id: str, kind: str, start: int = 0, limit: int = 64) -> dict[str, Any]:
+        body = {"trainer_id": trainer_id, "kind": kind, "start": start, "limit": limit}
+        return self.call("task_order", body)
+
     # -- the rest of DataDriver's surface ---------------------------------------------------
     def add_tasks(self, tasks: Iterable[DataTask]) -> int:
         """Register tasks (idempotent by id), sent in chunks of :data:`ADD_TASKS_CHUNK`."""

@@ -88,6 +88,9 @@ HANDLERS: dict[str, Handler] = {
     "raise_if_failed": _raise_if_failed,
     "failure_report": lambda d, b: {"failed_tasks": d.failure_report()},
     "task_info": lambda d, b: d.task_info(b["task_id"]),
+    "task_order": lambda d, b: d.task_order(
+        str(b["trainer_id"]), str(b["kind"]), int(b.get("start", 0)), int(b.get("limit", 64))
+    ),
 }
 assert set(HANDLERS) == set(ACTIONS)
 

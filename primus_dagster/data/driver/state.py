@@ -13,6 +13,11 @@ Example::
     driver.claim("trainer-0", batch_id)                   # True: the first claim, the reader yields it
     snap = driver.barrier("trainer-0", [batch_id], 1)     # all trainers reported: snapshot S_1
     driver = DataDriver.restore(snap)                     # serves again what S_1 had not consumed
+
+``deterministic=True`` (``data.deterministic``): tasks are handed out in the order they were added (the
+plan's order, per kind), and -- once a reader reports its place in that order with :meth:`DataDriver.task_order`
+-- only within ``order_window`` tasks of the slowest reporting reader, which is what bounds the reorder
+buffer of a deterministic :class:`~primus_dagster.data.reader.RemoteReader` (``docs/data_plane.md``).
 """
 
 from __future__ import annotations
@@ -105,6 +110,8 @@ class DataDriver:
         backup_after: float = 0.0,
         pending_window: int = 1024,
         loading_policy: LoadingPolicy | None = None,
+        deterministic: bool = False,
+        order_window: int = 16,
     ):
         if max_attempts < 1 or not 0 <= failed_task_threshold <= 1 or lease_s <= 0 or trainers < 1:
             raise ValueError(
@@ -122,6 +129,12 @@ class DataDriver:
         self.backup_after = float(backup_after)
         self._durations: deque[float] = deque(maxlen=_DURATION_WINDOW)  # seconds of recent first-copy completions
         self.pending_window = max(1, pending_window)
+        if order_window < 1:
+            raise ValueError(f"bad driver config: order_window={order_window} (tasks ahead of a reader, >= 1)")
+        self.deterministic = bool(deterministic)
+        self.order_window = int(order_window)
+        self._order: dict[str, list[str]] = {}  # per kind, task ids in the order they were added
+        self._cursors: dict[str, dict[str, int]] = {}  # reader -> kind -> its place in _order (task_order)
         self.source_versions: dict[str, Any] = {}
         self._clock = clock
         self._lock = threading.RLock()
@@ -163,6 +176,7 @@ class DataDriver:
             trainers=trainers,
             backup_after=data.backup_after,
             loading_policy=loading_policy,
+            deterministic=data.deterministic,
         )
 
     # -- task table -------------------------------------------------------------------------
@@ -183,8 +197,18 @@ class DataDriver:
         if state == FAILED:
             self._failed_ids.add(rec.task.task_id)
 
+    def _key(self, rec: TaskRecord) -> OrderKey:
+        """The hand-out heap key: the task's chronological ``order_key``, or (deterministic) its place
+        in its kind's order of addition."""
+        if self.deterministic:
+            return (f"{rec.seq:012d}", rec.task.stream, rec.task.task_id)
+        return rec.task.order_key
+
     def _insert(self, rec: TaskRecord) -> None:
         self._tasks[rec.task.task_id] = rec
+        order = self._order.setdefault(rec.task.kind, [])
+        rec.seq = len(order)
+        order.append(rec.task.task_id)
         self._counts[rec.state] += 1
         if rec.state in _BUSY:
             self._busy_by_kind[rec.task.kind] = self._busy_by_kind.get(rec.task.kind, 0) + 1
@@ -193,7 +217,7 @@ class DataDriver:
         if rec.state in _QUEUED and rec.task.read.rows:
             self._queued_rows[rec.task.kind] = self._queued_rows.get(rec.task.kind, 0) + rec.task.read.rows
         if rec.state == NEW:
-            heapq.heappush(self._new.setdefault(rec.task.kind, []), rec.task.order_key)
+            heapq.heappush(self._new.setdefault(rec.task.kind, []), self._key(rec))
         elif rec.state == PENDING:
             self._push_pending(rec)
         elif rec.state == FAILED:
@@ -221,7 +245,7 @@ class DataDriver:
         return len(self._tasks) - before
 
     def _push_pending(self, rec: TaskRecord) -> None:
-        heapq.heappush(self._pending.setdefault(rec.task.kind, []), rec.task.order_key)
+        heapq.heappush(self._pending.setdefault(rec.task.kind, []), self._key(rec))
 
     def _promote(self, kind: str) -> None:
         """Queue new tasks of ``kind``: keep ``pending_window`` of them queued, and never leave an
@@ -249,6 +273,8 @@ class DataDriver:
         """The next task to lease: the chronologically first pending one, or, with a
         ``loading_policy``, the first one of the kind it picks."""
         heads = {kind: head for kind in sorted({*self._new, *self._pending}) if (head := self._pending_head(kind))}
+        if self.deterministic:  # the heads are each kind's first pending task in the plan's order
+            heads = {kind: head for kind, head in heads.items() if self._in_window(kind, self._tasks[head[-1]].seq)}
         if not heads:
             return None
         order = sorted(heads, key=lambda kind: heads[kind])  # kinds by their first task
@@ -258,6 +284,14 @@ class DataDriver:
             if kind not in heads:
                 raise ValueError(f"loading policy picked kind {kind!r}; kinds with a task to lease: {order}")
         return self._tasks[heapq.heappop(self._pending[kind])[-1]]
+
+    def _in_window(self, kind: str, seq: int) -> bool:
+        """Task ``seq`` of ``kind`` lies within ``order_window`` of every reporting reader's place in the
+        order (True while no reader has reported)."""
+        if not self._cursors:
+            return True
+        frontier = min(cursor.get(kind, 0) for cursor in self._cursors.values())
+        return seq < frontier + self.order_window
 
     def _retry_or_fail(self, rec: TaskRecord, error: str, retryable: bool = True) -> None:
         rec.failures, rec.error = rec.failures + 1, error
@@ -489,6 +523,31 @@ class DataDriver:
         self._barriers.keep(barrier_id, snapshot)
         return snapshot
 
+    @_api
+    def task_order(self, trainer_id: str, kind: str, start: int = 0, limit: int = 64) -> dict[str, Any]:
+        """Up to ``limit`` of ``kind``'s tasks from place ``start`` in the plan's order (the order they
+        were added): ``{"total": tasks of the kind, "planned": bool, "window": order_window (0: not
+        deterministic), "done", "failed", "tasks": [[task_id, sealed, failed], ...]}``; ``sealed``: no
+        batch of it will be claimed any more (each one claimed, or the task failed). Records ``start`` as
+        ``trainer_id``'s place in ``kind``'s order: a deterministic driver leases only within
+        ``order_window`` tasks of the slowest reporting reader."""
+        if start < 0 or limit < 0:
+            raise ValueError(f"task_order: start and limit must be >= 0, got {start}, {limit}")
+        order = self._order.get(kind, [])
+        self._cursors.setdefault(trainer_id, {})[kind] = int(start)
+        rows: list[list[Any]] = []
+        for task_id in order[start : start + limit]:
+            rec = self._tasks[task_id]
+            rows.append([task_id, rec.sealed, rec.state == FAILED])
+        return {
+            "total": len(order),
+            "planned": self._planned,
+            "window": self.order_window if self.deterministic else 0,
+            "done": self._done(),
+            "failed": self._tasks_failed(),
+            "tasks": rows,
+        }
+
     def barrier_snapshot(self) -> dict[str, Any] | None:
         """The snapshot of the last completed barrier (None before the first)."""
         with self._lock:
@@ -496,17 +555,20 @@ class DataDriver:
 
     # -- snapshots ------------------------------------------------------------------------
     def _snapshot_locked(self, barrier_id: int | None) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "max_attempts": self.max_attempts,
+            "failed_task_threshold": self.failed_task_threshold,
+            "lease_s": self.lease_s,
+            "trainers": self.trainers,
+            "backup_after": self.backup_after,
+        }
+        if self.deterministic:  # a restored driver goes on in the same order
+            config.update(deterministic=True, order_window=self.order_window)
         return {
             "format": SNAPSHOT_FORMAT,
             "barrier_id": barrier_id,
             "source_versions": json.loads(json.dumps(self.source_versions)),
-            "config": {
-                "max_attempts": self.max_attempts,
-                "failed_task_threshold": self.failed_task_threshold,
-                "lease_s": self.lease_s,
-                "trainers": self.trainers,
-                "backup_after": self.backup_after,
-            },
+            "config": config,
             "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
             "quality": {task_id: dict(counts) for task_id, counts in self._quality.items()},
         }

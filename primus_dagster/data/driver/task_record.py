@@ -62,6 +62,7 @@ class TaskRecord:
         "failures",
         "owner",
         "rows",
+        "seq",
         "started",
         "state",
         "task",
@@ -82,6 +83,7 @@ class TaskRecord:
         self.claimed: RowSet | None = None  # first_rows claimed by readers
         self.consumed: RowSet | None = None  # first_rows trainers reported consumed at barriers
         self.consumed_rows = 0
+        self.seq = -1  # position among its kind's tasks in the order they were added (the plan's order)
 
     def claim(self, first_row: int) -> bool:
         if self.claimed is None:
@@ -97,6 +99,13 @@ class TaskRecord:
             return False
         self.consumed_rows += batch.rows
         return True
+
+    @property
+    def sealed(self) -> bool:
+        """No batch of it will be claimed any more: failed, or succeeded with every batch claimed."""
+        if self.state == FAILED:
+            return True
+        return self.state == SUCCEEDED and (0 if self.claimed is None else len(self.claimed)) >= self.batches
 
     @property
     def consumed_done(self) -> bool:

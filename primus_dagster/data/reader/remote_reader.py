@@ -24,6 +24,16 @@ Flight stream, which fills the executor's buffer, which blocks its task runners.
 executor stream carries both kinds, asking only for ``kind="stream"`` while the ``batch`` queue is
 full can stall that stream: consumers that filter by kind must drain the other queue too.
 
+``deterministic=True`` (``data.deterministic``) releases the batches in ONE order fixed by the plan
+instead of as they arrive: per kind, task by task in the driver's task order, each task's batches by
+``first_row`` (:class:`KindOrder`), whatever executor reads which task when. The reader keeps what arrived
+early in a reorder buffer; it tells the driver its place in the order (``task_order``), and a
+deterministic driver leases only ``order_window`` tasks ahead of it, which bounds that buffer (fetchers
+never block on it). ``choose_queue`` then sees ``QueueStat.size`` 1 for every kind not found exhausted
+(0 after), is called exactly once per batch, and the reader waits for the chosen kind's next batch in
+order (when that kind has none left, it takes the next kind). Each wait is bounded: no batch for
+``order_timeout_s`` raises :class:`TimeoutError` naming the task it waits for.
+
 Example::
 
     reader = RemoteReader(driver, trainer_id=0, token="s3cret")     # executors from driver.executors()
@@ -60,6 +70,144 @@ from primus_dagster.data.tasks import BatchId
 log = logging.getLogger(__name__)
 
 
+# -- the reorder buffer of a deterministic reader -------------------------------------------------------
+# Why releasing the smallest held ``first_row`` of the current task is safe: an executor serves a task's
+# batches in ``first_row`` order, a retry skips the batches already claimed, and so the *first* claims of a
+# task's batches come in ``first_row`` order however many copies run. A held batch whose task has no claim
+# in flight at this reader therefore has every smaller batch of the task (of this reader) already held or
+# released.
+
+
+class KindOrder:
+    """The reorder buffer of one kind (``batch`` or ``stream``) of a deterministic reader: its place in
+    the plan's order, the tasks ahead as the driver's ``task_order`` last described them, and the
+    batches that arrived early, keyed by task and ``first_row``. Pure bookkeeping, under the reader's
+    lock.
+
+    Example::
+
+        order = KindOrder("batch")
+        order.update(0, driver.task_order("trainer-0", "batch", 0, 64))
+        order.add(batch)                       # arrived and claimed
+        next_one = order.take(claiming={})     # the next batch in the plan's order, or None (wait)
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.pos = 0  # place (in the kind's task order) of the task being released
+        self.total: int | None = None  # the kind's tasks (None: the driver was not asked yet)
+        self.planned = False  # the driver's task set is final
+        self.ids: dict[int, str] = {}  # place -> task id, from pos on
+        self.sealed: set[int] = set()  # places whose task no batch will be claimed of any more
+        self.failed: set[int] = set()  # places whose task failed
+        self.held: dict[str, dict[int, Batch]] = {}  # task id -> first_row -> batch
+        self.late: deque[Batch] = deque()  # batches of a failed task this order already passed
+        self.passed_failed: set[str] = set()
+        self.batches = 0  # held + late
+        self.rows = 0
+        self.moved = False  # pos advanced since the driver was last told
+
+    @property
+    def exhausted(self) -> bool:
+        """Every task of the kind passed, nothing left to release."""
+        return self.planned and self.total is not None and self.pos >= self.total and not self.late
+
+    @property
+    def current(self) -> str | None:
+        """The id of the task being released (None: not known yet, or none left)."""
+        return self.ids.get(self.pos)
+
+    def add(self, batch: Batch) -> None:
+        """A claimed batch of this kind arrived."""
+        meta = batch.meta
+        self.batches += 1
+        self.rows += batch.rows
+        if meta.task_id in self.passed_failed:
+            log.warning(
+                "deterministic order: batch %s of failed task %s arrived after its place; released out of order",
+                meta.first_row,
+                meta.task_id,
+            )
+            self.late.append(batch)
+            return
+        self.held.setdefault(meta.task_id, {})[meta.first_row] = batch
+
+    def update(self, start: int, reply: Mapping[str, Any]) -> None:
+        """Apply a ``task_order`` reply for places ``start`` on."""
+        self.total = int(reply["total"])
+        self.planned = bool(reply["planned"])
+        for offset, (task_id, sealed, failed) in enumerate(reply["tasks"]):
+            place = start + offset
+            if place < self.pos:
+                continue
+            self.ids[place] = str(task_id)
+            if sealed:
+                self.sealed.add(place)
+            if failed:
+                self.failed.add(place)
+        if self.planned and self.pos >= self.total and any(self.held.values()):
+            self._release_leftovers()
+
+    def take(self, claiming: Mapping[str, int]) -> Batch | None:
+        """The next batch in the plan's order, or None while it is not known yet (``claiming``: claims in
+        flight per task id at the reader)."""
+        while True:
+            if self.late:
+                return self._out(self.late.popleft())
+            task_id = self.current
+            if task_id is None or claiming.get(task_id, 0) > 0:
+                return None
+            held = self.held.get(task_id)
+            if held:
+                first_row = min(held)
+                batch = held.pop(first_row)
+                if not held:
+                    del self.held[task_id]
+                return self._out(batch)
+            if self.pos not in self.sealed:
+                return None
+            self._advance(task_id)
+
+    def _advance(self, task_id: str) -> None:
+        if self.pos in self.failed:
+            self.passed_failed.add(task_id)
+        self.held.pop(task_id, None)
+        del self.ids[self.pos]
+        self.sealed.discard(self.pos)
+        self.failed.discard(self.pos)
+        self.pos += 1
+        self.moved = True
+        if self.planned and self.total is not None and self.pos >= self.total and any(self.held.values()):
+            self._release_leftovers()
+
+    def _release_leftovers(self) -> None:
+        """Batches still held once every task passed (a claim the order could not place): released, not lost."""
+        leftovers = sorted(
+            (batch for rows in self.held.values() for batch in rows.values()),
+            key=lambda b: (b.meta.task_id, b.meta.first_row),
+        )
+        log.warning("deterministic order: %d %s batch(es) held past the last task; released", len(leftovers), self.kind)
+        self.held.clear()
+        self.late.extend(leftovers)
+
+    def _out(self, batch: Batch) -> Batch:
+        self.batches -= 1
+        self.rows -= batch.rows
+        return batch
+
+    def describe(self) -> str:
+        """Where the order waits, for messages."""
+        task_id = self.current
+        total = "?" if self.total is None else str(self.total)
+        if task_id is None:
+            return f"{self.kind} task at place {self.pos} of {total} (not described by the driver yet)"
+        state = "sealed" if self.pos in self.sealed else "not sealed"
+        return (
+            f"{self.kind} task {task_id} (place {self.pos} of {total}, {state}, "
+            f"{len(self.held)} later task(s) with {self.batches} batch(es) held)"
+        )
+
+
 class InProcessFeed(BatchFeed, Protocol):
     """An executor in the reader's process (a :class:`~primus_dagster.data.executor.DataExecutor`)."""
 
@@ -74,7 +222,9 @@ class RemoteReader:
     (then the addresses in ``driver.executors()``, refreshed every ``refresh_s``). ``shm``: read the
     batches of executors on this host through shared memory when they offer it (default: unless
     ``$PRIMUS_SHM=0``; see ``primus_dagster.data.shm.slots``). ``feeds``: executors in this process,
-    by location (``inproc://<id>``), read by calling them instead of over Flight.
+    by location (``inproc://<id>``), read by calling them instead of over Flight. ``deterministic``:
+    release the batches in the plan's order (module docstring; ``order_timeout_s`` bounds each wait for
+    the next one, ``order_limit`` is how many tasks ahead one ``task_order`` call describes).
     """
 
     def __init__(
@@ -91,6 +241,9 @@ class RemoteReader:
         max_retries: int = 5,
         shm: bool | None = None,
         feeds: Mapping[str, InProcessFeed] | None = None,
+        deterministic: bool = False,
+        order_timeout_s: float = 300.0,
+        order_limit: int = 64,
     ):
         self.driver = driver
         self._feeds = dict(feeds or {})
@@ -123,6 +276,25 @@ class RemoteReader:
         self._error: BaseException | None = None
         self._consumed: list[BatchId] = []
         self.stats = {"received": 0, "dropped": 0, "yielded": 0, "rows": 0}
+        # deterministic: the plan's order per kind, claims in flight per task, the kind picked for the
+        # next batch (kept across a timeout), the kinds found exhausted when picked
+        self.deterministic = deterministic
+        self.order_timeout_s = order_timeout_s
+        self.order_limit = max(1, order_limit)
+        self._orders = {q: KindOrder(q) for q in queues} if deterministic else {}
+        self._claiming: dict[str, int] = {}
+        self._pick: str | None = None
+        self._dead: set[str] = set()
+        self._order_due = False
+        self._data_failed = False
+        self._warned_window = False
+        self._order_thread: threading.Thread | None = None
+        if deterministic:
+            self._refresh_order()  # the driver knows this reader's place before any batch is fetched
+            self._order_thread = threading.Thread(
+                target=self._order_loop, name=f"reader-{trainer_id}-order", daemon=True
+            )
+            self._order_thread.start()
         # Set before the first fetcher starts: a fetcher that fails at once reads them.
         self._listed: set[str] = set()
         self._discovery_done = self._static
@@ -165,6 +337,8 @@ class RemoteReader:
             try:
                 status = self.driver.status()
                 done = bool(status.get("done") or status.get("failed"))
+                if status.get("failed"):
+                    self._data_failed = True
             except Exception:
                 done = False
             listed = self._discover()
@@ -288,6 +462,9 @@ class RemoteReader:
             raise ValueError(
                 f"batch {meta.batch_id.key()} has kind {meta.kind!r}; this reader has queues {list(self._queues)}"
             )
+        if self.deterministic:
+            self._accept_in_order(batch)
+            return
         if not self.driver.claim(self.claimant, meta.batch_id):
             with self._cond:
                 self.stats["dropped"] += 1
@@ -303,6 +480,156 @@ class RemoteReader:
             self._rows[meta.kind] += batch.rows
             self._cond.notify_all()
 
+    def _accept_in_order(self, batch: Batch) -> None:
+        """Claim ``batch`` and hold it in its kind's reorder buffer. The claim in flight is counted, so
+        the order never passes a batch that was claimed but is not held yet."""
+        meta = batch.meta
+        with self._cond:
+            self._claiming[meta.task_id] = self._claiming.get(meta.task_id, 0) + 1
+        try:
+            first = self.driver.claim(self.claimant, meta.batch_id)
+            if first:
+                batch.tensors  # noqa: B018 - converted here, in the fetcher thread, not on the trainer's
+        finally:
+            with self._cond:
+                left = self._claiming[meta.task_id] - 1
+                if left:
+                    self._claiming[meta.task_id] = left
+                else:
+                    del self._claiming[meta.task_id]
+                self._cond.notify_all()
+        with self._cond:
+            if not first:
+                self.stats["dropped"] += 1
+                return
+            self._orders[meta.kind].add(batch)
+            self._received[meta.kind] += 1
+            self._rows[meta.kind] += batch.rows
+            self._cond.notify_all()
+
+    # ----------------------------------------------------------------- the plan's order (deterministic)
+    def _refresh_order(self) -> None:
+        """Tell the driver this reader's place in each kind's order; learn the tasks ahead."""
+        with self._cond:
+            asks = [(name, order.pos) for name, order in self._orders.items()]
+            for order in self._orders.values():
+                order.moved = False
+        replies = [
+            (name, pos, self.driver.task_order(self.claimant, name, pos, self.order_limit)) for name, pos in asks
+        ]
+        with self._cond:
+            for name, pos, reply in replies:
+                self._orders[name].update(pos, reply)
+                if reply.get("failed"):
+                    self._data_failed = True
+                if not reply.get("window") and not self._warned_window:
+                    self._warned_window = True
+                    log.warning(
+                        "reader %s: deterministic order on a driver that is not deterministic: it leases "
+                        "without a window, so the reorder buffer is not bounded",
+                        self.trainer_id,
+                    )
+            self._cond.notify_all()
+
+    def _order_loop(self) -> None:
+        """Ask the driver about the order when the consumer waits for it or moved on (at least every 0.25 s)."""
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(
+                        lambda: self._closing or self._order_due or any(o.moved for o in self._orders.values()),
+                        0.25,
+                    )
+                    if self._closing:
+                        return
+                    self._order_due = False
+                self._refresh_order()
+                time.sleep(0.002)  # at most ~500 calls a second while the consumer waits
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _take_in_order(self, kind: str | None) -> tuple[Batch | None, bool]:
+        """The next batch in the plan's order (of ``kind``, or of the kind ``choose_queue`` picks once
+        per batch) and whether the data ended; under the lock."""
+        if kind is not None:
+            order = self._orders[kind]
+            batch = order.take(self._claiming)
+            return batch, batch is None and order.exhausted
+        if self._pick is None:
+            live = [name for name in self._orders if name not in self._dead]
+            if not live:
+                return None, True
+            stats = {
+                name: QueueStat(name, int(name not in self._dead), 1, self._received[name], 0.0, 0)
+                for name in self._orders
+            }
+            picked = self.choose_queue(stats)
+            self._pick = picked if picked in live else live[0]
+        while True:
+            order = self._orders[self._pick]
+            batch = order.take(self._claiming)
+            if batch is not None:
+                self._pick = None
+                return batch, False
+            if not order.exhausted:
+                return None, False  # wait for the picked kind's next batch
+            self._dead.add(self._pick)  # no batch of it left: the next kind (found in the same place every run)
+            live = [name for name in self._orders if name not in self._dead]
+            if not live:
+                self._pick = None
+                return None, True
+            self._pick = live[0]
+
+    def _next_in_order(self, kind: str | None, timeout: float | None) -> Batch | None:
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        stall = started + self.order_timeout_s
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise RuntimeError(f"reader for trainer {self.trainer_id} failed: {self._error}") from self._error
+                if self._closing or (self._data_failed and self._alive == 0):
+                    return None
+                batch, ended = self._take_in_order(kind)
+                if batch is not None:
+                    name = batch.meta.kind
+                    self._rows[name] -= batch.rows
+                    self._consumed.append(batch.batch_id)
+                    self.stats["yielded"] += 1
+                    self.stats["rows"] += batch.rows
+                    return batch
+                if ended:
+                    return None
+                self._order_due = True
+                self._cond.notify_all()
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(f"no batch for trainer {self.trainer_id} within {timeout}s")
+                if now >= stall:
+                    waiting = self._orders[kind or self._pick or next(iter(self._orders))]
+                    raise TimeoutError(
+                        f"reader for trainer {self.trainer_id} (deterministic order): no batch for "
+                        f"{self.order_timeout_s:g}s; it waits for {waiting.describe()}, whose batches did not "
+                        f"arrive ({self._alive} executor stream(s) open)"
+                    )
+                self._cond.wait(min(0.1, stall - now, *(() if deadline is None else (deadline - now,))))
+
+    def order_status(self) -> dict[str, dict[str, Any]]:
+        """Deterministic reader: per kind, ``{"place", "total", "task", "held_tasks", "held_batches"}`` --
+        its place in the plan's order, the task there, and how many tasks (that one included) and batches
+        its reorder buffer spans; ``{}`` for a plain reader."""
+        with self._cond:
+            return {
+                name: {
+                    "place": order.pos,
+                    "total": order.total,
+                    "task": order.current,
+                    "held_tasks": len({*order.held, *([order.current] if order.current else [])}),
+                    "held_batches": order.batches,
+                }
+                for name, order in self._orders.items()
+            }
+
     # ----------------------------------------------------------------- consumer side
     def queue_stats(self) -> dict[str, QueueStat]:
         with self._cond:
@@ -310,6 +637,11 @@ class RemoteReader:
 
     def _stats_locked(self) -> dict[str, QueueStat]:
         now = time.monotonic()
+        if self.deterministic:  # what the reorder buffers hold
+            return {
+                name: QueueStat(name, order.batches, self.prefetch, self._received[name], 0.0, order.rows)
+                for name, order in self._orders.items()
+            }
         return {
             name: QueueStat(
                 name, len(q), self.prefetch, self._received[name], now - q[0][0] if q else 0.0, self._rows[name]
@@ -322,6 +654,8 @@ class RemoteReader:
         the data has ended; TimeoutError after ``timeout`` seconds without a batch."""
         if kind is not None and kind not in self._queues:
             raise ValueError(f"no queue {kind!r}; queues: {list(self._queues)}")
+        if self.deterministic:
+            return self._next_in_order(kind, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -379,7 +713,8 @@ class RemoteReader:
         for stream in list(self._streams.values()):
             with contextlib.suppress(Exception):
                 stream.cancel()
-        for thread in [*self._fetchers.values(), *([self._refresher] if self._refresher else [])]:
+        helpers = [t for t in (self._refresher, self._order_thread) if t is not None]
+        for thread in [*self._fetchers.values(), *helpers]:
             thread.join(timeout=5)
 
     def __enter__(self) -> RemoteReader:
