@@ -260,5 +260,5 @@ def test_deterministic_order_with_several_trainers_is_refused() -> None:
             ],
         },
     }
-    with pytest.raises(ValueError, match="data.deterministic orders the batches of one trainer"):
+    with pytest.raises(ValueError, match=r"data.deterministic orders the batches of one trainer"):
         JobSpec.model_validate(job)
