@@ -405,8 +405,12 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         return 2
     except ValueError as exc:  # a live increment with nothing to follow, or committed offsets the topic lost
         from primus_dagster.data import TailOffsetError
+        from primus_dagster.data.canonical import PermanentDataError
         from primus_dagster.training.live import NotLiveError
 
+        if isinstance(exc, PermanentDataError):  # data that does not fit its spec, read in this process
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         if not isinstance(exc, (NotLiveError, TailOffsetError)):
             raise
         print(f"error: {exc}", file=sys.stderr)

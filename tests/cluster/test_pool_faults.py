@@ -93,6 +93,11 @@ def test_an_oom_killed_executor_restarts_with_more_memory_and_its_tasks_are_read
                 if i == 5:
                     trigger.touch()  # data-0 starts to outgrow its 384 MiB, mid-job
                 time.sleep(0.02)
+        # under load the other executor may read the last task before the supervisor's next tick records
+        # the kill: wait (bounded) for that event, not for a time
+        deadline = time.monotonic() + 60
+        while not any(d.state == "oom_killed" for d in plane.supervisor.decisions) and time.monotonic() < deadline:
+            time.sleep(0.05)
         plane.raise_if_failed()
         summary = plane.summary()
         grown = plane.pool.status()[0]

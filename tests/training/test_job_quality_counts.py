@@ -55,7 +55,7 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
         f"data_quality.imp.{rule}": float(n) for rule, n in expected.items()
     }
     line = next(r.getMessage() for r in caplog.records if "data quality" in r.getMessage())
-    assert "imp: 2 rows dense_invalid (repaired: NaN, +-inf or null dense values -> 0.0)" in line
+    assert "imp: 2 rows dense_invalid (repaired: NaN, +-inf or null dense values -> missing, the feature's fill" in line
     assert "3 rows null_label (dropped)" in line
     assert f"dense_invalid in {bad}: 2 rows" in line  # the file is named
     assert meta["data_quality_where"] == {"imp": {rule: [f"{bad}: {n} rows"] for rule, n in expected.items()}}

@@ -51,7 +51,7 @@ def test_optimizer_groups_per_rate_and_a_checkpoint_round_trip() -> None:
     model = build_model(ModelSpec(memory_lr_scale=2.5, **SMALL), 3, 2)
     opt = RecOptimizer(model, lr=1e-3)
     assert {g["lr"] for p in opt.parts.values() for g in p.param_groups} == {1e-3, 2.5e-3}
-    spec = TrainingSpec(mode="mixed", batch_size=64, model=model.spec)
+    spec = TrainingSpec(mode="mixed", batch_size=64, learning_rate=1e-3, model=model.spec)
     trainer = Trainer(model, spec)
     trainer.train_step(batch("batch"))
     restored = Trainer(build_model(model.spec, 3, 2), spec)
