@@ -95,7 +95,7 @@ class CategoricalFeature(StrictModel):
     def table_name(self) -> str:
         """The table this feature is embedded in (its own is named after the feature)."""
         if self.buckets is not None:
-            return f"{self.name}"
+            return self.name
         return self.table or SHARED_TABLE
 
 
