@@ -134,6 +134,7 @@ def last_json(stdout: str) -> dict:
 
 
 OVERRIDES: dict[str, Any] = {}  # --set KEY=VALUE (tuning runs only: the reported figures use the spec's defaults)
+MTRM_OVERRIDES: dict[str, Any] = {}  # --set-mtrm KEY=VALUE: the same, MTRM variants only (its own keys)
 
 
 def variant_spec(base: Path, out: Path, *, mode: str, model_type: str, seed: int, eval_hours: int) -> Path:
@@ -145,7 +146,7 @@ def variant_spec(base: Path, out: Path, *, mode: str, model_type: str, seed: int
     training.setdefault("model", {})["type"] = model_type
     training["seed"] = seed
     training["eval_hours"] = eval_hours
-    for key, value in OVERRIDES.items():
+    for key, value in (OVERRIDES | (MTRM_OVERRIDES if model_type == "mtrm" else {})).items():
         node = spec
         *parents, last = key.split(".")
         for part in parents:
@@ -404,6 +405,8 @@ def realistic_seed(seed: int, work: Path, args: argparse.Namespace) -> dict:
         out["synth_wall_s"] = round(time.perf_counter() - started, 1)
         log(f"realistic seed {seed}: wrote {rows} in {out['synth_wall_s']}s")
         for name, (mode, model_type) in REALISTIC_VARIANTS.items():
+            if name not in args.variants:
+                continue
             spec = variant_spec(
                 REALISTIC_SPEC, root / f"job-{name}.yaml", mode=mode, model_type=model_type, seed=seed, eval_hours=24
             )
@@ -432,13 +435,14 @@ def realistic_seed(seed: int, work: Path, args: argparse.Namespace) -> dict:
         broker.stop()
     base = baselines(root, REALISTIC_SPEC, [day0.isoformat()], [day2.isoformat()])
     out.update(popularity=base.pop("popularity"), logreg=base.pop("logreg"), baseline_info=base)
+    first = out[args.variants[0]]
     log(
         f"realistic seed {seed}: popularity {out['popularity']:.4f} (pipeline's item prior "
-        f"{out['single']['pipeline_popularity_item_auc']}), logreg {out['logreg']:.4f} {base['logreg_fit']} "
+        f"{first['pipeline_popularity_item_auc']}), logreg {out['logreg']:.4f} {base['logreg_fit']} "
         f"({base['train_rows']} train / {base['eval_rows']} eval rows, {base['wall_s']}s)"
     )
-    if base["eval_rows"] != out["single"]["eval_rows"]:
-        log(f"WARNING: baselines read {base['eval_rows']} eval rows, the train command {out['single']['eval_rows']}")
+    if base["eval_rows"] != first["eval_rows"]:
+        log(f"WARNING: baselines read {base['eval_rows']} eval rows, the train command {first['eval_rows']}")
     return out
 
 
@@ -512,6 +516,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a spec key in every variant (YAML value), e.g. training.learning_rate=0.003: tuning runs "
         "only; the JSON says spec_defaults_used false and lists them",
     )
+    parser.add_argument(
+        "--set-mtrm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="like --set, in the MTRM variants only (e.g. training.model.memory_lr_scale=3): tuning runs only",
+    )
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        default=list(REALISTIC_VARIANTS),
+        help=f"realistic-world variants to train, comma-separated (default: {','.join(REALISTIC_VARIANTS)})",
+    )
     parser.add_argument("--quick", action="store_true", help=f"smoke run: seed 0, {QUICK_ROWS_PER_HOUR:g} rows/h")
     parser.add_argument(
         "--rows-per-hour", type=float, default=None, help="realistic world rows/h (default 20000, the world's)"
@@ -541,6 +558,12 @@ def main() -> None:
     for item in args.set:
         key, _, value = item.partition("=")
         OVERRIDES[key] = yaml.safe_load(value)
+    for item in args.set_mtrm:
+        key, _, value = item.partition("=")
+        MTRM_OVERRIDES[key] = yaml.safe_load(value)
+    unknown = set(args.variants) - set(REALISTIC_VARIANTS)
+    if unknown:
+        raise SystemExit(f"--variants: unknown {sorted(unknown)}; choose from {list(REALISTIC_VARIANTS)}")
     wall0 = time.perf_counter()
     result: dict[str, Any] = {"bench": "real_schema", "seeds": seeds}
     with tempfile.TemporaryDirectory(prefix="real-schema-") as tmp:
@@ -551,7 +574,7 @@ def main() -> None:
             for seed in seeds:
                 per_seed.append(realistic_seed(seed, work, args))
         real = None if args.skip_movielens else movielens(seeds, work, args)
-    if per_seed:
+    if per_seed and set(args.variants) == set(REALISTIC_VARIANTS):
         values = {
             "single": [p["single"]["auc"] for p in per_seed],
             "mtrm_mixed": [p["mtrm_mixed"]["auc"] for p in per_seed],
@@ -572,14 +595,22 @@ def main() -> None:
             "logreg_gt_popularity": at_least(diffs["logreg_minus_popularity"], 0.0, strict=True),
             "mtrm_ge_single": at_least(diffs["mtrm_minus_single"], 0.0),
         }
+    elif per_seed:  # a tuning run of some variants: their AUCs per seed, no criteria
+        names = [*args.variants, "popularity", "logreg"]
+        result["auc"] = {
+            n: interval([p[n]["auc"] if isinstance(p[n], dict) else p[n] for p in per_seed]) for n in names
+        }
+        result.update(diffs=None, criteria=None)
     else:
         result.update(auc=None, diffs=None, criteria=None)
     result["run_to_run_noise"] = next((p["noise"] for p in per_seed if "noise" in p), None)
     result["real_data"] = real
     result["settings"] = {
         "quick": args.quick,
-        "spec_defaults_used": not OVERRIDES,
+        "spec_defaults_used": not (OVERRIDES or MTRM_OVERRIDES),
         "tuning_overrides": OVERRIDES,
+        "tuning_overrides_mtrm": MTRM_OVERRIDES,
+        "variants": args.variants,
         "spec_overrides": ["training.mode", "training.model.type", "training.seed", "training.eval_hours"],
         "realistic": {
             "spec": "examples/realistic/job.yaml",

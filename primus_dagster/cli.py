@@ -51,7 +51,29 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 1
     sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
     print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
+    if job.training.model.type == "custom":
+        _check_custom_model(args, job)
     return _check_data(args, job) if args.data else 0
+
+
+def _check_custom_model(args: argparse.Namespace, job: JobSpec) -> None:
+    """Build a custom model on the layout the spec's first source maps and run two made-up rows
+    (:func:`~primus_dagster.training.models.check_model`); a broken factory raises
+    :class:`~primus_dagster.training.model_api.ModelFactoryError` (exit 2)."""
+    from primus_dagster.training.features import FeatureLayout
+    from primus_dagster.training.models import check_model, sparse_tables
+
+    layout = FeatureLayout.of_mapping(job.training, next(s for _, s in job.dataset.all_sources()).columns)
+    if layout is None:
+        print(f"{args.spec}: model: the dense width is known only from the data (columns.dense is a list column): "
+              "the custom model is checked at the start of training")  # fmt: skip
+        return
+    model = check_model(job.training.model, layout, job.training.loss)
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"{args.spec}: model: custom {job.training.model.factory} built {type(getattr(model, 'net', model)).__name__} "
+        f"({params:,} parameters, {len(sparse_tables(model))} sparse table(s)) and ran it on two rows"
+    )
 
 
 def _check_data(args: argparse.Namespace, job: JobSpec) -> int:
@@ -407,10 +429,14 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         from primus_dagster.data import TailOffsetError
         from primus_dagster.data.canonical import PermanentDataError
         from primus_dagster.training.live import NotLiveError
+        from primus_dagster.training.model_api import ModelFactoryError
 
         if isinstance(exc, PermanentDataError):  # data that does not fit its spec, read in this process
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        if isinstance(exc, ModelFactoryError):  # a custom model that cannot be built or breaks the protocol
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if not isinstance(exc, (NotLiveError, TailOffsetError)):
             raise
         print(f"error: {exc}", file=sys.stderr)

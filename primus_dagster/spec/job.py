@@ -10,7 +10,7 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -236,10 +236,25 @@ _MEMORY_LR_SCALE = 1.0
 _ADAPT_BATCH_WEIGHT = 0.0
 
 
-class ModelSpec(StrictModel):
-    """Model shape: hashed sparse embeddings + dense features into one or two towers."""
+_FACTORY = r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$"
 
-    type: Literal["mtrm", "single"] = "mtrm"
+
+class ModelSpec(StrictModel):
+    """Model shape: hashed sparse embeddings + dense features into one or two towers, or a team's own
+    module (``type: custom``: ``factory`` and ``params``; training/model_api.py)."""
+
+    type: Literal["mtrm", "single", "custom"] = "mtrm"
+    factory: str | None = Field(
+        default=None,
+        max_length=4096,
+        pattern=_FACTORY,
+        description="type custom only: the function that builds the model, 'package.module:function' (importable) "
+        "or 'path/to/file.py:function' (relative to the spec file); it receives a ModelContext (the declared "
+        "features and params) and returns a torch module (README 'Bring your own model').",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="type custom only: handed to the factory as ModelContext.params."
+    )
     embedding_dim: int = Field(default=16, ge=1, le=65_536)
     hash_buckets: int = Field(
         default=100_000,
@@ -274,6 +289,20 @@ class ModelSpec(StrictModel):
     )
 
     @model_validator(mode="after")
+    def _factory_iff_custom(self) -> ModelSpec:
+        if self.type == "custom" and self.factory is None:
+            raise ValueError("type 'custom' needs factory: 'package.module:function' or 'path/to/file.py:function'")
+        if self.type != "custom" and (self.factory is not None or self.params):
+            key = "factory" if self.factory is not None else "params"
+            raise ValueError(f"{key} applies to type 'custom'; type {self.type!r} is built in (remove it)")
+        if self.type == "custom":
+            # the built-in towers' widths: a custom module has its own (set them in params)
+            for key in ("memory_hidden", "adapt_hidden"):
+                if getattr(self, key) != ModelSpec.model_fields[key].get_default(call_default_factory=True):
+                    raise ValueError(f"{key} shapes a built-in tower; a custom model takes its sizes from params")
+        return self
+
+    @model_validator(mode="after")
     def _mtrm_keys_need_mtrm(self) -> ModelSpec:
         # the defaults pass (a dumped spec carries them), any other value on a single tower is a mistake
         for key, default, tower in (
@@ -306,6 +335,11 @@ class TrainingSpec(StrictModel):
         default_factory=FeaturesSpec, description="How the model reads each mapped column (spec/features.py)."
     )
     batch_size: int = Field(default=1024, ge=1, le=2**24)
+    loss: Literal["bce", "mse", "model"] = Field(
+        default="bce",
+        description="bce: binary cross-entropy on the logits; mse: squared error of sigmoid(logits) (the Brier "
+        "score); model: the custom module's own loss(logits, labels) (type custom only).",
+    )
     learning_rate: float = Field(
         default=3e-3,
         gt=0,
@@ -358,6 +392,15 @@ class TrainingSpec(StrictModel):
                 "(set the weight on each batch and stream stream instead)"
             )
         return data
+
+    @model_validator(mode="after")
+    def _model_loss_needs_custom(self) -> TrainingSpec:
+        if self.loss == "model" and self.model.type != "custom":
+            raise ValueError(
+                f"loss 'model' calls a custom module's own loss(logits, labels); model type {self.model.type!r} "
+                "has none (use bce or mse)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mtrm_needs_both_kinds(self) -> TrainingSpec:

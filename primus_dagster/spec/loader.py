@@ -309,7 +309,21 @@ def load_job_spec(path: str | Path) -> JobSpec:
         raise SpecError(
             source, [Problem("<file>", f"larger than {MAX_BYTES:,} bytes: a job spec is a few KiB of YAML")]
         )
-    return parse_job_spec(_decode(raw, source), source)
+    return _factory_beside_spec(parse_job_spec(_decode(raw, source), source), Path(path))
+
+
+def _factory_beside_spec(job: JobSpec, path: Path) -> JobSpec:
+    """A relative ``training.model.factory`` file (``path/file.py:function``) is read beside the spec
+    file: made absolute, so trainer ranks and the Dagster code location find it from any directory."""
+    factory = job.training.model.factory
+    if factory is None:
+        return job
+    module, _, function = factory.rpartition(":")
+    if not module.endswith(".py") or Path(module).is_absolute():
+        return job
+    resolved = f"{(path.parent / module).resolve()}:{function}"
+    model = job.training.model.model_copy(update={"factory": resolved})
+    return job.model_copy(update={"training": job.training.model_copy(update={"model": model})})
 
 
 def job_spec_json_schema() -> str:

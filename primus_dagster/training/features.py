@@ -128,6 +128,16 @@ class FeatureLayout:
         used = {c.table for c in (*sparse, *lists)}
         return cls(tuple(dense), tuple(sparse), tuple(lists), {k: v for k, v in tables.items() if k in used})
 
+    @classmethod
+    def of_mapping(cls, training: TrainingSpec, columns: ColumnMapping) -> FeatureLayout | None:
+        """The layout of a source's column mapping, before any data is read; None when ``columns.dense``
+        is one list column (its width is known only from the data)."""
+        if isinstance(columns.dense, str):
+            return None
+        sparse = [name for name, _ in columns.sparse_pairs()]
+        lists = [name for name, _ in columns.list_pairs()]
+        return cls.resolve(training, list(columns.dense), sparse, lists, columns.weights)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (checkpoints, rank plans); :meth:`from_dict` reads it back."""
         return {

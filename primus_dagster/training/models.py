@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +43,10 @@ from torch import nn
 from primus_dagster.data import Batch, Jagged
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.features import DenseStats, DenseTransform, FeatureLayout, ModelInit
+from primus_dagster.training.model_api import ModelContext, ModelFactoryError, ModelInputs, SparseFeatures, load_factory
 
 KINDS = ("batch", "stream")
+MAX_SPARSE_TABLES = 64  # tables with sparse gradients in one model: a row of the exchange's status header each
 
 
 def _zero_nan(values: torch.Tensor) -> torch.Tensor:
@@ -121,6 +123,25 @@ def _salt(feature: int, k: int) -> int:
     return 1 + _splitmix64(feature * 8 + k) % (HASH_PRIME - 1)
 
 
+def table_salts(count: int) -> torch.Tensor:
+    """The hash's salts of ``count`` features of one table: int64 [4, count], rows a0, a1, a2, b."""
+    return torch.tensor([[_salt(f, k) for f in range(count)] for k in range(4)], dtype=torch.int64).reshape(4, count)
+
+
+def hash_ids(ids: torch.Tensor, salts: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Bucket in ``[0, buckets)`` of every raw id (int64, any value) of ``ids`` [..., F] under the
+    salts [4, F] of its feature (:func:`table_salts`; :class:`HashedEmbedding` documents the hash)."""
+    ids = ids.to(torch.int64)
+    if ids.numel() and _one_limb(ids):
+        h = ids * salts[0] + salts[3]  # the upper limbs are 0: the same sum, 2 ops instead of 12
+    else:
+        h = salts[3].expand_as(ids)
+        for k, (shift, bits) in enumerate(HASH_LIMBS):
+            limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
+            h = h + limb * salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
+    return torch.remainder(torch.remainder(h, HASH_PRIME), buckets)
+
+
 Lists = Mapping[str, Jagged]  # a batch's list features by name (Batch.lists)
 _NO_LISTS: Lists = {}
 
@@ -153,9 +174,7 @@ class HashedEmbedding(nn.Module):
         self.table = nn.Embedding(buckets, dim, sparse=sparse)  # sparse: gradients of the touched rows only
         nn.init.normal_(self.table.weight, mean=0.0, std=0.01)
         self.table.weight.data = huge_page_copy(self.table.weight.data)  # the same values, on 2 MB pages
-        count = n_features + len(self.poolings)
-        salts = torch.tensor([[_salt(f, k) for f in range(count)] for k in range(4)], dtype=torch.int64)
-        self.register_buffer("salts", salts.reshape(4, count), persistent=False)  # rows: a0, a1, a2, b
+        self.register_buffer("salts", table_salts(n_features + len(self.poolings)), persistent=False)
 
     @property
     def width(self) -> int:
@@ -168,15 +187,7 @@ class HashedEmbedding(nn.Module):
         return self._buckets(sparse, self.salts[:, : self.n_features])
 
     def _buckets(self, ids: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
-        ids = ids.to(torch.int64)
-        if ids.numel() and _one_limb(ids):
-            h = ids * salts[0] + salts[3]  # the upper limbs are 0: the same sum, 2 ops instead of 12
-        else:
-            h = salts[3].expand_as(ids)
-            for k, (shift, bits) in enumerate(HASH_LIMBS):
-                limb = torch.bitwise_and(ids >> shift, (1 << bits) - 1)  # arithmetic shift, then mask: >= 0
-                h = h + limb * salts[k]  # < 2^22 * 2^31 each: the sum stays far below 2^63
-        return torch.remainder(torch.remainder(h, HASH_PRIME), self.buckets)
+        return hash_ids(ids, salts, self.buckets)
 
     def pooled(self, k: int, jagged: Jagged) -> torch.Tensor:
         """List feature ``k``'s rows pooled: [B, dim]."""
@@ -461,6 +472,168 @@ class MTRM(RecModel):
         return self.forward(dense, sparse, "stream", lists) + self.delay_offset()
 
 
+class FeatureHasher(nn.Module):
+    """A batch's raw ids -> :class:`~.model_api.SparseFeatures`: every id and list feature of
+    ``layout``, its ids hashed into ``[0, buckets)`` of the feature's table -- the same buckets the
+    built-in models' :class:`HashedEmbedding` picks (salts per table, its id columns before its lists).
+
+    Example::
+
+        hasher = FeatureHasher(layout)
+        features = hasher(batch.sparse, batch.lists)      # features["user_id"].values: [B] buckets
+    """
+
+    def __init__(self, layout: FeatureLayout):
+        super().__init__()
+        self.order = [c.name for c in (*layout.sparse, *layout.lists)]
+        self.parts: list[tuple[str, int, list[int], list[str]]] = []  # table, buckets, id columns, lists
+        for index, name in enumerate(layout.table_names()):
+            ids = [i for i, c in enumerate(layout.sparse) if c.table == name]
+            lists = [c.name for c in layout.lists if c.table == name]
+            self.parts.append((name, layout.tables[name][0], ids, lists))
+            self.register_buffer(f"salts_{index}", table_salts(len(ids) + len(lists)), persistent=False)
+        self.sparse_names = [c.name for c in layout.sparse]
+
+    def forward(self, sparse: torch.Tensor, lists: Lists = _NO_LISTS) -> SparseFeatures:
+        rows = sparse.shape[0]
+        ones = torch.arange(rows + 1, dtype=torch.int64)  # the offsets of one id per row
+        out: dict[str, Jagged] = {}
+        for index, (_, buckets, ids, list_names) in enumerate(self.parts):
+            salts: torch.Tensor = getattr(self, f"salts_{index}")
+            if ids:
+                hashed = hash_ids(sparse[:, ids], salts[:, : len(ids)], buckets)
+                for k, column in enumerate(ids):
+                    out[self.sparse_names[column]] = Jagged(hashed[:, k].contiguous(), ones)
+            for k, name in enumerate(list_names):
+                f = len(ids) + k
+                jagged = lists[name]
+                values = hash_ids(jagged.values.unsqueeze(1), salts[:, f : f + 1], buckets).squeeze(1)
+                out[name] = Jagged(values, jagged.offsets, jagged.weights)
+        return SparseFeatures({name: out[name] for name in self.order}, rows)
+
+
+class CustomModel(RecModel):
+    """A team's own module (``training.model.type: custom``) behind the :class:`RecModel` protocol:
+    the layout's dense transform and the :class:`FeatureHasher` run here, the module
+    (:attr:`net`, built by ``training.model.factory``) gets :class:`~.model_api.ModelInputs` and
+    returns logits (training/model_api.py has the protocol). ``kind`` reaches the module as
+    ``inputs.kind``; serving calls it with ``"batch"``.
+
+    Example::
+
+        spec = ModelSpec(type="custom", factory="examples.models.deepfm:build", params={"dim": 16})
+        model = build_model(spec, layout=layout)
+        logits = model(dense, sparse, "batch", lists)
+    """
+
+    model_type = "custom"
+
+    def __init__(self, spec: ModelSpec, layout: FeatureLayout):
+        super().__init__(spec, layout)
+        reference = str(spec.factory)
+        factory = load_factory(reference)
+        self.hasher = FeatureHasher(layout)
+        try:
+            net = factory(ModelContext(layout, dict(spec.params)))
+        except ModelFactoryError:
+            raise
+        except Exception as exc:
+            raise ModelFactoryError(
+                f"training.model.factory {reference!r} raised {type(exc).__name__}: {exc} "
+                f"(params: {sorted(spec.params) or 'none'})"
+            ) from exc
+        if not isinstance(net, nn.Module):
+            raise ModelFactoryError(
+                f"training.model.factory {reference!r} returned {type(net).__name__}; expected a torch.nn.Module"
+            )
+        self.net = net
+
+    def logits(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str) -> torch.Tensor:
+        out = self.net(ModelInputs(dense, self.hasher(sparse, lists), kind))
+        if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] == 1:
+            out = out.squeeze(1)
+        if not isinstance(out, torch.Tensor) or out.shape != (dense.shape[0],) or not out.is_floating_point():
+            shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ModelFactoryError(
+                f"the module of training.model.factory {self.spec.factory!r} returned {shape} for a batch of "
+                f"{dense.shape[0]} rows; forward(inputs) must return float logits [B] or [B, 1]"
+            )
+        return out
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The module's own ``loss(logits, labels)`` (``training.loss: model``)."""
+        own = getattr(self.net, "loss", None)
+        if not callable(own):
+            raise ModelFactoryError(
+                f"training.loss is 'model' but the module of {self.spec.factory!r} ({type(self.net).__name__}) "
+                "has no loss(logits, labels) method"
+            )
+        return own(logits, labels)
+
+
+def sparse_tables(model: nn.Module) -> list[nn.Parameter]:
+    """The embedding tables with sparse gradients (``nn.Embedding`` / ``nn.EmbeddingBag`` built with
+    ``sparse=True``), in parameter order: the lazy sparse Adam and the row-sparse exchange take these."""
+    ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.sparse}
+    return [p for p in model.parameters() if id(p) in ids]
+
+
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _brier(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(torch.sigmoid(logits), labels)
+
+
+def loss_function(name: str, model: RecModel) -> LossFunction:
+    """``training.loss`` as a function of ``(logits, labels)``: ``bce``, ``mse`` (of the sigmoid) or
+    ``model`` (:meth:`CustomModel.loss`)."""
+    if name == "bce":
+        return F.binary_cross_entropy_with_logits
+    if name == "mse":
+        return _brier
+    if name == "model" and isinstance(model, CustomModel):
+        return model.loss
+    raise ValueError(f"training.loss {name!r} does not apply to a {model.model_type!r} model")
+
+
+def check_model(spec: ModelSpec, layout: FeatureLayout, loss: str = "bce") -> RecModel:
+    """Build the model of ``spec`` on ``layout`` and run one forward and backward on two made-up rows,
+    or raise :class:`~.model_api.ModelFactoryError` naming what breaks the protocol (a custom
+    model's factory, its output, its loss, its tables). The built model is returned."""
+    model = build_model(spec, layout=layout)
+    rows = 2
+    dense = torch.zeros(rows, layout.n_dense)
+    sparse = torch.zeros(rows, layout.n_sparse, dtype=torch.int64)
+    offsets = torch.arange(rows + 1, dtype=torch.int64)
+    lists = {
+        c.name: Jagged(torch.zeros(rows, dtype=torch.int64), offsets, torch.ones(rows) if c.weighted else None)
+        for c in layout.lists
+    }
+    where = f"the module of training.model.factory {spec.factory!r}" if spec.type == "custom" else "the model"
+    try:
+        logits = model(dense, sparse, "batch", lists)
+        value = loss_function(loss, model)(logits, torch.zeros(rows))
+        value.backward()
+    except ModelFactoryError:
+        raise
+    except Exception as exc:
+        raise ModelFactoryError(
+            f"{where} failed on a batch of {rows} rows ({layout.n_dense} dense, ids {[c.name for c in layout.sparse]}, "
+            f"lists {[c.name for c in layout.lists]}): {type(exc).__name__}: {exc}"
+        ) from exc
+    if value.dim() != 0:
+        raise ModelFactoryError(f"{where}: its loss returned shape {list(value.shape)}; expected a scalar")
+    model.zero_grad(set_to_none=True)  # the made-up rows leave nothing behind
+    tables = len(sparse_tables(model))
+    if tables > MAX_SPARSE_TABLES:
+        raise ModelFactoryError(
+            f"{where} has {tables} sparse embedding tables; the multi-trainer exchange takes at most "
+            f"{MAX_SPARSE_TABLES} (share tables between features)"
+        )
+    return model
+
+
 _KIND_INDEX = {"batch": 0, "stream": 1}
 _MIN_OBSERVED = 1000  # samples of each kind before the calibration applies
 
@@ -483,7 +656,7 @@ def build_model(
         model = build_model(job.training.model, layout=layout, seed=job.training.seed)
         model = build_model(ModelSpec(type="single"), n_dense=13, n_sparse=5)
     """
-    classes: dict[str, type[RecModel]] = {"single": SingleTower, "mtrm": MTRM}
+    classes: dict[str, type[RecModel]] = {"single": SingleTower, "mtrm": MTRM, "custom": CustomModel}
     if spec.type not in classes:
         raise ValueError(f"unknown model type {spec.type!r}; expected one of {sorted(classes)}")
     if layout is None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import cloudpickle
 import mlflow
 import mlflow.pytorch
 import numpy as np
@@ -54,6 +55,7 @@ from primus_dagster.training.checkpoint import (
     checkpoint_step,
     verify_checkpoint,
 )
+from primus_dagster.training.model_api import factory_code
 
 __all__ = [
     "RUN_KEY_TAG",
@@ -445,7 +447,10 @@ class MlflowTracker:
         ``n_sparse`` when it has them (the project's models do), else none; False: none; or a
         given :class:`~mlflow.models.signature.ModelSignature`. The signature documents the tensor
         inputs; MLflow's pyfunc serving cannot call the model (it needs ``kind``), so MLflow does
-        not validate it. ``input_example`` (JSON-able) is stored in the ``MLmodel`` metadata rather
+        not validate it. A custom model (``training.model.type: custom``) adds its factory's
+        distribution to the requirements, or -- a factory outside any installed distribution (a file,
+        a checkout) -- is pickled with its module's code by value (:func:`~.model_api.factory_code`).
+        ``input_example`` (JSON-able) is stored in the ``MLmodel`` metadata rather
         than as an MLflow input example, which MLflow would try (and fail) to validate against pyfunc
         serving. Load it with ``mlflow.pytorch.load_model`` inside :func:`use_tracking_uri`.
         """
@@ -462,17 +467,28 @@ class MlflowTracker:
         # model into the default experiment, whose artifacts go to ./mlruns of the working dir.
         logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)
         metadata = {"primus_input_example": input_example} if input_example is not None else None
-        with use_tracking_uri(self.tracking_uri):
-            info = mlflow.pytorch.log_model(
-                model,
-                name=name,
-                run_id=run_id,
-                model_id=logged.model_id,
-                serialization_format="pickle",
-                pip_requirements=model_requirements(),
-                signature=signature,
-                metadata=metadata,
-            )
+        requirements = model_requirements()
+        factory = getattr(getattr(model, "spec", None), "factory", None)  # a custom model's code
+        code = factory_code(factory) if isinstance(factory, str) else None
+        if code is not None:
+            requirements += [r for r in code.requirements if r not in requirements]
+        if code is not None and code.by_value is not None:
+            cloudpickle.register_pickle_by_value(code.by_value)
+        try:
+            with use_tracking_uri(self.tracking_uri):
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name=name,
+                    run_id=run_id,
+                    model_id=logged.model_id,
+                    serialization_format="pickle",
+                    pip_requirements=requirements,
+                    signature=signature,
+                    metadata=metadata,
+                )
+        finally:
+            if code is not None and code.by_value is not None:
+                cloudpickle.unregister_pickle_by_value(code.by_value)
         return info.model_uri
 
     # ------------------------------------------------------------------ the model registry

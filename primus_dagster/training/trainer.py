@@ -1,7 +1,8 @@
 """The trainer: one optimiser step per ``batch_size`` rows, routed by the batch's kind.
 
 A reader batch (an executor's batch, often tens of thousands of rows) is cut into micro-batches of
-``TrainingSpec.batch_size``; each is one step of ``BCEWithLogits(model(dense, sparse, kind), label)``
+``TrainingSpec.batch_size``; each is one step of ``training.loss`` (BCE with logits by default;
+:func:`~primus_dagster.training.models.loss_function`) of ``model(dense, sparse, kind)`` and the label
 (plus the model's ``auxiliary_loss``, if any) with Adam. The model decides what a kind trains
 (MTRM: ``batch`` -> memory tower, and the adapt tower too with ``adapt_batch_weight`` > 0;
 ``stream`` -> adapt tower; the single tower learns both). Checkpoints are taken between reader batches only, so
@@ -31,7 +32,14 @@ from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.models import RecModel, huge_page_copy, huge_page_zeros, model_inputs
+from primus_dagster.training.models import (
+    RecModel,
+    huge_page_copy,
+    huge_page_zeros,
+    loss_function,
+    model_inputs,
+    sparse_tables,
+)
 
 _ALLOCATOR_TUNED = False
 
@@ -205,7 +213,7 @@ class RecOptimizer:
     """
 
     def __init__(self, model: nn.Module, lr: float):
-        sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+        sparse_ids = {id(p) for p in sparse_tables(model)}
         scale_of = getattr(model, "lr_scale", None)
         # one parameter group per learning rate (RecModel.lr_scale: MTRM's memory tower may learn faster)
         groups: dict[str, dict[float, list[nn.Parameter]]] = {"dense": {}, "sparse": {}}
@@ -276,7 +284,7 @@ class Trainer:
         self._observe = getattr(model, "observe", None) if observe_labels else None
         self.spec = spec
         self.optimizer = RecOptimizer(model, spec.learning_rate)
-        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.loss_fn = loss_function(spec.loss, model)
         self.counters = TrainerStats()
         self._last_loss = float("nan")
         self.step_losses: list[tuple[int, float]] = []  # (step, loss) since the owner last took them

@@ -46,10 +46,11 @@ import torch
 from primus_dagster.cluster.backends import data_plane_starter
 from primus_dagster.data import DataDriver, DataPlane, NotReady, SourceContext, TimeWindow, read_batches
 from primus_dagster.spec import JobSpec
+from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.features import ModelInit, fit_dense_stats
-from primus_dagster.training.models import RecModel
+from primus_dagster.training.models import RecModel, check_model, sparse_tables
 from primus_dagster.training.modes import Phase, phase_tasks, phases
 from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
 from primus_dagster.training.priority import LoadingPriority
@@ -335,7 +336,7 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
     ``training.features.stats_rows`` rows (a warm-started model has its statistics in its weights)."""
     spec = run.spec
     if resume is not None:
-        return ModelInit.of_checkpoint(resume.extra, spec.model)
+        return _checked(spec, ModelInit.of_checkpoint(resume.extra, spec.model))
     first = next((phase_tasks(run.tasks, p) for p in phases(spec.mode) if phase_tasks(run.tasks, p)), [])
     rows = 1 if run.warm is not None else spec.features.stats_rows
     run.stage("features: reading the first %d row(s) of the window for the layout and dense statistics", rows)
@@ -365,6 +366,21 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
         "; a warm start keeps its model's" if stats is None else "",
     )
     run.tracker.log_dict(init.to_dict(), "features.json")
+    return _checked(spec, init)
+
+
+def _checked(spec: TrainingSpec, init: ModelInit) -> ModelInit:
+    """``init`` after a custom model was built on it and ran two made-up rows (a factory or module that
+    breaks the protocol fails here, naming itself, before any trainer starts)."""
+    if spec.model.type == "custom":
+        model = check_model(spec.model, init.layout, spec.loss)
+        log.info(
+            "model: custom, factory %s: %s, %s parameters, %d sparse embedding table(s)",
+            spec.model.factory,
+            type(getattr(model, "net", model)).__name__,
+            f"{sum(p.numel() for p in model.parameters()):,}",
+            len(sparse_tables(model)),
+        )
     return init
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -39,7 +43,7 @@ dataset:
         - {stream_source}
 training:
   mode: {mode}
-  model: {{type: {model}, embedding_dim: 8, hash_buckets: 4096, memory_hidden: [16], adapt_hidden: [32, 16]}}
+  model: {model_block}
   batch_size: 250
   learning_rate: 0.003
   checkpoint_every_steps: {every}
@@ -64,8 +68,10 @@ def make_job(
     topic: str | None = None,
     rows_per_hour: int = 1500,
     extra_training: str = "",
+    model_block: str | None = None,
 ) -> dict:
-    """Write the job spec and ``hours`` + 2 hours of the world (an evaluation hour, and one more so
+    """Write the job spec (``model_block``: the whole ``training.model`` mapping, else the small
+    ``model`` tower of the template) and ``hours`` + 2 hours of the world (an evaluation hour, and one more so
     Kafka's hours are complete); returns paths, the window and the spec."""
     # a topic of its own by default: the session's broker is shared, and two worlds in one topic interleave
     topic = topic or f"train-events-{uuid.uuid4().hex[:8]}"
@@ -75,7 +81,8 @@ def make_job(
     job_path.write_text(
         JOB.format(
             mode=mode,
-            model=model,
+            model_block=model_block
+            or f"{{type: {model}, embedding_dim: 8, hash_buckets: 4096, memory_hidden: [16], adapt_hidden: [32, 16]}}",
             every=every,
             root=root,
             stream_source=stream,
@@ -124,3 +131,77 @@ def train_one_hour(env: dict, *extra: str) -> subprocess.CompletedProcess[str]:
     command += ["--data-root", str(env["root"]), "--start", env["window"].start.strftime("%Y-%m-%dT%H")]
     command += ["--hours", "1", "--executors", "1", *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+
+
+def kill_at_first_checkpoint(env: dict, samples_log: Path, slow_executors_ms: int, timeout_s: float = 120) -> str:
+    """Run :func:`dev_train_command` and SIGKILL its whole process group (the job, its ranks and
+    executors: a dead node) when the run log announces a checkpoint; the announcing line."""
+    first = subprocess.Popen(
+        dev_train_command(env, samples_log, slow_executors_ms),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    killed_after = None
+    deadline = time.monotonic() + timeout_s
+    for line in first.stderr:  # type: ignore[union-attr]
+        if "checkpoint at step" in line and ", done" not in line:
+            os.killpg(first.pid, signal.SIGKILL)
+            killed_after = line
+            break
+        assert time.monotonic() < deadline, f"no checkpoint within {timeout_s:g} s"
+    first.wait(30)
+    assert killed_after is not None and first.returncode == -signal.SIGKILL
+    return killed_after
+
+
+def resume_and_count(
+    env: dict, first_log: Path, second_log: Path, slow_executors_ms: int, timeout_s: float = 300
+) -> tuple[dict, Counter, Counter]:
+    """Rerun the killed job (:func:`kill_at_first_checkpoint`); ``(its JSON result, the sample ids the
+    first run trained up to the checkpoint it resumed from, those the second run trained)``."""
+    second = subprocess.run(
+        dev_train_command(env, second_log, slow_executors_ms), capture_output=True, text=True, timeout=timeout_s
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    meta = json.loads(second.stdout.strip().splitlines()[-1])
+    resumed = meta["resumed_from_step"]
+    assert resumed is not None and resumed > 0
+    from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
+
+    kept = Counter(int(i) for s, ids in read_trained_sample_ids(first_log) if s <= resumed for i in ids)
+    after = Counter(int(i) for _, ids in read_trained_sample_ids(second_log) for i in ids)
+    return meta, kept, after
+
+
+REALISTIC_SPEC = Path(__file__).resolve().parents[2] / "examples" / "realistic" / "job.yaml"
+
+
+def realistic_batch_world(root: Path, rows_per_hour: int, training: dict) -> dict:
+    """Three days of ``synth --schema realistic`` in ``root`` (the daily Hive Parquet source only) and
+    the realistic example spec cut to that source, ``training`` merged into its ``training`` and
+    MLflow on SQLite in ``root``: ``{"root", "env", "spec"}`` (the spec as a dict)."""
+    import yaml
+
+    env = {**os.environ, "PRIMUS_HOME": str(root / "home")}
+    synth = [
+        sys.executable,
+        "-m",
+        "primus_dagster.cli",
+        "synth",
+        "--schema",
+        "realistic",
+        "--spec",
+        str(REALISTIC_SPEC),
+    ]
+    synth += ["--data-root", str(root), "--days", "3", "--rows-per-hour", str(rows_per_hour)]
+    synth += ["--sources", "events_parquet", "--no-progress"]
+    done = subprocess.run(synth, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    spec = yaml.safe_load(REALISTIC_SPEC.read_text())
+    spec["dataset"]["streams"] = [spec["dataset"]["streams"][0]]
+    spec["dataset"]["streams"][0]["sources"] = spec["dataset"]["streams"][0]["sources"][:1]
+    spec["training"] |= training
+    spec["tracking"] = {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "experiment": root.name}
+    return {"root": root, "env": env, "spec": spec}

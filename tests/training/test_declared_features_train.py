@@ -6,13 +6,13 @@ the layout and the dense statistics are logged with the run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from jobkit import realistic_batch_world
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "primus_dagster.cli"]
@@ -25,23 +25,14 @@ def run(command: list[str], env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("realistic")
-    env = {**os.environ, "PRIMUS_HOME": str(root / "home")}
-    synth = [*CLI, "synth", "--schema", "realistic", "--spec", str(SPEC), "--data-root", str(root)]
-    synth += ["--days", "3", "--rows-per-hour", "1500", "--sources", "events_parquet", "--no-progress"]
-    done = run(synth, env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    spec = yaml.safe_load(SPEC.read_text())
-    spec["dataset"]["streams"] = [spec["dataset"]["streams"][0]]
-    spec["dataset"]["streams"][0]["sources"] = spec["dataset"]["streams"][0]["sources"][:1]
-    spec["training"] |= {"mode": "batch", "model": {"type": "single", "hash_buckets": 4096}, "batch_size": 256}
-    spec["training"]["features"]["categorical"] = [
+    training = {"mode": "batch", "model": {"type": "single", "hash_buckets": 4096}, "batch_size": 256}
+    world = realistic_batch_world(tmp_path_factory.mktemp("realistic"), 1500, training)
+    world["spec"]["training"]["features"]["categorical"] = [
         {"name": "user_id", "buckets": 2048, "dim": 8},
         {"name": "gender", "table": "profile"},
         {"name": "age_group", "table": "profile"},
     ]
-    spec["tracking"] = {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "experiment": "realistic"}
-    return {"root": root, "env": env, "spec": spec}
+    return world
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -7,11 +7,6 @@ from the MLflow checkpoint and trained every sample of the window exactly once a
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +14,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from jobkit import dev_train_command, expected_ids, make_job
+from jobkit import expected_ids, kill_at_first_checkpoint, make_job, resume_and_count
 
 from primus_dagster.data import Batch
 from primus_dagster.data.graph import Planner
@@ -111,36 +106,8 @@ def test_sigkill_mid_window_resumes_from_the_mlflow_checkpoint_exactly_once(tmp_
         topic="train-kill",
         rows_per_hour=6000,
     )
-    first = subprocess.Popen(
-        dev_train_command(env, tmp_path / "run1.bin", slow_executors_ms=40),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    killed_after = None
-    deadline = time.monotonic() + 120
-    for line in first.stderr:  # type: ignore[union-attr]
-        if "checkpoint at step" in line and ", done" not in line:
-            os.killpg(first.pid, signal.SIGKILL)  # the trainer and its executors: a dead node
-            killed_after = line
-            break
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-    first.wait(30)
-    assert killed_after is not None and first.returncode == -signal.SIGKILL
-
-    second = subprocess.run(
-        dev_train_command(env, tmp_path / "run2.bin", slow_executors_ms=40), capture_output=True, text=True, timeout=240
-    )
-    assert second.returncode == 0, second.stderr[-3000:]
-    meta = json.loads(second.stdout.strip().splitlines()[-1])
-    resumed = meta["resumed_from_step"]
-    assert resumed is not None and resumed > 0
-
-    before = [(s, ids) for s, ids in read_trained_sample_ids(tmp_path / "run1.bin")]
-    assert before[-1][0] > 0
-    kept = Counter(int(i) for s, ids in before if s <= resumed for i in ids)
-    after = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "run2.bin") for i in ids)
+    kill_at_first_checkpoint(env, tmp_path / "run1.bin", slow_executors_ms=40)
+    meta, kept, after = resume_and_count(env, tmp_path / "run1.bin", tmp_path / "run2.bin", 40, timeout_s=240)
     expected = expected_ids(env)
     assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart
     assert len(set(kept) | set(after)) == len(set(expected))

@@ -10,11 +10,8 @@ and leaves no process behind; with ``restart: on_failure`` the group starts agai
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
-import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,9 +22,8 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from jobkit import dev_train_command, expected_ids, make_job
+from jobkit import expected_ids, kill_at_first_checkpoint, make_job, resume_and_count
 
-from primus_dagster.devtools.trained_sample_ids import read_trained_sample_ids
 from primus_dagster.spec import load_job_spec
 from primus_dagster.training.rank_group import RankFailedError
 from primus_dagster.training.run_state import RunHooks, TrainingRequest
@@ -93,32 +89,8 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(
 
 def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path: Path) -> None:
     env = _two_trainers(make_job(tmp_path, mode="mixed", model="mtrm", every=6))
-    first = subprocess.Popen(
-        dev_train_command(env, tmp_path / "run1.bin", slow_executors_ms=30),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    killed_after = None
-    for line in first.stderr:  # type: ignore[union-attr]
-        if "checkpoint at step" in line and ", done" not in line:
-            os.killpg(first.pid, signal.SIGKILL)  # the job, its trainer ranks and executors: a dead node
-            killed_after = line
-            break
-    first.wait(30)
-    assert killed_after is not None and first.returncode == -signal.SIGKILL
-
-    second = subprocess.run(
-        dev_train_command(env, tmp_path / "run2.bin", slow_executors_ms=30), capture_output=True, text=True, timeout=300
-    )
-    assert second.returncode == 0, second.stderr[-3000:]
-    meta = json.loads(second.stdout.strip().splitlines()[-1])
-    resumed = meta["resumed_from_step"]
-    assert resumed is not None and resumed > 0
-
-    kept = Counter(int(i) for s, ids in read_trained_sample_ids(tmp_path / "run1.bin") if s <= resumed for i in ids)
-    after = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "run2.bin") for i in ids)
+    kill_at_first_checkpoint(env, tmp_path / "run1.bin", slow_executors_ms=30)
+    meta, kept, after = resume_and_count(env, tmp_path / "run1.bin", tmp_path / "run2.bin", slow_executors_ms=30)
     expected = expected_ids(env)
     assert kept and after
     assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart

@@ -35,7 +35,7 @@ from torch import nn
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.features import ModelInit
-from primus_dagster.training.models import KINDS, MTRM, build_initial_model
+from primus_dagster.training.models import KINDS, MAX_SPARSE_TABLES, MTRM, build_initial_model, sparse_tables
 from primus_dagster.training.trainer import Trainer, coalesced_rows
 
 # KINDS (models): a micro-batch's kind, by its index in the status row
@@ -44,7 +44,7 @@ RoundMessages: TypeAlias = (
 )  # every rank's round message, in rank order; None: statuses only
 Divisor: TypeAlias = Mapping[str, int]  # parameter group -> ranks that trained it this round (0: nobody)
 # a round's status row: ready, ended, kind, n_dense, n_sparse, label sum, rows; then rows touched per table
-STATUS_FIELDS, MAX_TABLES = 7, 64
+STATUS_FIELDS, MAX_TABLES = 7, MAX_SPARSE_TABLES
 HEADER_BYTES = 8 * (STATUS_FIELDS + MAX_TABLES)  # the status row at the head of a round's message (float64)
 
 
@@ -152,8 +152,8 @@ class RowSparseExchange:
     def index(self, model: nn.Module) -> None:
         """Sort ``model``'s parameters into tables and dense groups: the messages' layout."""
         self.group = parameter_groups(model)
-        sparse = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
-        self.tables = [p for p in model.parameters() if id(p) in sparse]
+        self.tables = sparse_tables(model)
+        sparse = {id(p) for p in self.tables}
         self.dense = {}
         for p in model.parameters():
             if id(p) not in sparse:
