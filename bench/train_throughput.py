@@ -82,10 +82,19 @@ its 1-rank figure is below part 1's.
        pip install -c constraints.txt -e ".[bench]"           # fbgemm-gpu-cpu + torchrec's pure-Python deps
        pip install -c constraints.txt --no-deps torchrec==1.8.0
 
+5. ``ratio_vs_torchrec_multihot`` (issue 22): the same comparison on a multi-hot shape -- 8 list
+   features, each row 0..20 ids per feature (uniform: mean 10), ids uniform in [0, 10 000), 13 dense,
+   2048-row batches. TorchRec: DLRM over an ``EmbeddingBagCollection`` of 8 tables of 10 000 x 16 (sum
+   pooling) on the ``KeyedJaggedTensor`` of each batch, the same three configurations; ours
+   (``multihot_spec``): the single tower with each list in a declared table of its own (10 000 x 16,
+   ``pooling: sum``), the jagged ids pooled by ``embedding_bag`` (``Batch.lists``, no padding). Runs with
+   part 4 (``--only-torchrec`` included); "detail.vs_torchrec.multihot" has the runs.
+
 Last line: {"bench": "train_throughput", "mtrm_samples_per_s", "single_samples_per_s",
 "mtrm_overhead_ratio", "pipeline_samples_per_s", "in_memory_samples_per_s", "pipeline_ratio",
 "ddp_speedup", "ddp_exchange_bytes_per_step", "ddp_speedup_dense_allreduce", "ratio_vs_torchrec",
-"torchrec_samples_per_s", "torchrec_mode", "single_dlrm_shape_samples_per_s", ...details}
+"torchrec_samples_per_s", "torchrec_mode", "single_dlrm_shape_samples_per_s", "ratio_vs_torchrec_multihot",
+"torchrec_multihot_samples_per_s", "torchrec_multihot_mode", "single_multihot_samples_per_s", ...details}
 """
 
 from __future__ import annotations
@@ -106,12 +115,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from primus_dagster.data import Batch, DirectDataPlane, Normalizer, Planner, SourceContext, TimeWindow
+from primus_dagster.data import Batch, DirectDataPlane, Jagged, Normalizer, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 from primus_dagster.training.distributed import RankResult
-from primus_dagster.training.models import HashedEmbedding, build_model, model_summary
+from primus_dagster.training.features import FeatureLayout
+from primus_dagster.training.models import HashedEmbedding, build_model, model_summary, sparse_tables
 from primus_dagster.training.trainer import Trainer
 
 from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
@@ -311,7 +321,7 @@ class _TorchRecSide:
       the tables and plain Adagrad for the rest (no DMP).
     """
 
-    def __init__(self, mode: str, lr: float = 1e-3):
+    def __init__(self, mode: str, lr: float = 1e-3, n_features: int = DLRM_FEATURES):
         from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
         from torchrec.models.dlrm import DLRM, DLRMTrain
         from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -320,7 +330,7 @@ class _TorchRecSide:
         self.mode = mode
         tables = [
             EmbeddingBagConfig(name=f"t{i}", embedding_dim=DLRM_DIM, num_embeddings=DLRM_ROWS, feature_names=[f"f{i}"])
-            for i in range(DLRM_FEATURES)
+            for i in range(n_features)
         ]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -440,13 +450,16 @@ def run_vs_torchrec(batch_size: int, n_batches: int, repeats: int, warmup: int =
             except ImportError as e:  # not installed, or without its deps
                 detail["torchrec"] = {"note": f"TorchRec not importable ({e}); install: {TORCHREC_INSTALL}"}
                 return {"ratio_vs_torchrec": None}, detail
-            return _measure_vs_torchrec(rows, steps, inputs, detail, batch_size, repeats, warmup)
+            return _measure_vs_torchrec(
+                lambda: _torchrec_batches(rows), DLRM_FEATURES, steps, inputs, detail, batch_size, repeats, warmup
+            )
         finally:
             root.setLevel(level)
 
 
 def _measure_vs_torchrec(
-    rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    tr_batches: Callable[[], list[Any]],
+    n_features: int,
     steps: dict[str, Callable[[Any], float]],
     inputs: dict[str, list[Any]],
     detail: dict,
@@ -466,11 +479,11 @@ def _measure_vs_torchrec(
     if created_group:
         dist.init_process_group("gloo", store=dist.FileStore(store_file.name, 1), rank=0, world_size=1)
     try:
-        tr_batches = _torchrec_batches(rows)
+        batches = tr_batches()
         sides: dict[str, _TorchRecSide] = {}
         for mode in TORCHREC_MODES:
-            sides[mode] = _TorchRecSide(mode)
-            steps[mode], inputs[mode] = sides[mode].step, tr_batches
+            sides[mode] = _TorchRecSide(mode, n_features=n_features)
+            steps[mode], inputs[mode] = sides[mode].step, batches
         for name, step in steps.items():  # warm-up (also builds FBGEMM's caches, lazy optimizer state)
             for batch in inputs[name][:warmup]:
                 step(batch)
@@ -502,8 +515,7 @@ def _measure_vs_torchrec(
     detail["ours"].update(samples_per_cpu_s=med["ours"], runs=runs["ours"])
     detail["torchrec"] = {
         "versions": {p: md.version(p) for p in ("torchrec", "fbgemm-gpu-cpu", "torch")},
-        "model": f"DLRM: {DLRM_FEATURES} EmbeddingBag tables of {DLRM_ROWS} x {DLRM_DIM} (sum pooling, one id "
-        f"each), dense arch [{DLRM_DIM}], pairwise-dot interaction, over arch [{', '.join(map(str, DLRM_TOP))}, 1]",
+        "model": f"DLRM: {n_features} EmbeddingBag tables of {DLRM_ROWS} x {DLRM_DIM} (sum pooling), dense arch [{DLRM_DIM}], pairwise-dot interaction, over arch [{', '.join(map(str, DLRM_TOP))}, 1]",
         "timed": "zero_grad, DLRMTrain forward (lookup, MLPs, interaction, BCE), backward (fused modes: the table "
         "update inside it), optimizer step, float(loss); KeyedJaggedTensor built before",
         **sides[best].params,
@@ -523,6 +535,114 @@ def _measure_vs_torchrec(
 
 TORCHREC_MODES = ("dmp_fused", "dense_adagrad", "in_backward_unsharded")
 
+# ----------------------------------------------------------------------------- part 5: multi-hot vs TorchRec
+MULTIHOT_FEATURES, MULTIHOT_MAX_LENGTH = 8, 20  # lengths uniform in [0, 20]: mean 10
+MultiHotRow = tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
+
+
+def multihot_batches(n: int, batch_size: int, seed: int = 0) -> list[MultiHotRow]:
+    """``n`` batches ``(dense [B, 13], per list feature (ids, lengths [B]), label)``: 8 list features,
+    lengths uniform in [0, 20] (mean 10), ids uniform in [0, 10 000); both sides train on these rows."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        dense = torch.randn(batch_size, DLRM_DENSE, generator=g).abs_().log1p_()
+        lists = []
+        for _ in range(MULTIHOT_FEATURES):
+            lengths = torch.randint(0, MULTIHOT_MAX_LENGTH + 1, (batch_size,), generator=g, dtype=torch.int64)
+            ids = torch.randint(0, DLRM_ROWS, (int(lengths.sum()),), generator=g, dtype=torch.int64)
+            lists.append((ids, lengths))
+        label = (torch.rand(batch_size, generator=g) < 0.25).to(torch.float32)
+        out.append((dense, lists, label))
+    return out
+
+
+def multihot_spec(batch_size: int) -> TrainingSpec:
+    """Our single tower on the multi-hot shape: each list feature in a table of its own (10 000 x 16, sum
+    pooling: TorchRec's per-feature tables), bottom 13 -> 16, top [128, 64] -> 1."""
+    lists = [
+        {"name": f"l{i}", "buckets": DLRM_ROWS, "dim": DLRM_DIM, "pooling": "sum"} for i in range(MULTIHOT_FEATURES)
+    ]
+    return TrainingSpec.model_validate(
+        {
+            "mode": "batch",
+            "batch_size": batch_size,
+            "learning_rate": 1e-3,
+            "seed": 0,
+            "model": {"type": "single", "embedding_dim": DLRM_DIM, "adapt_hidden": list(DLRM_TOP)},
+            "features": {"categorical_list": lists},
+        }
+    )
+
+
+def _torchrec_multihot_batches(rows: list[MultiHotRow]) -> list[Any]:
+    from torchrec import KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch as TorchRecBatch
+
+    keys = [f"f{i}" for i in range(MULTIHOT_FEATURES)]
+    out = []
+    for dense, lists, label in rows:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=keys,
+            values=torch.cat([ids for ids, _ in lists]),  # feature-major, as the KJT layout is
+            lengths=torch.cat([lengths for _, lengths in lists]).to(torch.int32),
+        )
+        out.append(TorchRecBatch(dense_features=dense, sparse_features=kjt, labels=label))
+    return out
+
+
+def run_vs_torchrec_multihot(batch_size: int, n_batches: int, repeats: int, warmup: int = 5) -> tuple[dict, dict]:
+    """Part 5: (result keys, detail) of our single tower vs TorchRec on 8 list features of mean length 10."""
+    rows = multihot_batches(n_batches, batch_size)
+    spec = multihot_spec(batch_size)
+    names = [f"l{i}" for i in range(MULTIHOT_FEATURES)]
+    layout = FeatureLayout.resolve(spec, [f"d{i}" for i in range(DLRM_DENSE)], [], names)
+    empty = torch.zeros(batch_size, 0, dtype=torch.int64)
+    ours_batches = []
+    for dense, lists, label in rows:
+        jagged = {
+            name: Jagged(ids, torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]))
+            for name, (ids, lengths) in zip(names, lists, strict=True)
+        }
+        ours_batches.append(Batch.from_tensors(dense, empty, label, kind="batch", lists=jagged))
+    for b in ours_batches:
+        b.tensors  # noqa: B018 - converted before timing
+    model = build_model(spec.model, layout=layout, seed=0)
+    summary = model_summary(model)
+    emb = sum(p.numel() for p in sparse_tables(model))
+    trainer = Trainer(model, spec)
+    detail: dict = {
+        "shape": {
+            "list_features": MULTIHOT_FEATURES,
+            "length": f"uniform in [0, {MULTIHOT_MAX_LENGTH}] ids per feature per row (mean {MULTIHOT_MAX_LENGTH / 2:g})",
+            "rows_per_table": DLRM_ROWS,
+            "embedding_dim": DLRM_DIM,
+            "dense_features": DLRM_DENSE,
+            "batch_size": batch_size,
+        },
+        "batches": n_batches,
+        "repeats": repeats,
+        "ours": {
+            "model": f"SingleTower: {MULTIHOT_FEATURES} hashed tables of {DLRM_ROWS} x {DLRM_DIM} (one per list, "
+            f"embedding_bag sum over the jagged ids); bottom {DLRM_DENSE}->{DLRM_DIM}; top MLP {DLRM_TOP} -> 1",
+            "optimizer": "SparseAdam (touched rows) + Adam, lr 1e-3 (Trainer / RecOptimizer)",
+            "params": summary["params"],
+            "embedding_params": emb,
+            "dense_params": summary["params"] - emb,
+        },
+    }
+    steps: dict[str, Callable[[Any], float]] = {"ours": trainer.train_step}
+    inputs: dict[str, list[Any]] = {"ours": ours_batches}
+    keys, detail = _measure_vs_torchrec(
+        lambda: _torchrec_multihot_batches(rows), MULTIHOT_FEATURES, steps, inputs, detail, batch_size, repeats, warmup
+    )
+    return {
+        "ratio_vs_torchrec_multihot": keys["ratio_vs_torchrec"],
+        "torchrec_multihot_samples_per_s": keys["torchrec_samples_per_s"],
+        "torchrec_multihot_mode": keys["torchrec_mode"],
+        "single_multihot_samples_per_s": keys["single_dlrm_shape_samples_per_s"],
+    }, detail
+
 
 def vs_torchrec(args: argparse.Namespace) -> tuple[dict, dict]:
     """Part 4 with the command line's sizes, and its console lines."""
@@ -536,6 +656,23 @@ def vs_torchrec(args: argparse.Namespace) -> tuple[dict, dict]:
     for mode, d in detail["torchrec"]["modes"].items():
         print(f"dlrm-shape torchrec {mode:22s} {d['samples_per_cpu_s']:,} samples/CPU-s (median; {d['kernel']})")
     print(f"dlrm-shape ratio_vs_torchrec {keys['ratio_vs_torchrec']} (vs {keys['torchrec_mode']})")
+    root = logging.getLogger()
+    level = root.level
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root.setLevel(logging.ERROR)
+        try:
+            multi, detail["multihot"] = run_vs_torchrec_multihot(
+                args.torchrec_batch_size, args.torchrec_batches, args.torchrec_repeats
+            )
+        finally:
+            root.setLevel(level)
+    keys.update(multi)
+    print(
+        f"multi-hot ours {multi['single_multihot_samples_per_s']:,} vs torchrec {multi['torchrec_multihot_mode']} "
+        f"{multi['torchrec_multihot_samples_per_s']:,} samples/CPU-s: ratio_vs_torchrec_multihot "
+        f"{multi['ratio_vs_torchrec_multihot']}"
+    )
     return keys, detail
 
 
