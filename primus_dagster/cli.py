@@ -61,7 +61,7 @@ def _check_custom_model(args: argparse.Namespace, job: JobSpec) -> None:
     (:func:`~primus_dagster.training.models.check_model`); a broken factory raises
     :class:`~primus_dagster.training.model_api.ModelFactoryError` (exit 2)."""
     from primus_dagster.training.features import FeatureLayout
-    from primus_dagster.training.models import check_model, sparse_tables
+    from primus_dagster.training.models import check_model, custom_model_line
 
     layout = FeatureLayout.of_mapping(job.training, next(s for _, s in job.dataset.all_sources()).columns)
     if layout is None:
@@ -69,11 +69,7 @@ def _check_custom_model(args: argparse.Namespace, job: JobSpec) -> None:
               "the custom model is checked at the start of training")  # fmt: skip
         return
     model = check_model(job.training.model, layout, job.training.loss)
-    params = sum(p.numel() for p in model.parameters())
-    print(
-        f"{args.spec}: model: custom {job.training.model.factory} built {type(getattr(model, 'net', model)).__name__} "
-        f"({params:,} parameters, {len(sparse_tables(model))} sparse table(s)) and ran it on two rows"
-    )
+    print(f"{args.spec}: model: {custom_model_line(model)}; built and ran on two rows")
 
 
 def _check_data(args: argparse.Namespace, job: JobSpec) -> int:

@@ -81,6 +81,11 @@ class FeatureLayout:
         """Tables in use, in the order of their first feature (scalar ids first, then lists)."""
         return list(dict.fromkeys(c.table for c in (*self.sparse, *self.lists)))
 
+    def table_features(self, table: str) -> tuple[list[int], list[IdColumn]]:
+        """The features ``table`` holds: its id columns (indices into ``sparse``) and its lists, in order."""
+        ids = [i for i, c in enumerate(self.sparse) if c.table == table]
+        return ids, [c for c in self.lists if c.table == table]
+
     def embedding_width(self) -> int:
         """Width of all embeddings side by side: one table row per id column and per list."""
         return sum(self.tables[c.table][1] for c in (*self.sparse, *self.lists))

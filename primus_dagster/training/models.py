@@ -232,8 +232,7 @@ class FeatureEmbeddings(nn.Module):
         self.columns: dict[str, list[int]] = {}  # table -> its id columns (indices into sparse)
         self.list_names: dict[str, list[str]] = {}
         for name in layout.table_names():
-            ids = [i for i, c in enumerate(layout.sparse) if c.table == name]
-            lists = [c for c in layout.lists if c.table == name]
+            ids, lists = layout.table_features(name)
             buckets, dim = layout.tables[name]
             self.tables[name] = HashedEmbedding(len(ids), buckets, dim, sparse, [str(c.pooling) for c in lists])
             self.columns[name] = ids
@@ -486,11 +485,10 @@ class FeatureHasher(nn.Module):
     def __init__(self, layout: FeatureLayout):
         super().__init__()
         self.order = [c.name for c in (*layout.sparse, *layout.lists)]
-        self.parts: list[tuple[str, int, list[int], list[str]]] = []  # table, buckets, id columns, lists
+        self.parts: list[tuple[int, list[int], list[str]]] = []  # per table: buckets, id columns, lists
         for index, name in enumerate(layout.table_names()):
-            ids = [i for i, c in enumerate(layout.sparse) if c.table == name]
-            lists = [c.name for c in layout.lists if c.table == name]
-            self.parts.append((name, layout.tables[name][0], ids, lists))
+            ids, lists = layout.table_features(name)
+            self.parts.append((layout.tables[name][0], ids, [c.name for c in lists]))
             self.register_buffer(f"salts_{index}", table_salts(len(ids) + len(lists)), persistent=False)
         self.sparse_names = [c.name for c in layout.sparse]
 
@@ -498,7 +496,7 @@ class FeatureHasher(nn.Module):
         rows = sparse.shape[0]
         ones = torch.arange(rows + 1, dtype=torch.int64)  # the offsets of one id per row
         out: dict[str, Jagged] = {}
-        for index, (_, buckets, ids, list_names) in enumerate(self.parts):
+        for index, (buckets, ids, list_names) in enumerate(self.parts):
             salts: torch.Tensor = getattr(self, f"salts_{index}")
             if ids:
                 hashed = hash_ids(sparse[:, ids], salts[:, : len(ids)], buckets)
@@ -521,7 +519,7 @@ class CustomModel(RecModel):
 
     Example::
 
-        spec = ModelSpec(type="custom", factory="examples.models.deepfm:build", params={"dim": 16})
+        spec = ModelSpec(type="custom", factory="examples/models/deepfm.py:build", params={"fm_dim": 16})
         model = build_model(spec, layout=layout)
         logits = model(dense, sparse, "batch", lists)
     """
@@ -569,6 +567,13 @@ class CustomModel(RecModel):
                 "has no loss(logits, labels) method"
             )
         return own(logits, labels)
+
+
+def custom_model_line(model: RecModel) -> str:
+    """``custom <factory>: <class>, N parameters, T sparse embedding table(s)`` (run log, ``validate``)."""
+    params = sum(p.numel() for p in model.parameters())
+    net = type(getattr(model, "net", model)).__name__
+    return f"custom, factory {model.spec.factory}: {net}, {params:,} parameters, {len(sparse_tables(model))} sparse table(s)"
 
 
 def sparse_tables(model: nn.Module) -> list[nn.Parameter]:

@@ -50,7 +50,7 @@ from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.features import ModelInit, fit_dense_stats
-from primus_dagster.training.models import RecModel, check_model, sparse_tables
+from primus_dagster.training.models import RecModel, check_model, custom_model_line
 from primus_dagster.training.modes import Phase, phase_tasks, phases
 from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
 from primus_dagster.training.priority import LoadingPriority
@@ -373,14 +373,7 @@ def _checked(spec: TrainingSpec, init: ModelInit) -> ModelInit:
     """``init`` after a custom model was built on it and ran two made-up rows (a factory or module that
     breaks the protocol fails here, naming itself, before any trainer starts)."""
     if spec.model.type == "custom":
-        model = check_model(spec.model, init.layout, spec.loss)
-        log.info(
-            "model: custom, factory %s: %s, %s parameters, %d sparse embedding table(s)",
-            spec.model.factory,
-            type(getattr(model, "net", model)).__name__,
-            f"{sum(p.numel() for p in model.parameters()):,}",
-            len(sparse_tables(model)),
-        )
+        log.info("model: %s", custom_model_line(check_model(spec.model, init.layout, spec.loss)))
     return init
 
 

@@ -215,7 +215,7 @@ def test_a_relative_factory_file_is_read_beside_the_spec_and_validate_builds_it(
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
     assert (
-        "model: custom" in done.stdout and "built DeepFM" in done.stdout and "6 sparse table(s)" in done.stdout
+        "model: custom, factory" in done.stdout and ": DeepFM," in done.stdout and "6 sparse table(s)" in done.stdout
     )  # 3 tables x (vectors, weights)
 
     spec["training"]["model"]["params"] = {"fm_dim": 8, "depth": 3}
