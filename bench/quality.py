@@ -29,12 +29,13 @@ Every ``WorldConfig`` knob is also a flag here (``--trend-scale 3``...): it over
 every world that runs; ``--define-world 'name:knob=value,...'`` adds a world.
 
 **Seeds.** Reported: ``REPORTED_SEEDS`` = 10..19 (world seed = model-init seed), never used to
-choose anything. Tuning seeds, listed apart (``TUNING_SEEDS``): seed 1 -- the learning rate 5e-4
-was chosen on it by the earlier 3-seed bench (which also reported seeds 1-3; so the reported seeds
-moved to 10..19 and the learning rate was kept as it was, not re-tuned); seeds 100-102 -- used by
-this bench to size the scenario (time per seed; that every variant learns), never reported.
+choose anything. Tuning seeds, listed apart (``TUNING_SEEDS``): seed 1 -- the bench's earlier
+learning rate 5e-4 was chosen on it by the earlier 3-seed bench (which also reported seeds 1-3; so
+the reported seeds moved to 10..19); the bench now runs the spec's 3e-3; seeds 100-102 -- used to
+size the scenario (time per seed; that every variant learns) and to choose MTRM's defaults
+(``memory_lr_scale``, ``adapt_batch_weight``), never reported.
 
-**Variants** -- per (world, seed) all five see the same world data, start from the same model seed,
+**Variants** -- per (world, seed) all six see the same world data, start from the same model seed,
 use the same optimiser (Adam, ``--lr``, micro-batches of ``--batch-size``: the project's
 ``Trainer``) and make ONE pass over their data:
 
@@ -55,7 +56,15 @@ use the same optimiser (Adam, ``--lr``, micro-batches of ``--batch-size``: the p
                         tower and, with ``--adapt-batch-weight`` w > 0, the adapt tower at loss
                         weight w; stream-kind ones the adapt tower; the adapt tower always reads the
                         detached memory state), scored with its serving output (the adapt tower,
-                        ``model.predict``).
+                        ``model.predict``);
+* ``mtrm_deepfm``    -- the same MTRM with the example DeepFM (``examples/models/deepfm.py``) as both
+                        towers (``training.model.memory`` / ``adapt``; ``fm_dim`` = ``--embedding-dim``,
+                        ``hidden`` = ``--memory-hidden`` / ``--adapt-hidden``): a team's architecture
+                        in the paper's structure.
+
+**Defaults: the job spec's.** ``--lr``, ``--batch-size``, the model sizes, ``--memory-lr-scale`` and
+``--adapt-batch-weight`` default to ``TrainingSpec`` / ``ModelSpec``'s own defaults, so a run without
+flags measures what a job gets; the JSON's ``overridden_spec_defaults`` lists any key a run set.
 
 **Calibration: every variant, the same way.** A variant's serving logit gets a constant shift
 ``logit(r_batch) - logit(r_trained)``: ``r_batch`` the positive rate of the complete-label batch
@@ -83,11 +92,9 @@ the 2-core build machine when it is otherwise idle (``--jobs 2`` halves it where
 free; add ``default`` to ``--worlds`` for a 4th world, +1/3); ``--quick``: seeds 10, 11 on the
 first world, about a minute. Model sizes are
 the ``ModelSpec`` defaults (embedding_dim 16, hash_buckets 100 000, memory_hidden [64, 32],
-adapt_hidden [128, 64]; MTRM with ``memory_lr_scale`` 3: its memory tower at 3x the rate, chosen on
-the tuning seeds 100-102 -- the spec's default is 1 -- and ``adapt_batch_weight`` 0.25: a batch
-micro-batch also trains its adapt tower, that loss weighted 0.25, chosen on the tuning seeds 100-102
--- the spec's default is 0); batch_size 1024; Adam lr 5e-4 for every variant. torch runs
-single-threaded per process (``--threads``).
+adapt_hidden [128, 64]; MTRM with ``memory_lr_scale`` 1 and ``adapt_batch_weight`` 0.1, both chosen on
+the tuning seeds 100-102 at the spec's rate, docs/training.md); batch_size 1024; Adam lr 3e-3 (the
+spec's ``learning_rate``) for every variant. torch runs single-threaded per process (``--threads``).
 
 Last line: {"bench": "quality", "worlds": {name: {"auc": {variant: [mean, std]}, "auc_paired_delta":
 {"mtrm_mixed-<X>": [mean, lo95, hi95]}, "verdict": {..}, "log_loss": {..}, "oracle_auc": {..},
@@ -108,6 +115,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import fields
 from datetime import timedelta
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,7 +123,14 @@ import torch
 from scipy.stats import t as student_t
 
 from primus_dagster.data import Batch, Normalizer
-from primus_dagster.spec import ModelSpec, TrainingSpec, format_duration, parse_duration, parse_job_spec
+from primus_dagster.spec import (
+    ModelSpec,
+    TowerSpec,
+    TrainingSpec,
+    format_duration,
+    parse_duration,
+    parse_job_spec,
+)
 from primus_dagster.synth import SyntheticWorld, WorldConfig
 from primus_dagster.training.metrics import auc, log_loss
 from primus_dagster.training.models import build_model, model_inputs, model_summary
@@ -123,17 +138,20 @@ from primus_dagster.training.trainer import Trainer
 
 from _common import COLUMNS, emit
 
-VARIANTS = ("batch", "stream", "single_mixed", "single_matched", "mtrm_mixed")
+VARIANTS = ("batch", "stream", "single_mixed", "single_matched", "mtrm_mixed", "mtrm_deepfm")
 REFERENCE = "mtrm_mixed"  # paired deltas: REFERENCE - each other variant
 MODEL_TYPE = {"batch": "single", "stream": "single", "single_mixed": "single", "single_matched": "single"}
 SEQUENCE = {"batch": "batch", "stream": "stream"}  # the rest train on the mixed sequence
-TRAINED_LABELS = {"batch": "batch", "stream": "stream", "mtrm_mixed": "stream"}  # the rest: the mixture
+TRAINED_LABELS = {"batch": "batch", "stream": "stream", "mtrm_mixed": "stream", "mtrm_deepfm": "stream"}
+MTRM_VARIANTS = ("mtrm_mixed", "mtrm_deepfm")  # their adapt tower learnt the stream (and w x the batch copies)
+#: MTRM over the example DeepFM as both towers (training.model.memory / adapt), the built-in widths as its sizes
+DEEPFM = str(Path(__file__).resolve().parents[1] / "examples" / "models" / "deepfm.py") + ":build"
 
 REPORTED_SEEDS = tuple(range(10, 20))
 TUNING_SEEDS = {
     1: "learning rate 5e-4 chosen by the earlier 3-seed bench (default world, 20 000 rows/h, 2.5e-4..3e-3)",
-    100: "scenario sizing of this bench (time per seed; every variant learns); MTRM's h_aux, memory_lr_scale (3) "
-    "and adapt_batch_weight (0.25)",
+    100: "scenario sizing of this bench (time per seed; every variant learns); MTRM's h_aux, memory_lr_scale "
+    "and adapt_batch_weight (the spec's defaults 1 and 0.1, at the spec's learning rate 3e-3)",
     101: "scenario sizing of this bench; MTRM's h_aux, memory_lr_scale and adapt_batch_weight",
     102: "scenario sizing of this bench; MTRM's h_aux, memory_lr_scale and adapt_batch_weight",
 }
@@ -305,7 +323,7 @@ class SeedData:
         """``logit(r_batch) - logit(r_trained)``: the same label-delay shift for every variant. MTRM's
         adapt tower with ``adapt_batch_weight`` w learnt the stream labels and w x the batch labels:
         its ``r_trained`` is that weighted mixture (as ``MTRM.delay_offset`` computes it)."""
-        if variant == REFERENCE and adapt_batch_weight:
+        if variant in MTRM_VARIANTS and adapt_batch_weight:
             w, pos, rows = adapt_batch_weight, self.pos, self.rows
             trained = (pos["stream"] + w * pos["batch"]) / (rows["stream"] + w * rows["batch"])
             return _logit(self.rate["batch"]) - _logit(trained)
@@ -375,6 +393,12 @@ def variant_specs(args_key: tuple, n_dense: int, n_sparse: int) -> dict[str, Mod
         if best is None or gap < best[0]:
             best = (gap, cand)
     specs["single_matched"] = best[1]
+    mtrm = specs["mtrm_deepfm"].model_dump(exclude={"memory_hidden", "adapt_hidden"})
+    towers = {
+        role: TowerSpec(factory=DEEPFM, params={"fm_dim": args.embedding_dim, "hidden": list(hidden)})
+        for role, hidden in (("memory", args.memory_hidden), ("adapt", args.adapt_hidden))
+    }
+    specs["mtrm_deepfm"] = ModelSpec(**{**mtrm, **towers})
     return specs
 
 
@@ -417,9 +441,10 @@ def evaluate_hours(model: torch.nn.Module, data: SeedData, shift: float) -> dict
             if getattr(model, "model_type", "") == "mtrm":
                 diag["memory_tower"].append(model(dense, sparse, "batch"))
                 adapt, state = getattr(model, "adapt", None), getattr(model, "memory_state", None)
-                if adapt is not None and state is not None:
-                    h_aux = state(dense, sparse)
-                    diag["adapt_mean_haux"].append(adapt(dense, sparse, h_aux.mean(0, keepdim=True).expand_as(h_aux)))
+                if adapt is not None and state is not None:  # the towers read transformed dense values
+                    x = model.dense_transform(dense)
+                    h_aux = state(x, sparse)
+                    diag["adapt_mean_haux"].append(adapt(x, sparse, {}, h_aux.mean(0, keepdim=True).expand_as(h_aux)))
     y, z = torch.cat(labels), torch.cat(logits)
     out = {
         "auc": auc(y, z),
@@ -616,26 +641,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--days", type=int, default=3, help="the job has run this many days at T")
     parser.add_argument("--eval-hours", type=int, default=4, help="evaluate on the batch copy of [T, T + this)")
     parser.add_argument("--rows-per-hour", type=float, default=7_000.0, help="world: mean impressions per hour")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (all variants)")
-    parser.add_argument("--embedding-dim", type=int, default=16)
-    parser.add_argument("--hash-buckets", type=int, default=100_000)
-    parser.add_argument("--memory-hidden", type=lambda s: [int(x) for x in s.split(",")], default=[64, 32])
-    parser.add_argument("--adapt-hidden", type=lambda s: [int(x) for x in s.split(",")], default=[128, 64])
+    # Every model and training key defaults to the job spec's own default: the figure users get.
+    training, model = TrainingSpec(), ModelSpec()
+    parser.add_argument("--batch-size", type=int, default=training.batch_size)
+    parser.add_argument(
+        "--lr", type=float, default=training.learning_rate, help="Adam learning rate (all variants; the spec's)"
+    )
+    parser.add_argument("--embedding-dim", type=int, default=model.embedding_dim)
+    parser.add_argument("--hash-buckets", type=int, default=model.hash_buckets)
+    parser.add_argument("--memory-hidden", type=lambda s: [int(x) for x in s.split(",")], default=model.memory_hidden)
+    parser.add_argument("--adapt-hidden", type=lambda s: [int(x) for x in s.split(",")], default=model.adapt_hidden)
     parser.add_argument(
         "--memory-lr-scale",
         type=float,
-        default=3.0,
-        help="MTRM's memory tower learns at --lr x this (ModelSpec.memory_lr_scale; 3: chosen on the tuning "
-        "seeds 100-102; the spec's default is 1)",
+        default=model.memory_lr_scale,
+        help="MTRM's memory tower learns at --lr x this (ModelSpec.memory_lr_scale; default: the spec's)",
     )
     parser.add_argument(
         "--adapt-batch-weight",
         type=float,
-        default=0.25,
+        default=model.adapt_batch_weight,
         help="MTRM's adapt tower also learns the batch samples, its loss weighted by this "
-        "(ModelSpec.adapt_batch_weight; 0.25: chosen on the tuning seeds 100-102; 0: the stream alone, "
-        "the spec's default)",
+        "(ModelSpec.adapt_batch_weight; default: the spec's)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     parser.add_argument("--jobs", type=int, default=1, help="processes, one (world, seed) at a time each")
@@ -657,6 +684,16 @@ def build_parser() -> argparse.ArgumentParser:
             help=WorldConfig.HELP.get(f.name, f.name),
         )
     return parser
+
+
+SPEC_KEYS = ("batch_size", "lr", "embedding_dim", "hash_buckets", "memory_hidden", "adapt_hidden",
+             "memory_lr_scale", "adapt_batch_weight")  # fmt: skip
+
+
+def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``{key: value}`` of the model and training keys this run set away from the spec's defaults."""
+    defaults = build_parser().parse_args([])
+    return {k: getattr(args, k) for k in SPEC_KEYS if getattr(args, k) != getattr(defaults, k)}
 
 
 def main() -> None:
@@ -733,6 +770,8 @@ def main() -> None:
             }
             for v in variants
         },
+        # the keys this run set away from the job spec's defaults (empty: the figure users get)
+        "overridden_spec_defaults": spec_overrides(args),
         "calibration": "every variant: serving logit + logit(batch-copy positive rate at T) - logit(positive rate "
         "of the labels its serving tower trained on) (MTRM's own delay_offset taken off predict first); "
         "AUC is unaffected, log loss is calibrated; log_loss_raw without it",

@@ -9,6 +9,15 @@ primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json] [-
 primus-dagster live examples/job.yaml [--follow 10]
 
 Development tools (the embedded broker, the demo) are ``primus-dagster-dev``.
+
+Every number and date is checked as the arguments are parsed (exit 2 with the usage line): ``--hours``
+1 to :data:`~primus_dagster.synth.cli.MAX_WINDOW_HOURS` (8784, a leap year), ``--count`` as many
+partitions, ``--executors`` and ``--threads`` within what the spec keys they override allow,
+``--start`` a valid ISO date or time between 1970 and 3000. Exit codes (:data:`EXIT_CODES`, printed at
+the end of every ``--help``): 0 done, 1 a failure at run time (a source partition that failed to list,
+no ready data, failed data tasks, a checkpoint that did not fit on the disk), 2 bad input (arguments,
+spec, model, data that does not fit its declaration), 3 ``train --fail-below-baseline`` on a model that
+does not learn, 128 + N cancelled by signal N.
 """
 
 from __future__ import annotations
@@ -16,23 +25,55 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import json
+import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from primus_dagster import paths
-from primus_dagster.spec import JobSpec, SpecError, job_spec_json_schema, load_job_spec
+from primus_dagster.spec import (
+    DataPlaneSpec,
+    JobSpec,
+    PoolSpec,
+    SpecError,
+    job_spec_json_schema,
+    load_job_spec,
+)
+from primus_dagster.synth.cli import (
+    MAX_WINDOW_HOURS,
+    WINDOW_LIMIT_WHY,
+    int_range,
+    iso_time,
+    positive_seconds,
+    window_hours,
+)
 from primus_dagster.synth.cli import add_arguments as synth_arguments
 
 if TYPE_CHECKING:
+    from primus_dagster.data import NotReady, TimeWindow
     from primus_dagster.training.evaluation import NextHourEvaluation
     from primus_dagster.training.run_state import RunHooks
+
+#: What the exit code of a ``primus-dagster`` command says (the epilog of every ``--help``).
+EXIT_CODES = """exit codes:
+  0        done
+  1        a failure at run time: a source partition that failed to list (plan, partitions and
+           validate --data print each with its source, partition and error; train names the
+           sources and errors and trains nothing), no ready data in the window, failed data tasks,
+           data that does not fit its spec read while training, a full disk (a checkpoint that
+           could not be written: the same command resumes from the previous one)
+  2        bad input: an argument out of range (with the usage line), an invalid job spec, an
+           unknown source, a custom model that cannot be built, data that does not fit its
+           declaration (validate --data)
+  3        train --fail-below-baseline: the model does not learn (the 'quality:' line says why)
+  128 + N  cancelled by signal N (130: SIGINT, 143: SIGTERM)"""
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -51,15 +92,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 1
     sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
     print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
-    if job.training.model.type == "custom":
+    _check_device(args, job)
+    if job.training.model.factories():
         _check_custom_model(args, job)
     return _check_data(args, job) if args.data else 0
 
 
+def _check_device(args: argparse.Namespace, job: JobSpec) -> None:
+    """``training.device`` on this machine: a GPU that is not here raises
+    :class:`~primus_dagster.training.device.DeviceError` (exit 2); ``auto`` says what it takes."""
+    from primus_dagster.training.device import resolve_device
+
+    _, line = resolve_device(job.training.device, trainers=job.pools.training.replicas)
+    if job.training.device != "cpu":
+        print(f"{args.spec}: device: {line}")
+
+
 def _check_custom_model(args: argparse.Namespace, job: JobSpec) -> None:
-    """Build a custom model on the layout the spec's first source maps and run two made-up rows
-    (:func:`~primus_dagster.training.models.check_model`); a broken factory raises
-    :class:`~primus_dagster.training.model_api.ModelFactoryError` (exit 2)."""
+    """Build a team's model (``type: custom``, or an MTRM over a team's towers) on the layout the spec's
+    first source maps and run two made-up rows (:func:`~primus_dagster.training.models.check_model`); a
+    broken factory raises :class:`~primus_dagster.training.model_api.ModelFactoryError` (exit 2)."""
     from primus_dagster.training.features import FeatureLayout
     from primus_dagster.training.models import check_model, custom_model_line
 
@@ -74,20 +126,27 @@ def _check_custom_model(args: argparse.Namespace, job: JobSpec) -> None:
 
 def _check_data(args: argparse.Namespace, job: JobSpec) -> int:
     """``--data``: read each source's first batch in the window; exit 2 naming every source whose
-    columns do not fit its declaration (column, file, fix)."""
+    columns do not fit its declaration (column, file, fix), else 1 when a source's partitions failed to
+    list (each printed with its source, partition and error)."""
+    from primus_dagster.data import Planner
     from primus_dagster.data.data_check import check_source_data
     from primus_dagster.data.sources import SourceContext, TimeWindow
 
-    start = _parse_time(args.start) if args.start else job.dataset.start
     context = SourceContext(str(args.data_root), args.kafka_bootstrap)
-    checks = list(check_source_data(job, context, TimeWindow.hours_from(start, args.hours)))
+    window = TimeWindow.hours_from(_start(args, job), args.hours)
+    checks = list(check_source_data(job, context, window))
     for check in checks:
         print(check.line(), file=sys.stderr if check.problem else sys.stdout)
+    failed: list[NotReady] = []
+    if any(not c.where and c.problem is None for c in checks):  # a source with nothing to check: listed?
+        with Planner.for_job(job, context) as planner:
+            failed = [n for n in planner.plan(window).not_ready if n.state == "error"]
     bad = [c.source for c in checks if c.problem]
     if bad:
         print(f"{args.spec}: the data of {', '.join(bad)} does not fit the spec", file=sys.stderr)
-        return 2
-    return 0
+    if _print_failed_listings(failed, window):
+        return 2 if bad else 1
+    return 2 if bad else 0
 
 
 def _cmd_spec_schema(args: argparse.Namespace) -> int:
@@ -101,9 +160,36 @@ def _cmd_spec_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_time(text: str) -> datetime:
-    value = datetime.fromisoformat(text)
+def _start(args: argparse.Namespace, job: JobSpec) -> datetime:
+    """``--start`` (parsed by :func:`~primus_dagster.synth.cli.iso_time`; text from a namespace built
+    elsewhere is parsed here), else the dataset's start."""
+    if args.start is None:
+        return job.dataset.start
+    if isinstance(args.start, datetime):
+        return args.start
+    value = datetime.fromisoformat(args.start)
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+def _print_failed_listings(not_ready: Iterable[NotReady], window: TimeWindow) -> int:
+    """Print the partitions whose listing failed (state ``error``: listing or splitting failed, or a
+    ready partition was empty) on stderr, one line per source and error with its partitions; their count."""
+    groups: dict[tuple[str, str], set[datetime]] = {}
+    for n in not_ready:
+        if n.state == "error":
+            groups.setdefault((n.source, " ".join(n.reason.split())), set()).add(n.partition)
+    count = sum(len(parts) for parts in groups.values())
+    if not count:
+        return 0
+    sources = sorted({source for source, _ in groups})
+    print(f"error: {count} partition(s) of source(s) {sources} in window {window} failed to list:", file=sys.stderr)
+    for (source, reason), parts in sorted(groups.items(), key=lambda item: (item[0][0], min(item[1]))):
+        first, last = min(parts), max(parts)
+        when = f"{first:%Y-%m-%dT%H:%M}Z"
+        if len(parts) > 1:
+            when = f"{len(parts)} partitions {when} .. {last:%Y-%m-%dT%H:%M}Z"
+        print(f"  {source} {when}: {reason}", file=sys.stderr)
+    return count
 
 
 def _cmd_partitions(args: argparse.Namespace) -> int:
@@ -112,11 +198,16 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
 
     job = load_job_spec(args.spec)
     source = job.dataset.source(args.source)
-    start = _parse_time(args.start) if args.start else job.dataset.start
+    start = _start(args, job)
     window = TimeWindow(start, start + granularity_step(source.granularity) * args.count)
     context = SourceContext(str(args.data_root), args.kafka_bootstrap)
-    with make_adapter(source, context) as adapter:
-        parts = adapter.partitions(window)
+    try:
+        with make_adapter(source, context) as adapter:
+            parts = adapter.partitions(window)
+    except Exception as exc:  # what the planner reports as a failed listing (a broker down, no table)
+        message = f"listing source {source.name!r} in window {window} failed: {type(exc).__name__}: {exc}"
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+        return 1
     if args.json:
         print(
             json.dumps(
@@ -145,12 +236,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from primus_dagster.data.sources import SourceContext, TimeWindow
 
     job = load_job_spec(args.spec)
-    start = _parse_time(args.start) if args.start else job.dataset.start
     context = SourceContext(str(args.data_root), args.kafka_bootstrap)
     with Planner.for_job(job, context, **({"threads": args.threads} if args.threads else {})) as planner:
-        plan = planner.plan(TimeWindow.hours_from(start, args.hours))
-    print(json.dumps(plan_report(plan)) if args.json else render_plan(plan))
-    return 0
+        plan = planner.plan(TimeWindow.hours_from(_start(args, job), args.hours))
+    print(json.dumps(plan_report(plan)) if args.json else render_plan(plan), flush=True)
+    return 1 if _print_failed_listings(plan.not_ready, plan.window) else 0
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -159,13 +249,28 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return run(args)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler that writes each line to ``sys.stderr`` as it is then (replaced or redirected
+    since the handler was added: a later command in the same process, ``contextlib.redirect_stderr``),
+    never to a stream that has since been closed."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current sys.stderr
+
+
 def _log_to_stderr() -> None:
     """The suite's INFO log lines (planning, executors, checkpoints) on stderr, once."""
-    import logging
-
     logger = logging.getLogger("primus_dagster")
     if not any(getattr(h, "primus_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         handler.primus_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
@@ -185,7 +290,7 @@ def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> in
 
     _log_to_stderr()
     job = load_job_spec(args.spec)
-    start = _parse_time(args.start) if args.start else job.dataset.start
+    start = _start(args, job)
 
     def progress(p: dict) -> None:
         print(progress_line(p), file=sys.stderr, flush=True)
@@ -271,18 +376,36 @@ def live_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> int
 def build_parser(prog: str = "primus-dagster", description: str | None = __doc__) -> argparse.ArgumentParser:
     """The parser with every command; ``primus-dagster-dev`` adds its own to the same parser."""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=description, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_commands(sub)
     return parser
 
 
+def _spec_max(model: Any, name: str) -> int:
+    """The upper bound (``le``) of the spec key ``name`` of ``model``: an option that overrides the key
+    takes the same values."""
+    return next(int(bound.le) for bound in model.model_fields[name].metadata if getattr(bound, "le", None) is not None)
+
+
+#: ``--executors`` (overrides ``pools.data.replicas``) and ``--threads`` (overrides ``data.planner_threads``).
+MAX_EXECUTORS = _spec_max(PoolSpec, "replicas")
+MAX_PLANNER_THREADS = _spec_max(DataPlaneSpec, "planner_threads")
+
+
 def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.ArgumentParser]:
-    """Add the suite's commands to ``sub``; the parser of each, by name."""
+    """Add the suite's commands to ``sub``; the parser of each, by name (each ``--help`` ends with
+    :data:`EXIT_CODES`)."""
     parsers: dict[str, argparse.ArgumentParser] = {}
 
-    p = parsers["validate"] = sub.add_parser("validate", help="validate a job spec YAML file")
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        parsers[name] = sub.add_parser(name, **kwargs)
+        return parsers[name]
+
+    p = add_parser("validate", help="validate a job spec YAML file")
     p.add_argument("spec")
     p.add_argument(
         "--data",
@@ -290,43 +413,49 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
         help="also read each source's first batch in the window (--start, --hours): name every column its "
         "declared feature cannot take (types, list or scalar, the event time's unit) with file and fix; exit 2",
     )
-    p.add_argument("--start", help="window start of --data (ISO, UTC); default: the dataset start")
-    p.add_argument("--hours", type=int, default=24, help="window length of --data in hours")
+    p.add_argument("--start", type=iso_time, help="window start of --data (ISO, UTC); default: the dataset start")
+    p.add_argument(
+        "--hours", type=window_hours, default=24, help=f"window length of --data in hours, 1 to {MAX_WINDOW_HOURS}"
+    )
     _data_arguments(p, json=False)
     p.set_defaults(func=_cmd_validate)
 
-    p = parsers["spec-schema"] = sub.add_parser("spec-schema", help="print (or write) the JSON Schema of the job spec")
+    p = add_parser("spec-schema", help="print (or write) the JSON Schema of the job spec")
     p.add_argument("--out", help="write to this file instead of stdout")
     p.set_defaults(func=_cmd_spec_schema)
 
-    p = parsers["partitions"] = sub.add_parser(
-        "partitions", help="list a source's partitions and whether they are ready"
-    )
+    p = add_parser("partitions", help="list a source's partitions and whether they are ready")
     p.add_argument("spec")
     p.add_argument("--source", required=True)
-    p.add_argument("--start", help="first partition (ISO, UTC); default: the dataset start")
-    p.add_argument("--count", type=int, default=24, help="number of partitions")
+    p.add_argument("--start", type=iso_time, help="first partition (ISO, UTC); default: the dataset start")
+    p.add_argument(
+        "--count",
+        type=int_range(1, MAX_WINDOW_HOURS, "a listing takes at most as many partitions as a window has hours"),
+        default=24,
+        help=f"number of partitions, 1 to {MAX_WINDOW_HOURS}",
+    )
     _data_arguments(p)
     p.set_defaults(func=_cmd_partitions)
 
-    p = parsers["plan"] = sub.add_parser(
-        "plan", help="DTGG: the task graph of a window, task counts, partitions not ready"
-    )
+    p = add_parser("plan", help="DTGG: the task graph of a window, task counts, partitions not ready")
     _window_arguments(p)
-    p.add_argument("--threads", type=int, default=None, help="listing threads; default: data.planner_threads")
+    p.add_argument(
+        "--threads",
+        type=int_range(1, MAX_PLANNER_THREADS, "the most data.planner_threads takes"),
+        default=None,
+        help=f"listing threads, 1 to {MAX_PLANNER_THREADS}; default: data.planner_threads",
+    )
     _data_arguments(p)
     p.set_defaults(func=_cmd_plan)
 
-    p = parsers["synth"] = sub.add_parser("synth", help="write the synthetic CTR world to the spec's sources")
+    p = add_parser("synth", help="write the synthetic CTR world to the spec's sources")
     synth_arguments(p)
     p.set_defaults(func=_cmd_synth)
 
-    p = parsers["train"] = sub.add_parser(
-        "train", help="train the job's model on a window (resumes its MLflow run if unfinished)"
-    )
+    p = add_parser("train", help="train the job's model on a window (resumes its MLflow run if unfinished)")
     _window_arguments(p)
     _data_arguments(p, json=False)
-    p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
+    _executors_argument(p)
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
     p.add_argument("--run-key", default=None, help="MLflow run to start or resume; default: <job>/<window>")
     p.add_argument(
@@ -348,15 +477,17 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=train_command)
 
-    p = parsers["live"] = sub.add_parser(
-        "live", help="train the newest model on the stream records since it and publish it (live increment)"
-    )
+    p = add_parser("live", help="train the newest model on the stream records since it and publish it (live increment)")
     p.add_argument("spec")
     _data_arguments(p)
-    p.add_argument("--executors", type=int, default=None, help="data executors; default: pools.data.replicas")
+    _executors_argument(p)
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI; default: the spec's, else SQLite")
     p.add_argument(
-        "--follow", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS until interrupted"
+        "--follow",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="repeat every SECONDS (a number above 0) until interrupted",
     )
     p.set_defaults(func=live_command)
     return parsers
@@ -364,8 +495,22 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
 
 def _window_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec")
-    p.add_argument("--start", help="window start (ISO, UTC); default: the dataset start")
-    p.add_argument("--hours", type=int, default=24, help="window length in hours")
+    p.add_argument("--start", type=iso_time, help="window start (ISO, UTC); default: the dataset start")
+    p.add_argument(
+        "--hours",
+        type=window_hours,
+        default=24,
+        help=f"window length in hours, 1 to {MAX_WINDOW_HOURS}: {WINDOW_LIMIT_WHY}",
+    )
+
+
+def _executors_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--executors",
+        type=int_range(1, MAX_EXECUTORS, "the most pools.data.replicas takes"),
+        default=None,
+        help=f"data executors, 1 to {MAX_EXECUTORS:,}; default: pools.data.replicas",
+    )
 
 
 def _data_arguments(p: argparse.ArgumentParser, json: bool = True) -> None:
@@ -424,13 +569,15 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
     except ValueError as exc:  # a live increment with nothing to follow, or committed offsets the topic lost
         from primus_dagster.data import TailOffsetError
         from primus_dagster.data.canonical import PermanentDataError
+        from primus_dagster.training.device import DeviceError
         from primus_dagster.training.live import NotLiveError
         from primus_dagster.training.model_api import ModelFactoryError
 
         if isinstance(exc, PermanentDataError):  # data that does not fit its spec, read in this process
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        if isinstance(exc, ModelFactoryError):  # a custom model that cannot be built or breaks the protocol
+        # a custom model that cannot be built or breaks the protocol; a training.device this machine lacks
+        if isinstance(exc, ModelFactoryError | DeviceError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if not isinstance(exc, (NotLiveError, TailOffsetError)):
@@ -445,12 +592,32 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a disk that filled up (a checkpoint, an artifact copy): one line, not a traceback
+        from primus_dagster.training.checkpoint import DISK_FULL_ERRNOS
+
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        print(f"error: {_disk_full_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: a cancelled run; the with-blocks stopped the executors
         signum = exc.signum if isinstance(exc, Cancelled) else signal.SIGINT
         print(f"cancelled ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
     finally:
         restore_signals()
+
+
+def _disk_full_line(exc: OSError) -> str:
+    """What a full disk stopped: a checkpoint's own message (it names the checkpoint, the file and the
+    free space), else the file (when known), the error and the free space there."""
+    from primus_dagster.training.checkpoint import CheckpointWriteError, free_space_text
+
+    if isinstance(exc, CheckpointWriteError):
+        return str(exc)
+    reason = os.strerror(exc.errno or errno.ENOSPC)
+    if exc.filename:
+        return f"writing {exc.filename} failed: {reason}; {free_space_text(str(exc.filename))}"
+    return f"a write failed (the file is not known): {reason}; {free_space_text(os.getcwd())} (the current directory)"
 
 
 class Cancelled(KeyboardInterrupt):

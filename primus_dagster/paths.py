@@ -12,7 +12,8 @@ def primus_home() -> Path:
 
 
 def data_root() -> Path:
-    """``$PRIMUS_DATA_ROOT`` or ``<home>/data``: where relative source locations resolve."""
+    """``$PRIMUS_DATA_ROOT`` or ``<home>/data``: where relative source locations resolve, and which they may not
+    leave (the rule: :func:`primus_dagster.spec.sources.outside_root`)."""
     value = os.environ.get("PRIMUS_DATA_ROOT")
     return Path(value).resolve() if value else primus_home() / "data"
 

@@ -191,6 +191,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     root = config.rootpath
     items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():  # CI never has a GPU; a device machine does
+            skip = pytest.mark.skip(
+                reason=f"needs CUDA (torch {torch.__version__}: torch.cuda.is_available() is False)"
+            )
+            for item in gpu:
+                item.add_marker(skip)
 
 
 @pytest.fixture

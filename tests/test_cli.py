@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from primus_dagster.cli import main
 
@@ -125,3 +126,73 @@ def test_train_prints_the_quality_verdict_and_fail_below_baseline_exits_3(monkey
     prior["auc"] = None  # not evaluated: no verdict, not ok
     assert main([*train, "--fail-below-baseline"]) == 3 and main(train) == 0
     assert "quality: not evaluated" in capsys.readouterr().out
+
+
+def unreadable(tmp_path: Path) -> list[str]:
+    """The example spec over an empty data root and a port no broker listens on: the Delta table, the
+    Iceberg catalog's table and the Kafka broker fail to list; the Parquet hours are only not ready."""
+    return ["--data-root", str(tmp_path), "--kafka-bootstrap", "127.0.0.1:1"]
+
+
+FAILED_SOURCES = ["events_kafka", "impressions_delta", "impressions_iceberg"]
+
+
+def test_plan_with_failed_listings_names_each_and_exits_1(tmp_path: Path, capsys) -> None:
+    plan = ["plan", EXAMPLE, "--start", "2026-11-01", "--hours", "2", *unreadable(tmp_path)]
+    assert main(plan) == 1
+    captured = capsys.readouterr()
+    assert "not ready: 8 partition(s)" in captured.out  # the plan itself is still printed
+    lines = captured.err.splitlines()
+    header = f"error: 6 partition(s) of source(s) {FAILED_SOURCES} in window [2026-11-01T00:00Z, 2026-11-01T02:00Z)"
+    assert lines[0] == header + " failed to list:"
+    two = "2 partitions 2026-11-01T00:00Z .. 2026-11-01T01:00Z: listing failed:"
+    assert lines[1].startswith(f"  events_kafka {two} KafkaConfigError: source 'events_kafka': no Kafka broker")
+    assert lines[2].startswith(f"  impressions_delta {two} DeltaTableNotFoundError: no Delta table at ")
+    assert lines[3].startswith(f"  impressions_iceberg {two} IcebergTableNotFoundError: ")
+    assert len(lines) == 4 and "impressions_parquet" not in captured.err  # not ready is not a failure
+
+    assert main([*plan, "--json"]) == 1
+    captured = capsys.readouterr()
+    states = {(p["source"], p["state"]) for p in json.loads(captured.out)["not_ready"]}  # stdout: the JSON only
+    assert states == {(s, "error") for s in FAILED_SOURCES} | {("impressions_parquet", "not_ready")}
+    assert captured.err.startswith(header)
+
+
+def test_plan_with_partitions_only_not_ready_exits_0(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "parquet.yaml"
+    spec.write_text(
+        "name: plan-parquet\ndataset:\n  start: 2026-11-01\n  streams:\n    - name: history\n      sources:\n"
+        "        - {name: imp, type: parquet, path: imp, columns: {ts: event_time, dense: [d0]}}\n"
+    )
+    assert main(["plan", str(spec), "--hours", "3", "--data-root", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "not ready: 3 partition(s)" in captured.out and captured.err == ""
+
+
+def test_partitions_of_a_source_that_fails_to_list_is_one_error_line_exit_1(tmp_path: Path, capsys) -> None:
+    code = main(["partitions", EXAMPLE, "--source", "impressions_delta", "--count", "2", *unreadable(tmp_path)])
+    assert code == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(
+        "error: listing source 'impressions_delta' in window [2026-11-01T00:00Z, 2026-11-01T02:00Z) failed: "
+        "DeltaTableNotFoundError: no Delta table at "
+    )
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+def test_validate_data_with_failed_listings_names_them_and_exits_1(tmp_path: Path, capsys) -> None:
+    assert main(["validate", EXAMPLE, "--data", "--hours", "1", *unreadable(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: 3 partition(s) of source(s) {FAILED_SOURCES} in window ")
+    assert "  impressions_delta 2026-11-01T00:00Z: listing failed: DeltaTableNotFoundError" in err
+
+
+def test_a_full_disk_is_one_error_line_and_exit_1(capsys) -> None:
+    """``/dev/full`` answers every write with ENOSPC, as a full disk does."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    assert main(["spec-schema", "--out", "/dev/full"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: a write failed (the file is not known): No space left on device; ")
+    assert " free on " in err and err.count("\n") == 1

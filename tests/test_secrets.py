@@ -134,7 +134,8 @@ def test_planted_secrets_appear_in_no_output_log_metadata_or_mlflow_record(world
     assert_clean("plan", primus("plan", str(spec), "--hours", "1", "--data-root", str(root)))
     iceberg = tmp_path / "iceberg.yaml"
     iceberg.write_text(text.replace("      sources:\n", "      sources:\n" + ICEBERG.lstrip("\n"), 1))
-    assert_clean("plan (unreachable catalog)", primus("plan", str(iceberg), "--hours", "1", "--data-root", str(root)))
+    unreachable = primus("plan", str(iceberg), "--hours", "1", "--data-root", str(root), check_rc=1)  # a failed listing
+    assert_clean("plan (unreachable catalog)", unreachable)
 
     # a small train, then everything MLflow holds of it
     out = primus("train", str(spec), "--hours", "1", "--data-root", str(root), "--no-eval", "--json")

@@ -19,6 +19,10 @@ list feature with its table's ``buckets`` and ``dim``) and returns the module; `
   wider or narrower; ``0.5 * ((sum v)^2 - sum v^2)`` over the features.
 * **Deep**: an MLP on the feature vectors and the dense columns.
 
+As an MTRM tower (``training.model.memory`` / ``adapt: {factory: ..., params: ...}``): ``state``
+is the memory state the adapt tower reads, and an adapt tower's deep part takes ``inputs.aux``
+(``context.aux_dim`` wide) beside the feature vectors.
+
 The tables are ``nn.EmbeddingBag(sparse=True)``: the trainer gives them the lazy sparse Adam (a
 step updates only the rows it touched) and the multi-trainer exchange sends only those rows.
 """
@@ -71,14 +75,16 @@ class DeepFM(nn.Module):
         n_dense = context.n_dense
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         layers: list[nn.Module] = []
-        width = len(self.features) * fm_dim + n_dense
+        width = len(self.features) * fm_dim + n_dense + context.aux_dim  # aux: an MTRM adapt tower's h_aux
         for size in hidden:
             layers += [nn.Linear(width, size), nn.ReLU()]
             width = size
-        self.deep = nn.Sequential(*layers, nn.Linear(width, 1))
+        self.deep = nn.Sequential(*layers)
+        self.head = nn.Linear(width, 1)
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        first = torch.zeros(inputs.batch_size)
+    def _parts(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(first order + FM [B], the deep MLP's last hidden layer [B, H], the feature vectors [B, F * fm_dim])."""
+        first = inputs.dense.new_zeros(inputs.batch_size)  # on the inputs' device (training.device)
         vectors = []
         for f in self.features:
             first = first + _pool(self.weights[f.table], f, inputs).squeeze(1)
@@ -88,8 +94,18 @@ class DeepFM(nn.Module):
             first = first + self.dense_linear(inputs.dense).squeeze(1)
         stacked = torch.stack(vectors, dim=1)  # [B, F, fm_dim]
         fm = 0.5 * (stacked.sum(1).pow(2) - stacked.pow(2).sum(1)).sum(1)
-        deep = self.deep(torch.cat([stacked.flatten(1), inputs.dense], dim=1)).squeeze(1)
-        return first + fm + deep
+        deep_in = [stacked.flatten(1), inputs.dense] + ([inputs.aux] if inputs.aux is not None else [])
+        return first + fm, self.deep(torch.cat(deep_in, dim=1)), stacked.flatten(1)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        shallow, hidden, _ = self._parts(inputs)
+        return shallow + self.head(hidden).squeeze(1)
+
+    def state(self, inputs: ModelInputs) -> torch.Tensor:
+        """As an MTRM memory tower (``training.model.memory``): what the adapt tower reads as ``h_aux``
+        -- the deep part's last hidden layer and the feature vectors, as the built-in memory tower's."""
+        _, hidden, vectors = self._parts(inputs)
+        return torch.cat([hidden, vectors], dim=1)
 
 
 def build(context: ModelContext) -> DeepFM:

@@ -16,8 +16,8 @@ Example::
     defs = Definitions(assets=build_source_assets(job), resources=default_resources())
 """
 
-from datetime import datetime
-
+import pyarrow as pa
+import pyarrow.compute as pc
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -31,27 +31,28 @@ from dagster import (
 from primus_dagster.dagster_defs.lineage import COLUMN_SCHEMA, ROW_COUNT, location_value, source_column_schema
 from primus_dagster.dagster_defs.partitions import time_partitions
 from primus_dagster.dagster_defs.resources import PrimusStorageResource
-from primus_dagster.dagster_defs.source_checks import (
-    scan_recording_schema_errors,
-    source_check_results,
-    source_check_specs,
-)
-from primus_dagster.data import PartitionScan, ReadTask, make_adapter, schema_hash
+from primus_dagster.dagster_defs.source_checks import source_check_results, source_check_specs
+from primus_dagster.data import PartitionScan, ReadTask, make_adapter, scan_with_findings, schema_hash
 from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec, redact
 from primus_dagster.spec.durations import format_duration
 
 
 def _preview_markdown(scan: PartitionScan) -> str:
+    """The scan's first rows as a markdown table; timestamps formatted in Arrow (a misread epoch unit may
+    lie beyond Python's datetimes)."""
     if scan.preview is None or scan.preview.num_rows == 0:
         return "(no rows)"
-    rows = scan.preview.to_pylist()
-    columns = [c for c in scan.preview.column_names if c not in ("source", "kind")]
+    preview = scan.preview
+    for index, column in enumerate(preview.schema):
+        if pa.types.is_timestamp(column.type):
+            text = pc.strftime(preview.column(index), format="%Y-%m-%d %H:%M:%S")
+            preview = preview.set_column(index, column.name, pc.replace_substring_regex(text, r"\.\d+$", ""))
+    rows = preview.to_pylist()
+    columns = [c for c in preview.column_names if c not in ("source", "kind")]
 
     def cell(value: object) -> str:
         if isinstance(value, list):
             value = "[" + ", ".join(f"{v:.3g}" for v in value[:4]) + (", …]" if len(value) > 4 else "]")
-        elif isinstance(value, datetime):
-            value = value.strftime("%Y-%m-%d %H:%M:%S")
         return str(value)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -126,15 +127,13 @@ def build_source_asset(
                 if index == total or index % max(1, total // 10) == 0:
                     context.log.info(f"{source.name} {context.partition_key}: read {index}/{total} tasks")
 
-            scan, schema_error_uris = scan_recording_schema_errors(adapter, partition, on_task=log_progress)
-        check_results = source_check_results(
-            asset_key, context.partition_key, scan, schema_error_uris, source.allow_empty, source.checks
-        )
+            found = scan_with_findings(adapter, partition, on_task=log_progress)
+        check_results = source_check_results(asset_key, context.partition_key, found, source.allow_empty, source.checks)
         for failed in (result for result in check_results if not result.passed):
-            context.log.warning(
+            context.log.error(
                 f"{source.name} {context.partition_key}: {failed.check_name} failed: {failed.description}"
             )
-        return MaterializeResult(metadata=_materialization_metadata(source, scan), check_results=check_results)
+        return MaterializeResult(metadata=_materialization_metadata(source, found.scan), check_results=check_results)
 
     return _source_asset
 

@@ -5,8 +5,16 @@
 the materialisation (:func:`source_check_results`): a readable partition with problems is still
 materialised with its metadata, and a failed check (severity ERROR, blocking) keeps the assets
 downstream of it in the same run -- the training asset -- from running. A failed check names the
-problems in its description and metadata, and the partition in its metadata (the checks are per
-asset, not per partition: Dagster's partitioned checks are a preview feature).
+problems in its description and metadata (``problems``; the files in ``failing_files`` and
+``failing_file``; per file and rule, rows and example values in ``findings``), and the partition in
+its metadata (the checks are per asset, not per partition: Dagster's partitioned checks are a preview
+feature). Dagster then fails the step with ``DagsterAssetCheckFailedError``, which names only the
+checks: that is how a blocking check stops the run; the reasons are in the check results.
+
+Values, whatever the source's quality action did with the rows (see
+:data:`~primus_dagster.data.GATED_RULES`): ids that are not whole int64 (a fractional float,
+NaN, a null; integer-valued floats and hashed string ids are ids) fail ``schema_matches_spec``; null
+event times and event times outside the partition fail ``event_times_in_partition``.
 
 The last two take their bounds from the source's ``checks`` block (:class:`~primus_dagster.spec.sources.SourceChecks`):
 ``label_rate_in_range`` -- positives / labelled rows of the partition within ``checks.label_rate``;
@@ -17,27 +25,16 @@ counters (label column and event-time column only), no second read.
 
 Example::
 
-    scan, schema_error_uris = scan_recording_schema_errors(adapter, adapter.partition(start))
-    results = source_check_results(key, "2026-11-01-00:00", scan, schema_error_uris, allow_empty=False)
+    found = scan_with_findings(adapter, adapter.partition(start))   # from primus_dagster.data
+    results = source_check_results(key, "2026-11-01-00:00", found, allow_empty=False)
     [(r.check_name, r.passed) for r in results]      # [("no_unreadable_files", True), ...]
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue
 
-import pyarrow as pa
-from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, MetadataValue
-
-from primus_dagster.data import (
-    Partition,
-    PartitionScan,
-    ReadTask,
-    SchemaMismatchError,
-    SourceAdapter,
-    scan_partition,
-    schema_hash,
-)
+from primus_dagster.data import PartitionFindings, PartitionScan, RuleFinding, schema_hash
 from primus_dagster.spec.durations import format_duration
 from primus_dagster.spec.sources import SourceChecks
 
@@ -51,11 +48,19 @@ NOT_CONFIGURED = "not configured"
 
 SOURCE_CHECK_DESCRIPTIONS = {
     NO_UNREADABLE_FILES: "every file / offset range of the partition could be read",
-    SCHEMA_MATCHES_SPEC: "every file has the columns the spec maps, with usable types",
+    SCHEMA_MATCHES_SPEC: "every file has the columns the spec maps, with usable types; every id is a whole number "
+    "or a string (hashed)",
     NOT_EMPTY: "the partition has rows (unless the source sets allow_empty)",
-    EVENT_TIMES_IN_PARTITION: "every row's event time lies inside the partition's time window",
+    EVENT_TIMES_IN_PARTITION: "every row has an event time, inside the partition's time window",
     LABEL_RATE_IN_RANGE: "the share of positive labels lies in the source's checks.label_rate [lo, hi]",
     FRESHNESS: "the newest event time is at most checks.max_staleness before the partition's end",
+}
+
+#: The check each gated data-quality rule fails (the one place rules meet checks).
+RULE_CHECKS = {
+    "bad_id": SCHEMA_MATCHES_SPEC,
+    "null_ts": EVENT_TIMES_IN_PARTITION,
+    "ts_outside_partition": EVENT_TIMES_IN_PARTITION,
 }
 
 _LISTED_PROBLEMS = 20
@@ -69,61 +74,53 @@ def source_check_specs(asset_key: AssetKey) -> list[AssetCheckSpec]:
     ]
 
 
-class _SchemaErrorRecorder:
-    """Reads through ``adapter``, remembering the tasks whose read raised :class:`SchemaMismatchError`."""
-
-    def __init__(self, adapter: SourceAdapter) -> None:
-        self.adapter = adapter
-        self.schema_error_uris: set[str] = set()
-
-    @property
-    def last_read_stats(self) -> dict:
-        return self.adapter.last_read_stats
-
-    def split(self, partition: Partition) -> list[ReadTask]:
-        return self.adapter.split(partition)
-
-    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
-        try:
-            yield from self.adapter.read(task)
-        except SchemaMismatchError:
-            self.schema_error_uris.add(task.uri)
-            raise
-
-
-def scan_recording_schema_errors(
-    adapter: SourceAdapter, partition: Partition, on_task: Callable[[ReadTask, int, int], None] | None = None
-) -> tuple[PartitionScan, frozenset[str]]:
-    """:func:`~primus_dagster.data.scan_partition` of ``partition``, and the URIs of the tasks whose
-    read failed on a schema mismatch (their errors are in ``scan.errors`` with the others)."""
-    # PartitionScan.errors keeps only (uri, message): the exception type that tells a schema mismatch
-    # from an unreadable file is recorded here until the scan records it itself.
-    adapter.normalize.fail_on_misread_times = False  # rows outside the partition: the event-time check's
-    recorder = _SchemaErrorRecorder(adapter)
-    scan = scan_partition(recorder, partition, on_task=on_task)  # type: ignore[arg-type]
-    return scan, frozenset(recorder.schema_error_uris)
-
-
 def _error_lines(errors: list[tuple[str, str]]) -> list[str]:
     return [message if message.startswith(uri) else f"{uri}: {message}" for uri, message in errors]
 
 
-def _result(asset_key: AssetKey, check_name: str, problems: list[str], metadata: dict[str, object]) -> AssetCheckResult:
+def _result(
+    asset_key: AssetKey,
+    check_name: str,
+    problems: list[str],
+    metadata: dict[str, object],
+    files: list[str] | None = None,
+) -> AssetCheckResult:
+    """Passed without ``problems``; else failed (severity ERROR) with the problems, and the ``files`` they
+    are in, in its description and metadata."""
     if not problems:
         return AssetCheckResult(asset_key=asset_key, check_name=check_name, passed=True, metadata=metadata)
     listed = problems[:_LISTED_PROBLEMS]
     more = f"\n- … and {len(problems) - len(listed)} more" if len(problems) > len(listed) else ""
+    failing = list(dict.fromkeys(files or []))
+    file_metadata: dict[str, object] = {}
+    if failing:
+        file_metadata = {
+            "failing_file": MetadataValue.path(failing[0]),
+            "failing_files": MetadataValue.json(failing[:_LISTED_PROBLEMS]),
+        }
     return AssetCheckResult(
         asset_key=asset_key,
         check_name=check_name,
         passed=False,
+        severity=AssetCheckSeverity.ERROR,
         description="\n- ".join([f"{len(problems)} problem(s):", *listed]) + more,
         metadata={
             **metadata,
+            **file_metadata,
             "problem_count": MetadataValue.int(len(problems)),
             "problems": MetadataValue.json(listed),
         },
     )
+
+
+def _rule_metadata(findings: list[RuleFinding]) -> dict[str, object]:
+    """Rows and example values per file and rule, for a check that gated rules fail."""
+    if not findings:
+        return {}
+    return {
+        "bad_rows": MetadataValue.int(sum(f.rows for f in findings)),
+        "findings": MetadataValue.json([f.as_json() for f in findings[:_LISTED_PROBLEMS]]),
+    }
 
 
 def label_rate_problems(scan: PartitionScan, checks: SourceChecks) -> tuple[list[str], dict[str, object]]:
@@ -169,21 +166,19 @@ def freshness_problems(scan: PartitionScan, checks: SourceChecks) -> tuple[list[
 def source_check_results(
     asset_key: AssetKey,
     partition_key: str,
-    scan: PartitionScan,
-    schema_error_uris: frozenset[str],
+    found: PartitionFindings,
     allow_empty: bool,
     checks: SourceChecks | None = None,
 ) -> list[AssetCheckResult]:
-    """One result per check of :func:`source_check_specs` for the scanned partition ``partition_key``;
-    ``checks``: the source's bounds (default: none configured).
-
-    The first four fail exactly when :func:`~primus_dagster.data.scan_problems` lists a problem.
-    """
+    """One result per check of :func:`source_check_specs` for the scanned partition ``partition_key``
+    (``found``: :func:`scan_with_findings`); ``checks``: the source's bounds (default: none configured)."""
     checks = checks or SourceChecks()
+    scan = found.scan
     partition = scan.partition
     partition_metadata = {"partition": MetadataValue.text(partition_key), "tasks": MetadataValue.int(scan.tasks)}
-    schema_errors = [(uri, message) for uri, message in scan.errors if uri in schema_error_uris]
-    read_errors = [(uri, message) for uri, message in scan.errors if uri not in schema_error_uris]
+
+    def by_check(name: str) -> list[RuleFinding]:
+        return found.of(*(rule for rule, check in RULE_CHECKS.items() if check == name))
 
     empty_problems = []
     if scan.rows == 0 and not allow_empty:
@@ -195,24 +190,39 @@ def source_check_results(
 
     bounds = f"[{partition.start.isoformat()}, {partition.end.isoformat()})"
     event_time_metadata: dict[str, object] = {**partition_metadata, "partition_window": MetadataValue.text(bounds)}
-    event_time_problems = []
     if scan.min_ts is not None and scan.max_ts is not None:
-        found = f"{scan.min_ts.isoformat()} .. {scan.max_ts.isoformat()}"
-        event_time_metadata["event_time_range"] = MetadataValue.text(found)
-        if scan.min_ts < partition.start or scan.max_ts >= partition.end:
-            event_time_problems.append(f"rows with event time outside the partition {bounds}: found {found}")
+        found_range = f"{scan.min_ts.isoformat()} .. {scan.max_ts.isoformat()}"
+        event_time_metadata["event_time_range"] = MetadataValue.text(found_range)
+    time_findings = by_check(EVENT_TIMES_IN_PARTITION)
+    time_problems = [f.line() for f in time_findings]
 
+    id_findings = by_check(SCHEMA_MATCHES_SPEC)
     schema_metadata = {
         **partition_metadata,
         "schema_hash": MetadataValue.text(schema_hash(scan.schema) if scan.schema is not None else ""),
+        **_rule_metadata(id_findings),
     }
+    schema_problems = _error_lines(found.schema_errors) + [f.line() for f in id_findings]
+    schema_files = [uri for uri, _ in found.schema_errors] + [f.uri for f in id_findings]
     label_problems, label_metadata = label_rate_problems(scan, checks)
     fresh_problems, fresh_metadata = freshness_problems(scan, checks)
     return [
-        _result(asset_key, NO_UNREADABLE_FILES, _error_lines(read_errors), partition_metadata),
-        _result(asset_key, SCHEMA_MATCHES_SPEC, _error_lines(schema_errors), schema_metadata),
+        _result(
+            asset_key,
+            NO_UNREADABLE_FILES,
+            _error_lines(found.read_errors),
+            partition_metadata,
+            [uri for uri, _ in found.read_errors],
+        ),
+        _result(asset_key, SCHEMA_MATCHES_SPEC, schema_problems, schema_metadata, schema_files),
         _result(asset_key, NOT_EMPTY, empty_problems, {**partition_metadata, "rows": MetadataValue.int(scan.rows)}),
-        _result(asset_key, EVENT_TIMES_IN_PARTITION, event_time_problems, event_time_metadata),
+        _result(
+            asset_key,
+            EVENT_TIMES_IN_PARTITION,
+            time_problems,
+            {**event_time_metadata, **_rule_metadata(time_findings)},
+            [f.uri for f in time_findings],
+        ),
         _result(asset_key, LABEL_RATE_IN_RANGE, label_problems, {**partition_metadata, **label_metadata}),
         _result(asset_key, FRESHNESS, fresh_problems, {**partition_metadata, **fresh_metadata}),
     ]

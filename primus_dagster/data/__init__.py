@@ -34,6 +34,7 @@ from primus_dagster.data.canonical import (
     quality_summary,
     schema_hash,
 )
+from primus_dagster.data.data_check import GATED_RULES, PartitionFindings, RuleFinding, scan_with_findings
 from primus_dagster.data.direct_plane import DirectDataPlane, reader_for
 from primus_dagster.data.driver import (
     DataAbortedError,
@@ -67,6 +68,7 @@ from primus_dagster.data.tasks import BatchId, DataTask
 from primus_dagster.data.versions import source_versions
 
 __all__ = [
+    "GATED_RULES",
     "Batch",
     "BatchId",
     "BatchMeta",
@@ -89,6 +91,7 @@ __all__ = [
     "Normalizer",
     "NotReady",
     "Partition",
+    "PartitionFindings",
     "PartitionNotReadyError",
     "PartitionScan",
     "Plan",
@@ -97,6 +100,7 @@ __all__ = [
     "ReadTask",
     "RemoteReader",
     "RoundRobin",
+    "RuleFinding",
     "SchemaMismatchError",
     "SourceAdapter",
     "SourceContext",
@@ -117,6 +121,7 @@ __all__ = [
     "render_plan",
     "scan_partition",
     "scan_problems",
+    "scan_with_findings",
     "schema_hash",
     "source_versions",
     "sparse_feature_names",

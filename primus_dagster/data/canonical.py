@@ -350,29 +350,47 @@ def _any(*masks: np.ndarray | None) -> np.ndarray | None:
     return out
 
 
+#: How many distinct breaking values of a column :class:`Normalizer` keeps per rule (``examples``).
+QUALITY_EXAMPLES = 3
+
+
+def _examples(values: pa.Array, rows: np.ndarray) -> list[str]:
+    """A few distinct values of ``values`` at ``rows``, as text (null: ``"null"``)."""
+    hits = values.take(pa.array(np.flatnonzero(rows)[: 16 * QUALITY_EXAMPLES]))
+    text = [v if v is not None else "null" for v in pc.cast(hits, pa.string()).to_pylist()]
+    return list(dict.fromkeys(text))[:QUALITY_EXAMPLES]
+
+
 class _Rules:
     """The quality checks of one batch: the rows breaking each rule (a row counts once per rule, however
-    many of its columns break it), the rows to drop; raises on ``fail``."""
+    many of its columns break it), a few breaking values per rule and column, the rows to drop; raises on
+    ``fail``."""
 
     def __init__(self, actions: dict[str, QualityAction], n: int, where: str):
         self.actions, self.n, self.where = actions, n, where
         self.rows: dict[str, np.ndarray] = {}
+        self.examples: dict[tuple[str, str], list[str]] = {}
         self.drop: np.ndarray | None = None
 
-    def check(self, rule: str, rows: np.ndarray | None, column: str, detail: str = "") -> bool:
-        """Note ``rows`` (a boolean mask) under ``rule``; True when they must be repaired."""
+    def check(
+        self, rule: str, rows: np.ndarray | None, column: str, detail: str = "", values: pa.Array | None = None
+    ) -> bool:
+        """Note ``rows`` (a boolean mask) under ``rule`` (and a few of ``values``, the column's, at them);
+        True when they must be repaired."""
         if rows is None or not rows.any():
             return False
+        examples = _examples(values, rows) if values is not None else []
         action = self.actions[rule]
         if action == "fail":
             hits, first = int(np.count_nonzero(rows)), int(np.argmax(rows))
             raise DataQualityError(
                 f"{self.where}: column {column!r}: {hits} of {self.n} rows break the data-quality rule {rule}"
-                f"{detail} (first: row {first} of the batch); the source's quality.{rule} is 'fail' "
-                f"(repair would be: {REPAIRS[rule]})",
+                f"{detail} (first: row {first} of the batch{', values ' + ', '.join(examples) if examples else ''}); "
+                f"the source's quality.{rule} is 'fail' (repair would be: {REPAIRS[rule]})",
                 rule,
                 column,
             )
+        self.examples.setdefault((rule, column), examples)
         seen = self.rows.get(rule)
         self.rows[rule] = rows if seen is None else seen | rows
         if action == "drop":
@@ -380,9 +398,12 @@ class _Rules:
             return False
         return True
 
-    def count(self, counts: Counter[str]) -> None:
+    def count(self, counts: Counter[str], examples: dict[tuple[str, str], list[str]]) -> None:
         for rule, rows in self.rows.items():
             counts[rule] += int(np.count_nonzero(rows))
+        for key, values in self.examples.items():
+            kept = examples.setdefault(key, [])
+            kept += [v for v in values if v not in kept][: QUALITY_EXAMPLES - len(kept)]
 
 
 class Normalizer:
@@ -422,6 +443,8 @@ class Normalizer:
         self.kafka = spec.type == "kafka"  # nulls in a JSON record are missing fields
         self.step = granularity_step(spec.granularity)
         self.counts: Counter[str] = Counter()
+        #: (rule, native column) -> a few distinct values breaking it, as text, since the last :meth:`take`.
+        self.examples: dict[tuple[str, str], list[str]] = {}
         # A read whose event times mostly fall outside its partition fails (a misdeclared column, not stray
         # rows); a partition scan (the source asset's checks) turns it off and reports them in its checks.
         self.fail_on_misread_times = True
@@ -439,6 +462,7 @@ class Normalizer:
         """The rows touched per rule since the last call (only rules with rows), and reset."""
         out = {rule: n for rule, n in self.counts.items() if n}
         self.counts.clear()
+        self.examples.clear()
         return out
 
     def _dense_matrix(
@@ -510,9 +534,11 @@ class Normalizer:
         ids, nulls, bad = _ids(column, f"{what} {native!r}", where, categories=what == "sparse column")
         if self.kafka:
             rules.check("missing_field", nulls, native)
-            rules.check("bad_id", bad, native, " (NaN, not whole or out of int64 range)")
+            rules.check("bad_id", bad, native, " (NaN, not whole or out of int64 range)", values=column)
         else:
-            rules.check("bad_id", _any(nulls, bad), native, " (null, NaN, not whole or out of int64 range)")
+            rules.check(
+                "bad_id", _any(nulls, bad), native, " (null, NaN, not whole or out of int64 range)", values=column
+            )
         return ids
 
     def _list_columns(self, cols: _Columns, where: str, rules: _Rules) -> list[pa.Array]:
@@ -563,6 +589,7 @@ class Normalizer:
                     outside,
                     m.ts,
                     f" (partition [{start.as_py().isoformat()}, {end.as_py().isoformat()}))",
+                    values=ts,
                 )
         return ts
 
@@ -605,7 +632,7 @@ class Normalizer:
         if self.schema is None:
             self.schema = self._schema(dense.type.list_size if dense is not None else 0)
         out = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-        rules.count(self.counts)
+        rules.count(self.counts, self.examples)
         if rules.drop is not None:
             out = out.filter(pa.array(~rules.drop))
         return out

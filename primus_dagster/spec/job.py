@@ -233,10 +233,24 @@ class DataPlaneSpec(StrictModel):
 
 
 _MEMORY_LR_SCALE = 1.0
-_ADAPT_BATCH_WEIGHT = 0.0
+_ADAPT_BATCH_WEIGHT = 0.1  # chosen on the quality bench's tuning seeds at the spec's rate (docs/training.md)
 
 
 _FACTORY = r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class TowerSpec(StrictModel):
+    """A team's own module as one of MTRM's two towers (``training.model.memory`` / ``adapt``): the
+    factory that builds it and its ``params`` (training/model_api.py; README 'MTRM over your towers')."""
+
+    factory: str = Field(
+        max_length=4096,
+        pattern=_FACTORY,
+        description="'package.module:function' (importable) or 'path/to/file.py:function' (relative to the spec "
+        "file); it receives a ModelContext (role 'memory' or 'adapt'; aux_dim: the width of the memory state an "
+        "adapt tower reads) and returns a torch module.",
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="handed to the factory as ModelContext.params.")
 
 
 class ModelSpec(StrictModel):
@@ -254,6 +268,16 @@ class ModelSpec(StrictModel):
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="type custom only: handed to the factory as ModelContext.params."
+    )
+    memory: TowerSpec | None = Field(
+        default=None,
+        description="type mtrm only: a team's module as the memory tower (batch data; its state(inputs), or else "
+        "its logit, is h_aux); default: the built-in tower of memory_hidden.",
+    )
+    adapt: TowerSpec | None = Field(
+        default=None,
+        description="type mtrm only: a team's module as the adapt (serving) tower (the stream; inputs.aux is the "
+        "detached h_aux); default: the built-in tower of adapt_hidden.",
     )
     embedding_dim: int = Field(default=16, ge=1, le=65_536)
     hash_buckets: int = Field(
@@ -283,9 +307,10 @@ class ModelSpec(StrictModel):
         ge=0,
         le=100,
         description="MTRM only: a batch sample also trains the adapt tower (on the detached memory state), its "
-        "loss weighted by this; 0 (the default): the adapt tower learns the stream alone. 0.25 closed MTRM's "
-        "gap to the single tower in the affinity-dominated world of the quality bench: docs/training.md. "
-        "Single-trainer jobs only (the multi-trainer exchange sends a batch rank's memory-tower gradients only).",
+        "loss weighted by this; 0: the paper's split (the adapt tower learns the stream alone). 0.1 (the default) "
+        "was best on the quality bench's tuning seeds at the spec's learning rate (0.05-0.15 alike, 0 and 0.25+ "
+        "worse in all three worlds; docs/training.md). With several trainers a batch rank's adapt-tower gradients "
+        "are averaged with the stream ranks'.",
     )
 
     @model_validator(mode="after")
@@ -301,6 +326,24 @@ class ModelSpec(StrictModel):
                 if getattr(self, key) != ModelSpec.model_fields[key].get_default(call_default_factory=True):
                     raise ValueError(f"{key} shapes a built-in tower; a custom model takes its sizes from params")
         return self
+
+    @model_validator(mode="after")
+    def _towers_need_mtrm(self) -> ModelSpec:
+        for key, hidden in (("memory", "memory_hidden"), ("adapt", "adapt_hidden")):
+            if getattr(self, key) is None:
+                continue
+            if self.type != "mtrm":
+                raise ValueError(f"{key} is a tower of type 'mtrm'; type {self.type!r} has none (remove it)")
+            if getattr(self, hidden) != ModelSpec.model_fields[hidden].get_default(call_default_factory=True):
+                raise ValueError(f"{hidden} shapes the built-in {key} tower; {key}.factory builds its own")
+        return self
+
+    def factories(self) -> dict[str, str]:
+        """Every team module of this model, by where it sits: ``{"model": ...}`` (type custom) or
+        ``{"memory": ..., "adapt": ...}`` (an MTRM over custom towers; either may be built in)."""
+        found = {"model": self.factory} if self.factory is not None else {}
+        found.update({key: tower.factory for key, tower in (("memory", self.memory), ("adapt", self.adapt)) if tower})
+        return found
 
     @model_validator(mode="after")
     def _mtrm_keys_need_mtrm(self) -> ModelSpec:
@@ -378,20 +421,35 @@ class TrainingSpec(StrictModel):
         default=1, ge=1, le=24 * 366, description="Held-out hours after the window for next-hour AUC."
     )
     threads: int = Field(default=1, ge=1, le=1024, description="torch intra-op threads per training executor.")
+    device: str = Field(
+        default="cpu",
+        pattern=r"^(auto|cpu|cuda(:[0-9]{1,3})?)$",
+        description="Where the model trains and is evaluated: cpu (the default: the path the benches measure), "
+        "cuda / cuda:N (a GPU; an error at validate and at the start of a run where there is none), or auto "
+        "(cuda where available, else cpu, said in the run log). One trainer only: multi-trainer jobs train on "
+        "the CPU (training/device.py).",
+    )
     seed: int = Field(
         default=0, ge=0, le=2**32 - 1, description="Seeds model initialisation and the prioritisation's sampling."
     )
 
-    @model_validator(mode="before")
+    priority_weights: object = Field(
+        default=None,
+        exclude=True,
+        description="Removed: w_i of the mixture prioritisation is dataset.streams[].weight.",
+    )
+
+    @field_validator("priority_weights")
     @classmethod
-    def _priority_weights_removed(cls, data: object) -> object:
-        # One source of truth for w_i: the streams' ``weight``. The old key is an error, not ignored.
-        if isinstance(data, dict) and "priority_weights" in data:
+    def _priority_weights_removed(cls, value: object) -> object:
+        # One source of truth for w_i: the streams' ``weight``. The old key is an error, not ignored; as a field
+        # (not a before-validator) its error is one problem among the others of the spec.
+        if value is not None:
             raise ValueError(
                 "priority_weights was removed: w_i of the mixture prioritisation is dataset.streams[].weight "
-                "(set the weight on each batch and stream stream instead)"
+                "(set each stream's weight instead)"
             )
-        return data
+        return value
 
     @model_validator(mode="after")
     def _model_loss_needs_custom(self) -> TrainingSpec:
@@ -463,12 +521,12 @@ class JobSpec(StrictModel):
 
     @field_validator("training")
     @classmethod
-    def _adapt_batch_weight_single_trainer(cls, value: TrainingSpec, info: ValidationInfo) -> TrainingSpec:
+    def _gpu_single_trainer(cls, value: TrainingSpec, info: ValidationInfo) -> TrainingSpec:
         pools = info.data.get("pools")  # absent when pools itself was invalid
-        if pools is not None and pools.training.replicas > 1 and value.model.adapt_batch_weight:
+        if pools is not None and pools.training.replicas > 1 and value.device.startswith("cuda"):
             raise ValueError(
-                f"model.adapt_batch_weight needs one trainer, pools.training.replicas is {pools.training.replicas}: "
-                "the multi-trainer exchange sends a batch rank's memory-tower gradients only (set it to 0)"
+                f"device {value.device!r} needs one trainer, pools.training.replicas is {pools.training.replicas}: "
+                "the multi-trainer exchange packs gradients in host memory (use device cpu or auto)"
             )
         return value
 

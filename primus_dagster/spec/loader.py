@@ -313,16 +313,27 @@ def load_job_spec(path: str | Path) -> JobSpec:
 
 
 def _factory_beside_spec(job: JobSpec, path: Path) -> JobSpec:
-    """A relative ``training.model.factory`` file (``path/file.py:function``) is read beside the spec
-    file: made absolute, so trainer ranks and the Dagster code location find it from any directory."""
-    factory = job.training.model.factory
-    if factory is None:
+    """Relative factory files (``path/file.py:function``: ``training.model.factory`` and the MTRM towers'
+    ``memory.factory`` / ``adapt.factory``) are read beside the spec file: made absolute, so trainer
+    ranks and the Dagster code location find them from any directory."""
+    model = job.training.model
+
+    def beside(reference: str) -> str:
+        module, _, function = reference.rpartition(":")
+        if not module.endswith(".py") or Path(module).is_absolute():
+            return reference
+        return f"{(path.parent / module).resolve()}:{function}"
+
+    update: dict[str, object] = {}
+    if model.factory is not None:
+        update["factory"] = beside(model.factory)
+    for key in ("memory", "adapt"):
+        tower = getattr(model, key)
+        if tower is not None:
+            update[key] = tower.model_copy(update={"factory": beside(tower.factory)})
+    if not update:
         return job
-    module, _, function = factory.rpartition(":")
-    if not module.endswith(".py") or Path(module).is_absolute():
-        return job
-    resolved = f"{(path.parent / module).resolve()}:{function}"
-    model = job.training.model.model_copy(update={"factory": resolved})
+    model = model.model_copy(update=update)
     return job.model_copy(update={"training": job.training.model_copy(update={"model": model})})
 
 

@@ -22,16 +22,24 @@ Example (YAML)::
 once, naming file and column; not retried). Whatever the action, every row touched is counted
 per rule and per read task. ``checks`` (see :class:`SourceChecks`) bounds the blocking asset checks
 ``label_rate_in_range`` and ``freshness`` of the source's Dagster asset.
+
+Locations (``path``, ``template``, ``uri``, ``catalog.warehouse``) stay inside the data root: one rule,
+:func:`outside_root`, refuses ``..`` out of it and relative ``file://`` URIs at load time, and (in the
+adapters) listed files that resolve outside it through a symlink. An absolute path or ``file:///`` URI is
+the explicit opt-out: used as it is, its listed files must stay inside it. Object-store URLs are not checked.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import unquote, urlparse
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from primus_dagster.spec.base import StrictModel
 from primus_dagster.spec.durations import NonNegativeDuration, PositiveDuration, duration_default, format_duration
@@ -202,16 +210,78 @@ class SourceChecks(StrictModel):
         return value
 
 
-def _inside_root(location: str) -> str:
-    """``location`` unless it is a relative path that leaves the data root (``..``): absolute paths and
-    URLs are allowed as they are."""
-    if "://" in location or location.startswith("/"):
-        return location
-    if posixpath.normpath(location).split("/")[0] == "..":
-        raise ValueError(
-            f"relative path {location!r} leaves the data root; use a path inside it, or an absolute path / URL"
-        )
-    return location
+class PathOutsideRootError(ValueError):
+    """A source location, or a file found by listing it, lies outside the root it must stay in
+    (see :func:`outside_root`); the message names the source, the location and, for a symlink, its target."""
+
+
+def is_local_location(location: str) -> bool:
+    """A filesystem path or a ``file://`` URI; object-store URLs (``s3://``, ``gs://``, ...) are not local."""
+    return "://" not in location or location.startswith("file://")
+
+
+def local_path(location: str) -> str:
+    """The filesystem path of a local ``location``: ``file:///x%20y`` -> ``/x y``; a plain path as it is."""
+    return unquote(urlparse(location).path) if location.startswith("file://") else location
+
+
+def _within(path: Path, base: Path) -> bool:
+    return path == base or base in path.parents
+
+
+def outside_root(location: str, root: str | None = None, what: str = "the data root") -> str | None:
+    """Why ``location`` lies outside ``root`` (named ``what`` in the message); None when it stays inside.
+
+    The one containment rule of source locations, for every form: ``path``, ``template``, ``uri``,
+    warehouses, ``file://`` URIs and the files a listing finds. Object-store URLs (``s3://``, ...) are
+    never refused. A ``file://`` URI must be absolute (``file:///...``): ``file://../x`` would resolve from
+    the working directory. A relative path may not climb out with ``..`` (checked as written: all the
+    spec's validators can do, with no root at hand). Given a local ``root``, the path (a relative one
+    joined to ``root``) must also lie inside it once ``..`` and symlinks are resolved (``Path.resolve``);
+    the problem then names the symlink that leads out and its target. An absolute path is compared with
+    a given root only: written in a spec, it is the explicit opt-out of the data root.
+
+    >>> outside_root("../x")
+    "relative path '../x' leaves the data root"
+    >>> outside_root("s3://bucket/../x") is None and outside_root("/abs") is None
+    True
+    """
+    if not is_local_location(location):
+        return None
+    if location.startswith("file://") and urlparse(location).netloc not in ("", "localhost"):
+        return f"file URI {location!r} is not absolute (file:///...): it would resolve from the working directory, not {what}"
+    path = local_path(location)
+    if not path.startswith("/") and posixpath.normpath(path).split("/")[0] == "..":
+        return f"relative path {location!r} leaves {what}"
+    if root is None or not is_local_location(root):
+        return None
+    base = Path(local_path(root)).resolve()
+    given = Path(local_path(root), path)
+    real = given.resolve()
+    if _within(real, base):
+        return None
+    current = Path(given.anchor)
+    for part in given.parts[1:]:
+        parent, current = current, current / part
+        if current.is_symlink() and _within(parent.resolve(), base) and not _within(current.resolve(), base):
+            target, resolved = os.readlink(current), current.resolve()
+            also = "" if Path(target) == resolved else f" (resolves to {resolved})"
+            return f"{location} leaves {what} {root}: symlink {current} -> {target}{also}"
+    return f"{location} resolves to {real}, outside {what} {root}"
+
+
+_OUTSIDE_HINT = "use a path inside it, or an absolute path / URL (an explicit location outside the data root)"
+
+
+def _refuse_outside(
+    info: ValidationInfo, key: str, value: str, what: str = "the data root", hint: str = _OUTSIDE_HINT
+) -> str:
+    """``value`` of ``key`` unless it leaves ``what`` (:func:`outside_root` at load time: no root, no filesystem);
+    the error names the source (its ``name``, validated before every path key) and the key."""
+    problem = outside_root(value, what=what)
+    if problem is not None:
+        raise PathOutsideRootError(f"source {info.data.get('name', '?')!r}: {key}: {problem}; {hint}")
+    return value
 
 
 class _SourceBase(StrictModel):
@@ -257,13 +327,16 @@ class ParquetSourceSpec(_SourceBase):
     type: Literal["parquet"]
     path: str = Field(
         description="Root directory or fsspec URL; a relative path resolves inside the data root (no `..` out of "
-        "it); absolute paths and URLs are used as they are."
+        "it, no symlink out of it when listed). An absolute path or file:/// URI is the explicit opt-out: used as "
+        "it is, its listed files must stay inside it; object-store URLs are used as they are."
     )
     layout: Literal["hive", "template"] = Field(
         default="hive", description="hive: dt=YYYY-MM-DD/hour=HH; template: see `template`."
     )
     template: str | None = Field(
-        default=None, description="Directory template with {YYYY} {MM} {DD} {HH}, e.g. '{YYYY}{MM}{DD}/{HH}'."
+        default=None,
+        description="Directory template with {YYYY} {MM} {DD} {HH}, e.g. '{YYYY}{MM}{DD}/{HH}': directories "
+        "under `path` (no `..` out of it).",
     )
     success_marker: str | None = Field(
         default="_SUCCESS", description="File whose presence marks a partition ready; null: always ready."
@@ -276,8 +349,15 @@ class ParquetSourceSpec(_SourceBase):
 
     @field_validator("path")
     @classmethod
-    def _path_inside_root(cls, value: str) -> str:
-        return _inside_root(value)
+    def _path_inside_root(cls, value: str, info: ValidationInfo) -> str:
+        return _refuse_outside(info, "path", value)
+
+    @field_validator("template")
+    @classmethod
+    def _template_inside_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # The fields expand to digits only, so the template leaves `path` exactly when its literal text does.
+        hint = "a template names directories under `path`"
+        return None if value is None else _refuse_outside(info, "template", value, "the source path", hint)
 
     @model_validator(mode="after")
     def _check_template(self) -> ParquetSourceSpec:
@@ -302,7 +382,9 @@ class DeltaSourceSpec(_SourceBase):
 
     type: Literal["delta"]
     uri: str = Field(
-        description="Table location: object-store URI, absolute path, or a path inside the data root (no `..`)."
+        description="Table location: a path inside the data root (no `..` out of it, no symlink out of it when "
+        "listed), or the explicit opt-out: an absolute path or file:/// URI (its data files must stay inside it), "
+        "or an object-store URI."
     )
     date_column: str = Field(default="dt", description="Partition column holding YYYY-MM-DD.")
     hour_column: str | None = Field(default="hour", description="Partition column holding the hour (0-23).")
@@ -310,8 +392,8 @@ class DeltaSourceSpec(_SourceBase):
 
     @field_validator("uri")
     @classmethod
-    def _uri_inside_root(cls, value: str) -> str:
-        return _inside_root(value)
+    def _uri_inside_root(cls, value: str, info: ValidationInfo) -> str:
+        return _refuse_outside(info, "uri", value)
 
     @model_validator(mode="after")
     def _check_hour(self) -> DeltaSourceSpec:
@@ -327,17 +409,18 @@ class IcebergCatalogSpec(StrictModel):
     uri: str | None = Field(default=None, description="Catalog URI; default sqlite:///<data root>/iceberg/catalog.db.")
     warehouse: str | None = Field(
         default=None,
-        description="Warehouse location (URL, absolute path or a path inside the data root); "
-        "default <data root>/iceberg/warehouse.",
+        description="Warehouse location: a path inside the data root (no `..`; its data files may not leave the "
+        "data root, symlinks included), or the explicit opt-out: an absolute path or file:/// URI (data files must "
+        "stay inside it), or an object-store URL; default <data root>/iceberg/warehouse.",
     )
     properties: dict[str, str] = Field(
-        default_factory=dict, description="Extra catalog properties (type, credentials)."
+        default_factory=dict,
+        description="Extra catalog properties (type, credentials); a `warehouse` here replaces `warehouse`.",
     )
 
-    @field_validator("warehouse")
-    @classmethod
-    def _warehouse_inside_root(cls, value: str | None) -> str | None:
-        return None if value is None else _inside_root(value)
+    def warehouse_location(self) -> str | None:
+        """The warehouse as written: ``properties.warehouse``, else ``warehouse`` (None: the catalog's default)."""
+        return self.properties.get("warehouse") or self.warehouse
 
 
 class IcebergSourceSpec(_SourceBase):
@@ -346,6 +429,17 @@ class IcebergSourceSpec(_SourceBase):
     type: Literal["iceberg"]
     table: str = Field(pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$", description="namespace.table")
     catalog: IcebergCatalogSpec = Field(default_factory=IcebergCatalogSpec)
+
+    @field_validator("catalog")
+    @classmethod
+    def _warehouse_inside_root(cls, value: IcebergCatalogSpec, info: ValidationInfo) -> IcebergCatalogSpec:
+        for key, location in (
+            ("catalog.warehouse", value.warehouse),
+            ("catalog.properties.warehouse", value.properties.get("warehouse")),
+        ):
+            if location is not None:
+                _refuse_outside(info, key, location)
+        return value
 
 
 class KafkaSourceSpec(_SourceBase):

@@ -10,14 +10,22 @@ Example::
 (:func:`~primus_dagster.synth.world.world_schema`), ``realistic`` the same world in a real team's shape
 (:mod:`primus_dagster.synth.realistic`: string ids and demographics, a ``genres`` list, epoch-second
 ``event_ts``, raw-scale numbers, label ``liked``).
+
+Every number is checked when the arguments are parsed (exit 2 with the usage line): ``--hours`` at most
+:data:`MAX_WINDOW_HOURS`, ``--days`` at most a 24th of it, counts at least 1, each world knob as
+:class:`~primus_dagster.synth.world.WorldConfig` checks it (and finite). The argument types here
+(:func:`int_range`, :func:`window_hours`, :func:`iso_time`, :func:`positive_seconds`) are shared with
+the ``primus-dagster`` commands (:mod:`primus_dagster.cli`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -29,6 +37,94 @@ from primus_dagster.synth.writers import WriteSummary, write_world
 
 #: The spec ``--spec`` defaults to, per ``--schema``.
 DEFAULT_SPECS = {"ctr": "examples/job.yaml", "realistic": "examples/realistic/job.yaml"}
+
+#: The longest window a command plans, trains, lists or writes, in hours (a leap year): planning lists
+#: every partition of every source of the window before anything else happens, so a window of a million
+#: hours would run for minutes before its first line; split longer spans into several windows.
+MAX_WINDOW_HOURS = 24 * 366
+#: Why: said by the error and the ``--help`` of every option bounded by :data:`MAX_WINDOW_HOURS`.
+WINDOW_LIMIT_WHY = (
+    f"no window is longer than {MAX_WINDOW_HOURS // 24} days, as planning lists every partition of every source "
+    "before anything else: split a longer span into several windows"
+)
+
+
+def int_range(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse ``type=``: an integer in ``[low, high]`` (``high`` None: no upper bound), else an
+    :class:`argparse.ArgumentTypeError` saying the bound (and ``why``, the reason of the upper one)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}{f': {why}' if why else ''}")
+        return value
+
+    parse.__name__ = "int"  # what argparse would call the type
+    return parse
+
+
+#: ``--hours`` of every command: 1 to :data:`MAX_WINDOW_HOURS`.
+window_hours = int_range(1, MAX_WINDOW_HOURS, WINDOW_LIMIT_WHY)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type=``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text!r}")
+    return value
+
+
+def iso_time(text: str) -> datetime:
+    """An argparse ``type=``: an ISO date or time (``2026-11-01``, ``2026-11-01T06:00``, an offset or
+    ``Z``; naive is UTC) between 1970 and 3000 (the times a spec may hold), in UTC."""
+    from primus_dagster.spec.dataset import EARLIEST, LATEST
+
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))  # Python 3.10 reads no "Z"
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO date or time: {text!r} ({exc}); e.g. 2026-11-01 or 2026-11-01T06:00 (UTC)"
+        ) from None
+    value = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    if not EARLIEST <= value < LATEST:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is outside {EARLIEST:%Y-%m-%d} .. {LATEST:%Y-%m-%d}, the times a job spec may hold"
+        )
+    return value
+
+
+def _knob_type(name: str, kind: type) -> Callable[[str], Any]:
+    """The argparse ``type=`` of the :class:`WorldConfig` knob ``name``: parsed as ``kind`` (a duration
+    string for ``str``), finite when a float, not negative for ``seed``, and as :class:`WorldConfig` checks it."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an' if kind is int else 'a'} {kind.__name__}, got {text!r}"
+            ) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if name == "seed" and value < 0:  # numpy's generators take non-negative seeds only
+            raise argparse.ArgumentTypeError(f"seed must be >= 0, got {value}")
+        try:
+            WorldConfig(**{name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _default_data_root() -> str:
@@ -62,10 +158,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where relative source locations resolve (default: $PRIMUS_DATA_ROOT or ./.primus/data)",
     )
     span = parser.add_mutually_exclusive_group()
-    span.add_argument("--days", type=int, default=None, help="days to write (default: 1)")
-    span.add_argument("--hours", type=int, default=None, help="hours to write (alternative to --days)")
+    span.add_argument(
+        "--days",
+        type=int_range(1, MAX_WINDOW_HOURS // 24, WINDOW_LIMIT_WHY),
+        default=None,
+        help=f"days to write, 1 to {MAX_WINDOW_HOURS // 24} (default: 1): {WINDOW_LIMIT_WHY}",
+    )
+    span.add_argument(
+        "--hours",
+        type=window_hours,
+        default=None,
+        help=f"hours to write, 1 to {MAX_WINDOW_HOURS} (alternative to --days)",
+    )
     parser.add_argument(
         "--start",
+        type=iso_time,
         default=None,
         help="first hour, ISO UTC (e.g. 2026-11-01 or 2026-11-01T06:00); default: the spec's dataset.start",
     )
@@ -83,9 +190,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: $PRIMUS_KAFKA_BOOTSTRAP_SERVERS, else a running `primus-dagster-dev broker --detach`)",
     )
     parser.add_argument(
-        "--kafka-partitions", type=int, default=4, help="partitions of a topic created here (default: 4)"
+        "--kafka-partitions",
+        type=int_range(1),
+        default=4,
+        help="partitions of a topic created here, at least 1 (default: 4)",
     )
-    parser.add_argument("--files-per-hour", type=int, default=1, help="Parquet files per hour (default: 1)")
+    parser.add_argument(
+        "--files-per-hour", type=int_range(1), default=1, help="Parquet files per hour, at least 1 (default: 1)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     world = parser.add_argument_group("world", "knobs of the synthetic world (see docs/synthetic_world.md)")
@@ -97,7 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         world.add_argument(
             _flag(f.name),
             dest=f"world_{f.name}",
-            type=kind,
+            type=_knob_type(f.name, kind),
             default=None,
             metavar=kind.__name__.upper() if kind is not str else "DURATION",
             help=f"{WorldConfig.HELP.get(f.name, f.name)} (default: {shown})",
@@ -114,8 +226,11 @@ def world_config_from_args(args: argparse.Namespace) -> WorldConfig:
     return WorldConfig(**values)
 
 
-def _parse_start(text: str) -> datetime:
-    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+def _parse_start(value: str | datetime) -> datetime:
+    """``--start`` as parsed (:func:`iso_time`), or the text of a namespace built elsewhere."""
+    if isinstance(value, datetime):
+        return value
+    value = datetime.fromisoformat(value.replace("Z", "+00:00"))
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 

@@ -13,12 +13,15 @@ never sees a half-written checkpoint on local disk. An upload can still be cut (
 while MLflow copies the files): :func:`load_checkpoint` verifies every file against the manifest and
 refuses a checkpoint whose manifest is missing or does not match, naming the file (a torn checkpoint
 is never loaded; :meth:`~primus_dagster.training.tracking.MlflowTracker.latest_checkpoint` then falls
-back to the previous complete one). Uploading / finding checkpoints in MLflow lives in
+back to the previous complete one). A disk that fills up while a checkpoint is written (``ENOSPC``,
+``EDQUOT``) leaves the previous checkpoint in place and raises :class:`CheckpointWriteError`: one line
+naming the checkpoint, the file and the free space. Uploading / finding checkpoints in MLflow lives in
 :mod:`primus_dagster.training.tracking`.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -39,9 +42,11 @@ __all__ = [
     "MANIFEST_FILE",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointWriteError",
     "checkpoint_files",
     "checkpoint_name",
     "checkpoint_step",
+    "free_space_text",
     "load_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
@@ -56,6 +61,44 @@ _NAME = re.compile(r"^step-(\d+)$")
 
 class CheckpointError(ValueError):
     """A checkpoint directory with a missing, corrupt or unsupported file (named in the message)."""
+
+
+#: The ``errno`` values of a full disk (``ENOSPC``) or a spent quota (``EDQUOT``, where the OS has it).
+DISK_FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if e is not None)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written because its disk is full: the message names the
+    checkpoint, the file being written and the free space. ``errno`` is the original one (``ENOSPC``);
+    the previous checkpoint is left as it was, so the run resumes from it once there is space."""
+
+    def __init__(self, message: str, code: int = errno.ENOSPC, path: str | None = None):
+        super().__init__(code, message, path)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its own arguments (OSError's would not fit)
+        return (type(self), (self.message, self.errno, self.filename))
+
+
+def free_space_text(path: str | os.PathLike[str]) -> str:
+    """``"12.3 MiB free on /data"``: the free space of the filesystem holding ``path`` (its nearest
+    existing ancestor), from :func:`shutil.disk_usage`; ``"free space on /data unknown"`` when it cannot be read."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return f"free space on {where} unknown"
+    size, unit = float(free), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.1f} {unit} free on {where}" if unit != "B" else f"{free} bytes free on {where}"
 
 
 @dataclass
@@ -180,31 +223,55 @@ def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path
     The files (the manifest last) are written and fsynced in a temp sibling directory, which is then renamed to
     ``directory``. An existing checkpoint there is first renamed aside and removed after the
     swap; a crash between the two renames leaves it as ``.<name>.old-*`` next to the target.
+    A full disk raises :class:`CheckpointWriteError` (the temp directory removed, the previous
+    checkpoint in place); any other error is raised as it is, after the same clean-up.
     """
     target = Path(directory).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         progress = json.dumps(_progress(ckpt), indent=2, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint step {ckpt.step}: data_snapshot / source_versions / extra must be JSON-serialisable: {exc}"
         ) from exc
+    doing = [f"creating its temp directory in {target.parent}"]  # the write under way, for a disk-full message
+    try:
+        return _write_checkpoint(ckpt, target, progress, doing)
+    except OSError as exc:
+        code = exc.errno
+        if code is None or code not in DISK_FULL_ERRNOS or isinstance(exc, CheckpointWriteError):
+            raise
+        raise CheckpointWriteError(
+            f"cannot write checkpoint step {ckpt.step} to {target} ({doing[-1]}): {os.strerror(code)}; "
+            f"{free_space_text(target.parent)}. Nothing of it was kept (the previous checkpoint is intact): "
+            "free some space, then run the same command again to resume",
+            code,
+            str(target),
+        ) from exc
+
+
+def _write_checkpoint(ckpt: Checkpoint, target: Path, progress: str, doing: list[str]) -> Path:
+    """:func:`save_checkpoint`'s writes; ``doing`` gets each step as it starts (``"writing model.pt"``)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     old: Path | None = None
     try:
+        doing.append(f"writing {MODEL_FILE}")
         with open(tmp / MODEL_FILE, "wb") as fh:
             torch.save({"model": ckpt.model_state, "optimizer": ckpt.optimizer_state}, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        doing.append(f"writing {PROGRESS_FILE}")
         with open(tmp / PROGRESS_FILE, "w", encoding="utf-8") as fh:
             fh.write(progress + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        doing.append(f"writing {MANIFEST_FILE}")
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest_of(tmp), indent=2, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_dir(tmp)
+        doing.append("renaming it into place")
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
             os.replace(target, old)  # onto an empty directory: allowed by rename(2)

@@ -17,6 +17,7 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 
 from primus_dagster.data import Batch
+from primus_dagster.training.device import to_device
 from primus_dagster.training.models import RecModel, model_inputs
 
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
@@ -87,12 +88,8 @@ def evaluate(model: RecModel, batches: Iterable[Batch], *, max_rows: int | None 
                 if max_rows is not None and rows + batch.rows > max_rows:
                     batch = batch.slice(0, max_rows - rows)
                 if batch.rows:
-                    dense, sparse, label = model_inputs(batch)
-                    lists = batch.lists
-                    if lists:
-                        logits = model.predict(dense.to(device), sparse.to(device), lists)
-                    else:
-                        logits = model.predict(dense.to(device), sparse.to(device))
+                    dense, sparse, label, lists = to_device(device, *model_inputs(batch), batch.lists)
+                    logits = model.predict(dense, sparse, lists) if lists else model.predict(dense, sparse)
                     probs.append(torch.sigmoid(logits.float()).cpu())
                     labels.append(label.float().cpu())
                     rows += batch.rows

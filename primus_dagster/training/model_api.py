@@ -64,6 +64,7 @@ from primus_dagster.training.features import FeatureLayout
 __all__ = [
     "FactoryCode",
     "FeatureInfo",
+    "MemoryModule",
     "ModelContext",
     "ModelFactoryError",
     "ModelInputs",
@@ -110,6 +111,10 @@ class ModelContext:
 
     layout: FeatureLayout
     params: Mapping[str, Any] = field(default_factory=dict)
+    #: ``"model"`` (type custom), or the MTRM tower this module is: ``"memory"`` (batch data) / ``"adapt"``
+    role: str = "model"
+    #: the width of ``inputs.aux`` (an adapt tower: the memory tower's detached state ``h_aux``); 0: no aux
+    aux_dim: int = 0
 
     @property
     def dense_names(self) -> list[str]:
@@ -174,22 +179,31 @@ class SparseFeatures:
     def to_dict(self) -> dict[str, Jagged]:
         return dict(self._features)
 
+    def device(self) -> torch.device:
+        """Where the ids are (``training.device``; KJT's name)."""
+        first = next(iter(self._features.values()), None)
+        return first.values.device if first is not None else torch.device("cpu")
+
     def values(self) -> torch.Tensor:
         parts = [j.values for j in self._features.values()]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=self.device())
 
     def lengths(self) -> torch.Tensor:
         parts = [j.lengths() for j in self._features.values()]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=self.device())
 
     def offsets(self) -> torch.Tensor:
-        return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.lengths(), 0)])
+        lengths = self.lengths()
+        return torch.cat([torch.zeros(1, dtype=torch.int64, device=lengths.device), torch.cumsum(lengths, 0)])
 
     def weights_or_none(self) -> torch.Tensor | None:
         """Per-id weights where any feature has them (1.0 for the ids of the others), else None."""
         if all(j.weights is None for j in self._features.values()):
             return None
-        parts = [j.weights if j.weights is not None else torch.ones(len(j.values)) for j in self._features.values()]
+        parts = [
+            j.weights if j.weights is not None else torch.ones(len(j.values), device=j.values.device)
+            for j in self._features.values()
+        ]
         return torch.cat(parts)
 
     def to_kjt(self) -> Any:
@@ -209,11 +223,13 @@ class SparseFeatures:
 @dataclass(frozen=True)
 class ModelInputs:
     """What a custom module's ``forward`` gets: transformed ``dense`` [B, n_dense] (float32, no NaN),
-    ``sparse`` (:class:`SparseFeatures`) and the samples' ``kind``."""
+    ``sparse`` (:class:`SparseFeatures`), the samples' ``kind`` and, for an MTRM adapt tower, ``aux``:
+    the memory tower's state ``h_aux`` [B, context.aux_dim], without gradient (None elsewhere)."""
 
     dense: torch.Tensor
     sparse: SparseFeatures
     kind: str
+    aux: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -226,6 +242,15 @@ class RecModule(Protocol):
     ``training.loss: model``)."""
 
     def __call__(self, inputs: ModelInputs) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MemoryModule(RecModule, Protocol):
+    """An MTRM memory tower of a team's own (``training.model.memory``): ``forward(inputs) -> logits [B]``
+    and, optionally, ``state(inputs) -> [B, H]``: what the adapt tower reads as ``inputs.aux`` (without
+    it, ``h_aux`` is the memory tower's logit, ``[B, 1]``)."""
+
+    def state(self, inputs: ModelInputs) -> torch.Tensor: ...
 
 
 def _split(reference: str) -> tuple[str, str]:

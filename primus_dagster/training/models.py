@@ -202,8 +202,8 @@ class HashedEmbedding(nn.Module):
             buckets, self.table.weight, starts, mode="sum", sparse=self.table.sparse, per_sample_weights=weights
         )
         if mode == "mean":
-            rows = torch.repeat_interleave(torch.arange(len(starts)), jagged.lengths())
-            norm = torch.zeros(len(starts), dtype=weights.dtype).index_add_(0, rows, weights)
+            rows = torch.repeat_interleave(torch.arange(len(starts), device=starts.device), jagged.lengths())
+            norm = torch.zeros(len(starts), dtype=weights.dtype, device=weights.device).index_add_(0, rows, weights)
             total = total / torch.where(norm == 0, torch.ones_like(norm), norm).unsqueeze(1)
         return total
 
@@ -282,7 +282,12 @@ class _DLRMTower(nn.Module):
         self.head = nn.Linear(width, 1)
 
     def forward(
-        self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, aux: torch.Tensor | None = None
+        self,
+        dense: torch.Tensor,
+        sparse: torch.Tensor,
+        lists: Lists,
+        aux: torch.Tensor | None = None,
+        kind: str = "batch",  # the tower interface (_CustomTower passes it on); a built-in tower takes all alike
     ) -> torch.Tensor:
         parts = [self.embedding(sparse, lists)]
         if self.bottom is not None:
@@ -300,6 +305,7 @@ class _MemoryTower(nn.Module):
         self.embedding = FeatureEmbeddings(layout, spec.sparse_embeddings)
         self.mlp, self.hidden_dim = _mlp(layout.n_dense + self.embedding.width, list(spec.memory_hidden))
         self.head = nn.Linear(self.hidden_dim, 1)
+        self.state_dim = self.hidden_dim + self.embedding.width  # the width of state(): h_aux
 
     def hidden(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> torch.Tensor:
         return self.mlp(torch.cat([dense, self.embedding(sparse, lists)], dim=1))
@@ -309,8 +315,113 @@ class _MemoryTower(nn.Module):
         emb = self.embedding(sparse, lists)
         return torch.cat([self.mlp(torch.cat([dense, emb], dim=1)), emb], dim=1)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str = "batch") -> torch.Tensor:
         return self.head(self.hidden(dense, sparse, lists)).squeeze(-1)
+
+
+def build_module(reference: str, context: ModelContext, key: str = "training.model.factory") -> nn.Module:
+    """The module the team's factory ``reference`` builds for ``context``, or a
+    :class:`~.model_api.ModelFactoryError` naming the spec ``key`` and the factory."""
+    factory = load_factory(reference)
+    try:
+        net = factory(context)
+    except ModelFactoryError:
+        raise
+    except Exception as exc:
+        raise ModelFactoryError(
+            f"{key} {reference!r} raised {type(exc).__name__}: {exc} (params: {sorted(context.params) or 'none'})"
+        ) from exc
+    if not isinstance(net, nn.Module):
+        raise ModelFactoryError(f"{key} {reference!r} returned {type(net).__name__}; expected a torch.nn.Module")
+    return net
+
+
+def checked_logits(out: object, rows: int, where: str) -> torch.Tensor:
+    """A team module's output as logits ``[B]`` (``[B, 1]`` squeezed), or a
+    :class:`~.model_api.ModelFactoryError` saying what ``where`` returned instead."""
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] == 1:
+        out = out.squeeze(1)
+    if not isinstance(out, torch.Tensor) or out.shape != (rows,) or not out.is_floating_point():
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelFactoryError(
+            f"{where} returned {shape} for a batch of {rows} rows; forward(inputs) must return float logits [B] "
+            "or [B, 1]"
+        )
+    return out
+
+
+class _CustomTower(nn.Module):
+    """A team's module as one of MTRM's towers, with the built-in towers' interface
+    ``(dense, sparse, lists, aux, kind) -> logits [B]`` (``dense`` transformed; ``sparse`` / ``lists``
+    raw ids, hashed here by the tower's own :class:`FeatureHasher`, as a custom model's are);
+    :meth:`state` is the module's ``state(inputs)``, or its logit ``[B, 1]``."""
+
+    state_dim: int = 0  # the width of state(): set when it is built as a memory tower (_tower)
+
+    def __init__(self, net: nn.Module, layout: FeatureLayout, where: str):
+        super().__init__()
+        self.net, self.hasher, self.where = net, FeatureHasher(layout), where
+
+    def _inputs(
+        self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str, aux: torch.Tensor | None
+    ) -> ModelInputs:
+        return ModelInputs(dense, self.hasher(sparse, lists), kind, aux)
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        sparse: torch.Tensor,
+        lists: Lists,
+        aux: torch.Tensor | None = None,
+        kind: str = "batch",
+    ) -> torch.Tensor:
+        return checked_logits(self.net(self._inputs(dense, sparse, lists, kind, aux)), dense.shape[0], self.where)
+
+    def state(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists) -> torch.Tensor:
+        own = getattr(self.net, "state", None)
+        if not callable(own):
+            return self(dense, sparse, lists).unsqueeze(1)
+        out = own(self._inputs(dense, sparse, lists, "batch", None))
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != dense.shape[0]:
+            shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ModelFactoryError(f"{self.where}: state(inputs) returned {shape}; expected [B, H]")
+        return out
+
+
+def made_up_rows(layout: FeatureLayout, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor, dict[str, Jagged]]:
+    """``rows`` rows of zeros in ``layout``'s shape (dense, ids, one id per list): what the protocol
+    checks run a model on."""
+    offsets = torch.arange(rows + 1, dtype=torch.int64)
+    lists = {
+        c.name: Jagged(torch.zeros(rows, dtype=torch.int64), offsets, torch.ones(rows) if c.weighted else None)
+        for c in layout.lists
+    }
+    return torch.zeros(rows, layout.n_dense), torch.zeros(rows, layout.n_sparse, dtype=torch.int64), lists
+
+
+def _tower(
+    spec: ModelSpec, layout: FeatureLayout, role: str, aux_dim: int = 0
+) -> _MemoryTower | _DLRMTower | _CustomTower:
+    """MTRM's ``role`` tower (``memory`` / ``adapt``): the built-in one, or the team's module of
+    ``spec.memory`` / ``spec.adapt``."""
+    tower = getattr(spec, role)
+    if tower is None:
+        return _MemoryTower(spec, layout) if role == "memory" else _DLRMTower(spec, layout, aux_dim=aux_dim)
+    key = f"training.model.{role}.factory"
+    context = ModelContext(layout, dict(tower.params), role=role, aux_dim=aux_dim)
+    custom = _CustomTower(
+        build_module(tower.factory, context, key), layout, f"the {role} tower of {key} {tower.factory!r}"
+    )
+    if role == "memory":
+        dense, sparse, lists = made_up_rows(layout)
+        try:
+            with torch.no_grad():  # the width of its state, for the adapt tower's context
+                custom.state_dim = int(custom.state(DenseTransform(layout)(dense), sparse, lists).shape[1])
+        except ModelFactoryError:
+            raise
+        except Exception as exc:
+            raise ModelFactoryError(f"{custom.where} failed on 2 made-up rows: {type(exc).__name__}: {exc}") from exc
+    return custom
 
 
 class RecModel(nn.Module):
@@ -402,10 +513,12 @@ class MTRM(RecModel):
 
     def __init__(self, spec: ModelSpec, layout: FeatureLayout):
         super().__init__(spec, layout)
-        self.memory = _MemoryTower(spec, layout)
-        # h_aux: the memory tower's hidden state and its embeddings of the sample's ids (see memory_state)
-        aux_dim = self.memory.hidden_dim + self.memory.embedding.width
-        self.adapt = _DLRMTower(spec, layout, aux_dim=aux_dim)
+        # h_aux: the built-in memory tower's hidden state and its embeddings of the sample's ids (see
+        # memory_state), or a team tower's state(inputs); either tower may be a team's (spec.memory / adapt)
+        memory = _tower(spec, layout, "memory")
+        assert isinstance(memory, _MemoryTower | _CustomTower)
+        self.memory: _MemoryTower | _CustomTower = memory
+        self.adapt = _tower(spec, layout, "adapt", aux_dim=memory.state_dim)
         # [batch, stream] label sums and counts (float64: exact far beyond a day of samples)
         self.register_buffer("label_sums", torch.zeros(2, dtype=torch.float64))
         self.register_buffer("label_counts", torch.zeros(2, dtype=torch.float64))
@@ -457,14 +570,14 @@ class MTRM(RecModel):
         if kind != "batch" or w == 0:
             return None
         x = self.dense_transform(dense)
-        logits = self.adapt(x, sparse, lists, self.memory_state(x, sparse, lists))
+        logits = self.adapt(x, sparse, lists, self.memory_state(x, sparse, lists), kind="batch")
         return w * F.binary_cross_entropy_with_logits(logits, label)
 
     def logits(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str) -> torch.Tensor:
         if kind == "batch":
-            return self.memory(dense, sparse, lists)
+            return self.memory(dense, sparse, lists, kind="batch")
         if kind == "stream":
-            return self.adapt(dense, sparse, lists, self.memory_state(dense, sparse, lists))
+            return self.adapt(dense, sparse, lists, self.memory_state(dense, sparse, lists), kind="stream")
         raise ValueError(f"MTRM got samples of kind {kind!r}; expected 'batch' or 'stream'")
 
     def predict(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists = _NO_LISTS) -> torch.Tensor:
@@ -494,7 +607,7 @@ class FeatureHasher(nn.Module):
 
     def forward(self, sparse: torch.Tensor, lists: Lists = _NO_LISTS) -> SparseFeatures:
         rows = sparse.shape[0]
-        ones = torch.arange(rows + 1, dtype=torch.int64)  # the offsets of one id per row
+        ones = torch.arange(rows + 1, dtype=torch.int64, device=sparse.device)  # the offsets of one id per row
         out: dict[str, Jagged] = {}
         for index, (buckets, ids, list_names) in enumerate(self.parts):
             salts: torch.Tensor = getattr(self, f"salts_{index}")
@@ -528,35 +641,12 @@ class CustomModel(RecModel):
 
     def __init__(self, spec: ModelSpec, layout: FeatureLayout):
         super().__init__(spec, layout)
-        reference = str(spec.factory)
-        factory = load_factory(reference)
         self.hasher = FeatureHasher(layout)
-        try:
-            net = factory(ModelContext(layout, dict(spec.params)))
-        except ModelFactoryError:
-            raise
-        except Exception as exc:
-            raise ModelFactoryError(
-                f"training.model.factory {reference!r} raised {type(exc).__name__}: {exc} "
-                f"(params: {sorted(spec.params) or 'none'})"
-            ) from exc
-        if not isinstance(net, nn.Module):
-            raise ModelFactoryError(
-                f"training.model.factory {reference!r} returned {type(net).__name__}; expected a torch.nn.Module"
-            )
-        self.net = net
+        self.net = build_module(str(spec.factory), ModelContext(layout, dict(spec.params)))
 
     def logits(self, dense: torch.Tensor, sparse: torch.Tensor, lists: Lists, kind: str) -> torch.Tensor:
         out = self.net(ModelInputs(dense, self.hasher(sparse, lists), kind))
-        if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] == 1:
-            out = out.squeeze(1)
-        if not isinstance(out, torch.Tensor) or out.shape != (dense.shape[0],) or not out.is_floating_point():
-            shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ModelFactoryError(
-                f"the module of training.model.factory {self.spec.factory!r} returned {shape} for a batch of "
-                f"{dense.shape[0]} rows; forward(inputs) must return float logits [B] or [B, 1]"
-            )
-        return out
+        return checked_logits(out, dense.shape[0], f"the module of training.model.factory {self.spec.factory!r}")
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The module's own ``loss(logits, labels)`` (``training.loss: model``)."""
@@ -570,10 +660,19 @@ class CustomModel(RecModel):
 
 
 def custom_model_line(model: RecModel) -> str:
-    """``custom <factory>: <class>, N parameters, T sparse embedding table(s)`` (run log, ``validate``)."""
+    """``custom, factory <factory>: <class>, N parameters, T sparse table(s)`` -- or, for an MTRM over a
+    team's towers, ``mtrm, memory <factory>: <class>, adapt built in, ...`` (run log, ``validate``)."""
     params = sum(p.numel() for p in model.parameters())
+    tail = f"{params:,} parameters, {len(sparse_tables(model))} sparse table(s)"
+    if isinstance(model, MTRM):
+        parts = []
+        for role in ("memory", "adapt"):
+            tower = getattr(model.spec, role)
+            net = getattr(getattr(model, role), "net", None)
+            parts.append(f"{role} built in" if tower is None else f"{role} {tower.factory}: {type(net).__name__}")
+        return f"mtrm, {', '.join(parts)}; {tail}"
     net = type(getattr(model, "net", model)).__name__
-    return f"custom, factory {model.spec.factory}: {net}, {params:,} parameters, {len(sparse_tables(model))} sparse table(s)"
+    return f"custom, factory {model.spec.factory}: {net}, {tail}"
 
 
 def sparse_tables(model: nn.Module) -> list[nn.Parameter]:
@@ -608,18 +707,20 @@ def check_model(spec: ModelSpec, layout: FeatureLayout, loss: str = "bce") -> Re
     model's factory, its output, its loss, its tables). The built model is returned."""
     model = build_model(spec, layout=layout)
     rows = 2
-    dense = torch.zeros(rows, layout.n_dense)
-    sparse = torch.zeros(rows, layout.n_sparse, dtype=torch.int64)
-    offsets = torch.arange(rows + 1, dtype=torch.int64)
-    lists = {
-        c.name: Jagged(torch.zeros(rows, dtype=torch.int64), offsets, torch.ones(rows) if c.weighted else None)
-        for c in layout.lists
-    }
-    where = f"the module of training.model.factory {spec.factory!r}" if spec.type == "custom" else "the model"
+    dense, sparse, lists = made_up_rows(layout, rows)
+    factories = spec.factories()
+    where = (
+        "the module of "
+        + ", ".join(f"training.model.{'' if k == 'model' else k + '.'}factory {v!r}" for k, v in factories.items())
+        if factories
+        else "the model"
+    )
     try:
-        logits = model(dense, sparse, "batch", lists)
-        value = loss_function(loss, model)(logits, torch.zeros(rows))
-        value.backward()
+        for kind in KINDS if isinstance(model, MTRM) else ("batch",):  # MTRM: each tower
+            logits = model(dense, sparse, kind, lists)
+            value = loss_function(loss, model)(logits, torch.zeros(rows))
+            extra = model.auxiliary_loss(dense, sparse, kind, torch.zeros(rows), lists)
+            (value if extra is None else value + extra).backward()
     except ModelFactoryError:
         raise
     except Exception as exc:

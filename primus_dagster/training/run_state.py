@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from primus_dagster.data import Batch, DataPlaneStarter, DataTask, TimeWindow, source_versions
 from primus_dagster.paths import primus_home
 from primus_dagster.spec import JobSpec
@@ -116,8 +118,16 @@ class TrainingRun:
         run.log_checkpoint(directory, step=100, phase="mixed", phase_done=False, what="102400 samples")
     """
 
-    def __init__(self, request: TrainingRequest, tracker: MlflowTracker, tasks: list[DataTask], beat: Heartbeat):
+    def __init__(
+        self,
+        request: TrainingRequest,
+        tracker: MlflowTracker,
+        tasks: list[DataTask],
+        beat: Heartbeat,
+        device: torch.device | None = None,
+    ):
         self.request, self.tracker, self.tasks, self.beat = request, tracker, tasks, beat
+        self.device = device if device is not None else torch.device("cpu")  # training.device, resolved
         self.job = request.job
         self.spec = request.job.training
         self.versions = source_versions(tasks)

@@ -72,7 +72,7 @@ class SingleTrainer:
         spec = run.spec
         if run.model_init is None:
             raise RuntimeError("the run's model layout was not resolved before training (train_window sets it)")
-        trainer = Trainer(build_initial_model(spec.model, run.model_init, seed=spec.seed), spec)
+        trainer = Trainer(build_initial_model(spec.model, run.model_init, seed=spec.seed), spec, device=run.device)
         run.tracker.set_tags({"primus.model": str(model_summary(trainer.model))})
         if self.resume is not None:
             ck = self.resume

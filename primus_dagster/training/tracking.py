@@ -48,6 +48,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.types import Schema, TensorSpec
 
 from primus_dagster.paths import primus_home
+from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.checkpoint import (
     CheckpointError,
     checkpoint_files,
@@ -468,12 +469,14 @@ class MlflowTracker:
         logged = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=run_id, params=params)
         metadata = {"primus_input_example": input_example} if input_example is not None else None
         requirements = model_requirements()
-        factory = getattr(getattr(model, "spec", None), "factory", None)  # a custom model's code
-        code = factory_code(factory) if isinstance(factory, str) else None
-        if code is not None:
+        spec = getattr(model, "spec", None)  # a custom model's or an MTRM's team towers' code
+        factories = spec.factories().values() if isinstance(spec, ModelSpec) else ()
+        codes = [factory_code(reference) for reference in factories]
+        by_value = list({id(c.by_value): c.by_value for c in codes if c.by_value is not None}.values())
+        for code in codes:
             requirements += [r for r in code.requirements if r not in requirements]
-        if code is not None and code.by_value is not None:
-            cloudpickle.register_pickle_by_value(code.by_value)
+        for module in by_value:
+            cloudpickle.register_pickle_by_value(module)
         try:
             with use_tracking_uri(self.tracking_uri):
                 info = mlflow.pytorch.log_model(
@@ -487,8 +490,8 @@ class MlflowTracker:
                     metadata=metadata,
                 )
         finally:
-            if code is not None and code.by_value is not None:
-                cloudpickle.unregister_pickle_by_value(code.by_value)
+            for module in by_value:
+                cloudpickle.unregister_pickle_by_value(module)
         return info.model_uri
 
     # ------------------------------------------------------------------ the model registry

@@ -32,6 +32,7 @@ from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.device import to_device
 from primus_dagster.training.models import (
     RecModel,
     huge_page_copy,
@@ -271,12 +272,22 @@ class TrainerStats:
 
 
 class Trainer:
-    """Adam on BCE-with-logits; ``module`` is what runs forward (e.g. a DDP wrapper of ``model``)."""
+    """Adam on ``training.loss``; ``module`` is what runs forward (e.g. a DDP wrapper of ``model``);
+    ``device``: where the model and each batch go (training/device.py; the model is moved there)."""
 
     def __init__(
-        self, model: RecModel, spec: TrainingSpec, *, module: nn.Module | None = None, observe_labels: bool = True
+        self,
+        model: RecModel,
+        spec: TrainingSpec,
+        *,
+        module: nn.Module | None = None,
+        observe_labels: bool = True,
+        device: torch.device | None = None,
     ):
         keep_freed_memory()
+        self.device = device if device is not None else torch.device("cpu")
+        if self.device.type != "cpu":
+            model.to(self.device)  # before the optimiser: its state is created beside the parameters
         self.model = model
         self.module = module if module is not None else model
         # MTRM's label-delay calibration counts the labels it learns from (DDP ranks do not: their
@@ -305,7 +316,7 @@ class Trainer:
         trainer group exchanges them in between, ``distributed``); the loss."""
         self.module.train()
         dense, sparse, label = model_inputs(batch)
-        lists = batch.lists
+        dense, sparse, label, lists = to_device(self.device, dense, sparse, label, batch.lists)
         self.optimizer.zero_grad(set_to_none=True)
         # a module wrapping the model (DDP) is called with the list features only where there are some
         logits = self.module(dense, sparse, batch.kind, lists) if lists else self.module(dense, sparse, batch.kind)
@@ -350,7 +361,7 @@ class Trainer:
             return float("nan")
         from primus_dagster.training.metrics import auc
 
-        return auc(torch.cat([y for _, y in self._recent]), torch.cat([x for x, _ in self._recent]))
+        return auc(torch.cat([y for _, y in self._recent]).cpu(), torch.cat([x for x, _ in self._recent]).cpu())
 
     def stats(self) -> dict[str, Any]:
         out = self.counters.to_dict()
@@ -359,7 +370,8 @@ class Trainer:
         return out
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(model state, optimizer state) for a checkpoint."""
+        """(model state, optimizer state) for a checkpoint (tensors on the training device; ``torch.load``
+        of a checkpoint maps them to the CPU)."""
         return self.model.state_dict(), self.optimizer.state_dict()
 
     def restore(

@@ -48,6 +48,7 @@ from primus_dagster.data import DataDriver, DataPlane, NotReady, SourceContext, 
 from primus_dagster.spec import JobSpec
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
+from primus_dagster.training.device import resolve_device
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
 from primus_dagster.training.features import ModelInit, fit_dense_stats
 from primus_dagster.training.models import RecModel, check_model, custom_model_line
@@ -129,6 +130,7 @@ def run_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, An
         "batch_size": t.batch_size,
         "learning_rate": t.learning_rate,
         "seed": t.seed,
+        "device": t.device,
         "priority_weights": job.kind_weights(),
         "batch_lag": str(t.batch_lag),
         "window_start": window.start.isoformat(),
@@ -154,6 +156,8 @@ def _train(
 ) -> TrainingResult:
     job, spec = request.job, request.job.training
     torch.set_num_threads(spec.threads)  # this process: training (one trainer) and evaluation
+    device, device_line = resolve_device(spec.device, trainers=trainer.trainers)  # no GPU: an error before any work
+    beat.stage("device: %s", device_line)
     context = SourceContext(str(request.data_root), kafka_bootstrap_servers=request.kafka_bootstrap)
     skipped: list[NotReady] = []
     if request.tasks is None:
@@ -171,7 +175,7 @@ def _train(
         ]
     beat.stage("MLflow: opening the run %s", request.key())
     tracker.start(request.key(), params={**run_params(job, request.window, executors), **extra_params}, tags=tags)
-    run = TrainingRun(request, tracker, tasks, beat)
+    run = TrainingRun(request, tracker, tasks, beat, device)
     status = "FAILED"
     try:
         log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
@@ -187,7 +191,7 @@ def _train(
             beat.stage("evaluating the model on the %d hour(s) after the window", spec.eval_hours)
         evaluation = evaluate_and_log(request, context, model, tracker, step)
         beat.stage("logging the model to MLflow")
-        model_uri = tracker.log_model(model)
+        model_uri = tracker.log_model(model.cpu())  # a registered model loads on any machine
         log.info("model logged: %s (%.1f s since the start)", model_uri, time.perf_counter() - started)
         stats = trainer.stats(run)
         status = "FINISHED"
@@ -371,8 +375,9 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
 
 def _checked(spec: TrainingSpec, init: ModelInit) -> ModelInit:
     """``init`` after a custom model was built on it and ran two made-up rows (a factory or module that
-    breaks the protocol fails here, naming itself, before any trainer starts)."""
-    if spec.model.type == "custom":
+    breaks the protocol fails here, naming itself, before any trainer starts); likewise an MTRM over a
+    team's towers."""
+    if spec.model.factories():
         log.info("model: %s", custom_model_line(check_model(spec.model, init.layout, spec.loss)))
     return init
 

@@ -24,8 +24,11 @@ def reference_env(
         "PRIMUS_DATA_ROOT": str(home / "data"),
         "DAGSTER_HOME": str(home / "dagster_home"),
         "PRIMUS_KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+        # `dagster dev` leaves its workspace temp dirs behind when it is stopped under load: keep them here
+        "TMPDIR": str(home / "tmp"),
     }
     (home / "dagster_home").mkdir(parents=True)
+    (home / "tmp").mkdir()
     (home / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     command = [PRIMUS, "synth", "--spec", "examples/job.yaml", "--hours", str(hours), "--rows-per-hour"]
     subprocess.run(

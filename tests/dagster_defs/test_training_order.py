@@ -165,7 +165,14 @@ def test_a_backfill_through_the_daemon_trains_partitions_in_order(tmp_path: Path
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     module = tmp_path / "order_defs.py"
     module.write_text(DEFS_MODULE.format(job_path=str(env["job_path"]), root=str(env["root"])))
-    proc_env = {**os.environ, "DAGSTER_HOME": str(home), "PRIMUS_HOME": str(tmp_path / "primus")}
+    (tmp_path / "tmp").mkdir()
+    # TMPDIR: `dagster dev` leaves its workspace temp dirs behind when it is stopped under load
+    proc_env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "PRIMUS_HOME": str(tmp_path / "primus"),
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
     port = free_port()
     proc = subprocess.Popen(
         [DAGSTER, "dev", "-f", str(module), "-p", str(port), "-h", "127.0.0.1"],

@@ -43,3 +43,17 @@ def test_kind_weights_average_the_streams_weights_per_source() -> None:
 def test_training_priority_weights_is_an_error_naming_the_replacement() -> None:
     with pytest.raises(SpecError, match=r"training.*priority_weights was removed.*dataset\.streams\[\]\.weight"):
         parse_job_spec(job((1.0, 1.0, 1.0), "{mode: mixed, priority_weights: {batch: 1, stream: 1}}"), "<test>")
+
+
+def test_the_removed_key_is_one_problem_among_the_others() -> None:
+    training = "{mode: mixed, priority_weights: {batch: 1}, batch_size: 0, model: {hash_buckets: 0}}"
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(job((1.0, 1.0, 1.0), training), "<test>")
+    where = sorted(path for path, _ in caught.value.problems)
+    assert len(where) == 3, caught.value
+    assert [w.split(" ")[0] for w in where] == [
+        "training.batch_size",
+        "training.model.hash_buckets",
+        "training.priority_weights",
+    ]
+    assert "stream stream" not in str(caught.value)

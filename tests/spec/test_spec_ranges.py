@@ -67,7 +67,7 @@ BAD = [
         "removed priority_weights",
         "auc_tolerance: 0.005",
         "priority_weights: {batch: 1.0, stream: 1.0}\n  auc_tolerance: 0.005",
-        "training",
+        "training.priority_weights",
         "dataset.streams[].weight",
     ),
     ("nan tolerance", "auc_tolerance: 0.005", "auc_tolerance: .nan", "training.auc_tolerance", "finite"),

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from jobkit import expected_ids, kill_at_first_checkpoint, make_job, realistic_batch_world, resume_and_count
 
@@ -54,7 +55,7 @@ def run(command: list[str], env: dict, **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    training = {"mode": "batch", "model": CUSTOM, "batch_size": 256, "baseline_guard": "warn"}
+    training = {"mode": "batch", "model": CUSTOM, "batch_size": 256, "baseline_guard": "warn", "device": "auto"}
     world = realistic_batch_world(tmp_path_factory.mktemp("custom"), 1000, training)
     world["spec"]["training"]["features"]["categorical"] = [{"name": "user_id", "buckets": 2048, "dim": 8}]
     return world
@@ -81,6 +82,9 @@ def test_the_example_models_train_on_one_or_two_ranks_and_load_without_their_cod
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert f"model: custom, factory {factory}: {net}" in done.stderr
+    if not torch.cuda.is_available():  # device: auto says what it took
+        why = "2 trainers: the rank exchange runs on the CPU" if ranks == 2 else "CUDA is not available"
+        assert f"device: auto -> cpu ({why}" in done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["samples"] > 0 and 0.0 < result["eval_auc"] < 1.0
     if ranks == 2:

@@ -167,7 +167,8 @@ def test_models_learn_a_separable_signal(kind: str) -> None:
 
 
 def test_mtrm_calibrates_its_serving_output_for_the_streams_missing_labels() -> None:
-    model = build_model(ModelSpec(type="mtrm", **SMALL), n_dense=3, n_sparse=2, seed=0)
+    # the paper's split (the adapt tower learns the stream alone): its rate is the stream's
+    model = build_model(ModelSpec(type="mtrm", adapt_batch_weight=0.0, **SMALL), n_dense=3, n_sparse=2, seed=0)
     dense, sparse = torch.randn(8, 3), torch.randint(0, 50, (8, 2))
     raw = model(dense, sparse, "stream").detach()
     model.observe("batch", torch.tensor([1.0] * 100 + [0.0] * 900))  # complete labels: 10 % positive
@@ -176,6 +177,6 @@ def test_mtrm_calibrates_its_serving_output_for_the_streams_missing_labels() -> 
     expected = math.log(0.1 / 0.9) - math.log(0.05 / 0.95)
     assert model.delay_offset() == pytest.approx(expected)
     assert torch.allclose(model.predict(dense, sparse), raw + expected, atol=1e-6)  # a shift: AUC unchanged
-    again = build_model(ModelSpec(type="mtrm", **SMALL), n_dense=3, n_sparse=2, seed=0)
+    again = build_model(ModelSpec(type="mtrm", adapt_batch_weight=0.0, **SMALL), n_dense=3, n_sparse=2, seed=0)
     again.load_state_dict(model.state_dict())  # the counts travel with checkpoints
     assert again.delay_offset() == pytest.approx(expected)

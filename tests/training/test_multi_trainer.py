@@ -43,7 +43,9 @@ def _two_trainers(env: dict, pool: str = "replicas: 2") -> dict:
 def test_two_trainers_train_every_sample_once_with_checkpoints(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    env = _two_trainers(make_job(tmp_path, mode="mixed", model="mtrm", every=5))
+    # adapt_batch_weight: a batch rank's adapt gradients ride in its message (replicas stay equal: checksum)
+    model = "{type: mtrm, embedding_dim: 8, hash_buckets: 4096, memory_hidden: [16], adapt_hidden: [32, 16], "
+    env = _two_trainers(make_job(tmp_path, mode="mixed", every=5, model_block=model + "adapt_batch_weight: 0.25}"))
     bad = sorted((tmp_path / "parquet" / "impressions").rglob("*.parquet"))[0]
     table = pq.read_table(bad)
     d2 = table.column("d2").to_numpy().copy()

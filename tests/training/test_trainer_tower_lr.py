@@ -33,7 +33,9 @@ def step_deltas(kind: str, **model: float) -> dict[str, torch.Tensor]:
 
 
 def test_the_memory_tower_steps_scale_times_further_and_the_adapt_tower_not_at_all() -> None:
-    one, three = step_deltas("batch", memory_lr_scale=1.0), step_deltas("batch", memory_lr_scale=3.0)
+    # the paper's split (adapt_batch_weight 0): a batch step trains the memory tower alone
+    one = step_deltas("batch", memory_lr_scale=1.0, adapt_batch_weight=0.0)
+    three = step_deltas("batch", memory_lr_scale=3.0, adapt_batch_weight=0.0)
     memory = [n for n in one if n.startswith("memory.")]
     assert memory and all(bool(one[n].abs().sum() > 0) for n in memory)
     for name in memory:  # Adam's first step is lr x g / (|g| + eps): linear in the rate

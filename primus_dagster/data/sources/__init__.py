@@ -1,6 +1,7 @@
 """Source adapters: Parquet files, Delta Lake, Iceberg and Kafka, behind one protocol."""
 
 from primus_dagster.data.sources.base import (
+    ListingGuard,
     Partition,
     PartitionNotReadyError,
     ReadTask,
@@ -11,11 +12,14 @@ from primus_dagster.data.sources.base import (
 )
 from primus_dagster.data.sources.registry import make_adapter
 from primus_dagster.data.sources.scan import PartitionScan, scan_partition, scan_problems
+from primus_dagster.spec.sources import PathOutsideRootError
 
 __all__ = [
+    "ListingGuard",
     "Partition",
     "PartitionNotReadyError",
     "PartitionScan",
+    "PathOutsideRootError",
     "ReadTask",
     "SourceAdapter",
     "SourceContext",

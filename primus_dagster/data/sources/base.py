@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
-import posixpath
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -28,7 +28,13 @@ import pyarrow as pa
 from primus_dagster.data.canonical import Normalizer
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.inputs import partition_starts
-from primus_dagster.spec.sources import SourceSpec
+from primus_dagster.spec.sources import (
+    PathOutsideRootError,
+    SourceSpec,
+    is_local_location,
+    local_path,
+    outside_root,
+)
 
 
 class SourceReadError(RuntimeError):
@@ -159,21 +165,68 @@ class SourceContext:
     kafka_bootstrap_servers: str | None = None
 
     def resolve(self, location: str) -> str:
-        """Absolute path/URL for ``location``: URLs and absolute paths are returned as they are (allowed
-        explicitly); a relative path is joined to the data root and may not leave it (ValueError on ``..``).
+        """Absolute path/URL for ``location``: URLs and absolute paths are returned as they are (the explicit
+        opt-out); a relative path is joined to the data root and may not leave it (:class:`PathOutsideRootError`
+        on ``..`` and on a relative ``file://`` URI; symlinks are checked when listing: :meth:`guard`).
 
         >>> SourceContext("/data").resolve("parquet/clicks")
         '/data/parquet/clicks'
         """
-        if "://" in location or location.startswith("/"):
+        problem = outside_root(location, what=f"the data root {self.data_root!r}")
+        if problem is not None:
+            raise PathOutsideRootError(f"{problem}; use a path inside it, or an absolute path / URL")
+        if not is_local_location(location) or local_path(location).startswith("/"):
             return location
-        normal = posixpath.normpath(location)
-        if normal.split("/")[0] == "..":
-            raise ValueError(
-                f"relative path {location!r} leaves the data root {self.data_root!r}; "
-                "use a path inside it, or an absolute path / URL"
-            )
         return f"{self.data_root.rstrip('/')}/{location}"
+
+    def root_of(self, location: str) -> str | None:
+        """What files found under ``location`` must stay inside: the data root for a relative location, the
+        location itself for an absolute one (the spec's explicit opt-out), None for object stores."""
+        if not is_local_location(location):
+            return None
+        if local_path(location).startswith("/"):
+            return local_path(location)
+        return self.data_root if is_local_location(self.data_root) else None
+
+    def guard(self, source: str, location: str) -> ListingGuard:
+        """The :class:`ListingGuard` of the files a listing of ``location`` (a source's spec location) finds."""
+        root = self.root_of(location)
+        what = "the data root" if root == self.data_root else "the source location"
+        return ListingGuard(source, root, what)
+
+
+class ListingGuard:
+    """Refuses a listed file (or directory) that resolves outside its source's root (:func:`outside_root`,
+    symlinks followed): :class:`PathOutsideRootError` naming the source, the file, the link and its target.
+
+    A directory is resolved once; a file in a directory inside the root costs one ``lstat`` (only a
+    symlink is resolved), so listing thousands of files stays cheap.
+
+    Example::
+
+        guard = SourceContext("/data").guard("clicks", "parquet/clicks")
+        guard.check("/data/parquet/clicks/dt=2026-11-01/hour=05/part-0.parquet")
+    """
+
+    def __init__(self, source: str, root: str | None, what: str = "the data root"):
+        self.source, self.root, self.what = source, root, what
+        self._inside: set[str] = set()  # directories known to resolve inside the root
+
+    def check(self, found: str) -> None:
+        """Raise :class:`PathOutsideRootError` when ``found`` (a local path or ``file://`` URI) leaves the root."""
+        if self.root is None or not is_local_location(found):
+            return
+        path = local_path(found)
+        if os.path.normpath(path) == os.path.normpath(local_path(self.root)):
+            return  # the root itself (an absolute location, or a table at the data root)
+        parent = os.path.dirname(path)
+        if parent in self._inside and not os.path.islink(path):
+            return  # in a directory inside the root, and not a link: inside
+        problem = outside_root(path, self.root, self.what)
+        if problem is not None:
+            raise PathOutsideRootError(f"source {self.source!r}: listed file {problem}")
+        if outside_root(parent, self.root, self.what) is None:
+            self._inside.add(parent)
 
 
 class SourceAdapter(abc.ABC):

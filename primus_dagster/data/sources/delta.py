@@ -147,6 +147,7 @@ class DeltaSource(SourceAdapter):
     def __init__(self, spec: DeltaSourceSpec, context: SourceContext):
         super().__init__(spec, context)
         self.uri = context.resolve(spec.uri)
+        self._guard = context.guard(spec.name, spec.uri)
         self._table: DeltaTable | None = None
         self._tasks: OrderedDict[tuple[str, datetime], list[ReadTask]] = OrderedDict()
         self._schemas: dict[str, pa.Schema] = {}
@@ -190,6 +191,7 @@ class DeltaSource(SourceAdapter):
         )
 
     def _open_table(self, version: int | None = None) -> DeltaTable:
+        self._guard.check(self.uri.rstrip("/"))  # the table (its log) may not lie behind a symlink out of the root
         try:
             table = DeltaTable(self.uri, version=version, storage_options=self.spec.storage_options or None)
         except TableNotFoundError as exc:
@@ -257,11 +259,13 @@ class DeltaSource(SourceAdapter):
             start = by_key.get((date_text, None if hour is None else int(hour)))
             if start is None:
                 continue
+            uri = self._file_uri(root, path)
+            self._guard.check(uri)  # log paths may be absolute, climb with `..`, or be symlinks out of the root
             out[start].append(
                 ReadTask(
                     source=self.spec.name,
                     partition=start,
-                    uri=self._file_uri(root, path),
+                    uri=uri,
                     size_bytes=int(size),
                     rows=rows,
                     version=version,

@@ -78,12 +78,19 @@ def catalog_properties(spec: IcebergSourceSpec | IcebergCatalogSpec, context: So
         if db is None:
             raise ValueError(f"catalog {cat.name!r}: data root {context.data_root!r} is a URL; set catalog.uri")
         props["uri"] = f"sqlite:///{db}"
-    if cat.warehouse:
-        props["warehouse"] = _local_url(cat.warehouse, context)
-    elif sql:
-        props["warehouse"] = _local_url("iceberg/warehouse", context)
     props.update(cat.properties)
+    warehouse = warehouse_location(cat)
+    if warehouse is not None:  # (properties.warehouse too: resolved inside the data root, never from the cwd)
+        props["warehouse"] = _local_url(warehouse, context)
     return props
+
+
+def warehouse_location(cat: IcebergCatalogSpec) -> str | None:
+    """The warehouse as the spec writes it (``properties.warehouse``, else ``warehouse``), else ``iceberg/warehouse``
+    (inside the data root) for the default SQL catalog; None: another catalog type's own default."""
+    if cat.properties.get("type", "sql") == "sql":
+        return cat.warehouse_location() or "iceberg/warehouse"
+    return cat.warehouse_location()
 
 
 def load_catalog_for(spec: IcebergSourceSpec | IcebergCatalogSpec, context: SourceContext) -> Catalog:
@@ -164,6 +171,8 @@ class IcebergSource(SourceAdapter):
         self._table: Table | None = None
         self._tasks: OrderedDict[tuple[str, datetime], list[ReadTask]] = OrderedDict()
         self._step = granularity_step(spec.granularity)
+        # Data files stay inside the data root (a relative or default warehouse) or inside an absolute warehouse.
+        self._guard = context.guard(spec.name, warehouse_location(spec.catalog) or ".")
 
     # ---- catalog and table -------------------------------------------------------------
     @property
@@ -236,6 +245,7 @@ class IcebergSource(SourceAdapter):
         limits = [(s, self._literal(field, s), self._literal(field, s + self._step)) for s in starts]
         for task in self._plan(table, snapshot_id, starts[0], starts[-1] + self._step):
             data = task.file
+            self._guard.check(data.file_path)
             low_v = _ts_bound(field, data.lower_bounds)
             high_v = _ts_bound(field, data.upper_bounds)
             for start, lo, hi in limits:

@@ -3,7 +3,8 @@
 Layouts: ``hive`` (``dt=YYYY-MM-DD/hour=HH``; daily: ``dt=YYYY-MM-DD``) or a path template
 (``{YYYY}{MM}{DD}/{HH}``). With a success marker configured (default ``_SUCCESS``), a
 directory without its marker is listed but not ready. Files whose names start with ``_`` or
-``.`` are never data.
+``.`` are never data. A listed data file that resolves outside the source's root (a symlink out of
+the data root) fails the listing (:class:`ListingGuard`); a symlink inside it is read as its target.
 
 Example::
 
@@ -19,6 +20,7 @@ import mmap
 import os
 from collections.abc import Iterable, Iterator
 from datetime import datetime
+from stat import S_ISREG
 from typing import Any
 
 import fsspec
@@ -114,9 +116,19 @@ def partition_dir(spec: ParquetSourceSpec, start: datetime) -> str:
     return spec.template.format(YYYY=f"{start:%Y}", MM=f"{start:%m}", DD=f"{start:%d}", HH=f"{start:%H}")
 
 
-def _is_data_file(entry: dict[str, Any]) -> bool:
+def _is_data_name(entry: dict[str, Any]) -> bool:
     name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-    return entry.get("type") == "file" and not name.startswith(("_", ".")) and not name.endswith(".crc")
+    return not name.startswith(("_", ".")) and not name.endswith(".crc")
+
+
+def _followed(entry: dict[str, Any], source: str) -> dict[str, Any]:
+    """A local symlink's listing entry (fsspec: type ``other``) as its target's: a file link lists as a file."""
+    try:
+        stat = os.stat(entry["name"])
+    except FileNotFoundError as exc:
+        target = entry.get("destination")
+        raise FileNotFoundError(f"source {source!r}: broken symlink {entry['name']} -> {target}") from exc
+    return {**entry, "type": "file" if S_ISREG(stat.st_mode) else "other", "size": stat.st_size}
 
 
 def _arrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
@@ -135,6 +147,7 @@ class ParquetSource(SourceAdapter):
         super().__init__(spec, context)
         self.root = context.resolve(spec.path).rstrip("/")
         self.fs, self._root_path = fsspec.core.url_to_fs(self.root, **spec.storage_options)
+        self._guard = context.guard(spec.name, spec.path)
         self.arrow_fs = _arrow_fs(self.fs)
         self.columns = native_columns(spec.columns)
 
@@ -149,6 +162,18 @@ class ParquetSource(SourceAdapter):
         except FileNotFoundError:
             return None
 
+    def _data_files(self, entries: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The data files among ``entries``; each (and its directory) must stay inside the root, symlinks
+        resolved (:class:`PathOutsideRootError` otherwise); a symlink inside it is read as its target."""
+        for entry in entries:
+            if not _is_data_name(entry) or (entry.get("type") != "file" and not entry.get("islink")):
+                continue
+            self._guard.check(entry["name"])
+            if entry.get("islink"):
+                entry = _followed(entry, self.spec.name)
+            if entry.get("type") == "file":
+                yield entry
+
     def _listing(self, start: datetime) -> Partition:
         step = granularity_step(self.spec.granularity)
         rel = partition_dir(self.spec, start)
@@ -157,7 +182,7 @@ class ParquetSource(SourceAdapter):
         entries = self._list_dir(path)
         if entries is None:
             return listed(ready=False, reason=f"directory {path} does not exist")
-        files = sorted((e for e in entries if _is_data_file(e)), key=lambda e: e["name"])
+        files = sorted(self._data_files(entries), key=lambda e: e["name"])
         names = {e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries}
         marker = self.spec.success_marker
         ready, reason = True, None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,6 +47,14 @@ class PartitionScan:
         return not self.errors
 
 
+def _py_time(scalar: pa.TimestampScalar) -> datetime:
+    """``scalar`` as a datetime; beyond Python's datetimes (a misread epoch unit): the nearest one."""
+    try:
+        return scalar.as_py()
+    except (OverflowError, ValueError):
+        return (datetime.max if scalar.value > 0 else datetime.min).replace(tzinfo=timezone.utc)
+
+
 def _update(scan: PartitionScan, batch: pa.RecordBatch, preview_rows: int) -> None:
     scan.rows += batch.num_rows
     scan.arrow_bytes += batch.nbytes
@@ -57,8 +65,8 @@ def _update(scan: PartitionScan, batch: pa.RecordBatch, preview_rows: int) -> No
     label = batch.column("label")
     scan.labelled_rows += batch.num_rows - label.null_count
     scan.positives += int(pc.sum(pc.greater(label, 0)).as_py() or 0)
-    bounds = pc.min_max(batch.column("ts")).as_py()
-    lo, hi = bounds["min"], bounds["max"]
+    bounds = pc.min_max(batch.column("ts"))
+    lo, hi = _py_time(bounds["min"]), _py_time(bounds["max"])
     scan.min_ts = lo if scan.min_ts is None else min(scan.min_ts, lo)
     scan.max_ts = hi if scan.max_ts is None else max(scan.max_ts, hi)
     have = 0 if scan.preview is None else scan.preview.num_rows

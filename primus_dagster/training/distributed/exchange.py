@@ -103,9 +103,18 @@ def parameter_groups(model: nn.Module) -> dict[int, str]:
     return {id(p): (name.split(".")[0] if mtrm else "all") for name, p in model.named_parameters()}
 
 
-def _groups_of(kind: int) -> tuple[str, ...]:
-    """The parameter groups a micro-batch of kind ``KINDS[kind]`` trains (the divisor's rule)."""
-    return ("all", "memory") if KINDS[kind] == "batch" else ("all", "adapt")
+def groups_of(kind: int, adapt_on_batch: bool = False) -> tuple[str, ...]:
+    """The parameter groups a micro-batch of kind ``KINDS[kind]`` trains (the divisor's rule);
+    ``adapt_on_batch``: an MTRM with ``adapt_batch_weight`` > 0, whose batch samples train the adapt
+    tower too (:func:`adapt_learns_batch`)."""
+    if KINDS[kind] == "batch":
+        return ("all", "memory", "adapt") if adapt_on_batch else ("all", "memory")
+    return ("all", "adapt")
+
+
+def adapt_learns_batch(model: nn.Module) -> bool:
+    """Whether ``model``'s batch samples also train its adapt tower (MTRM, ``adapt_batch_weight`` > 0)."""
+    return isinstance(model, MTRM) and model.spec.adapt_batch_weight > 0
 
 
 class RowSparseExchange:
@@ -145,6 +154,7 @@ class RowSparseExchange:
         self.tables: list[nn.Parameter] = []
         self.dense: dict[str, list[nn.Parameter]] = {}
         self.active = False  # indexed a model: packs and applies messages
+        self.adapt_on_batch = False  # a batch rank's message carries its adapt tower's gradients too
         self.sent, self.pack_s, self.apply_s = 0, 0.0, 0.0
         if model is not None:
             self.index(model)
@@ -152,6 +162,7 @@ class RowSparseExchange:
     def index(self, model: nn.Module) -> None:
         """Sort ``model``'s parameters into tables and dense groups: the messages' layout."""
         self.group = parameter_groups(model)
+        self.adapt_on_batch = adapt_learns_batch(model)
         self.tables = sparse_tables(model)
         sparse = {id(p) for p in self.tables}
         self.dense = {}
@@ -192,7 +203,7 @@ class RowSparseExchange:
             self.apply(messages, divisor)
 
     def _tables_of(self, kind: int) -> list[int]:
-        groups = _groups_of(kind)
+        groups = groups_of(kind, self.adapt_on_batch)
         return [i for i, p in enumerate(self.tables) if self.group[id(p)] in groups]
 
     def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
@@ -214,7 +225,7 @@ class RowSparseExchange:
             values.append(v.contiguous())
         dense = [
             p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
-            for g in _groups_of(kind)
+            for g in groups_of(kind, self.adapt_on_batch)
             for p in self.dense.get(g, [])
         ]
         parts = [status, *rows, *dense, *values]
@@ -238,7 +249,7 @@ class RowSparseExchange:
             for i, n in tables:
                 rows.setdefault(i, []).append(message[offset : offset + 8 * n].view(torch.int64))
                 offset += 8 * n
-            for g in _groups_of(kind):
+            for g in groups_of(kind, self.adapt_on_batch):
                 n = 4 * sum(p.numel() for p in self.dense.get(g, []))
                 dense.setdefault(g, []).append(message[offset : offset + n].view(torch.float32))
                 offset += n

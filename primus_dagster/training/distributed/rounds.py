@@ -29,6 +29,7 @@ from primus_dagster.training.distributed.exchange import (
     STATUS_FIELDS,
     GradientExchange,
     RowSparseExchange,
+    adapt_learns_batch,
 )
 from primus_dagster.training.distributed.mesh import ByteAllGather, PeerMesh
 from primus_dagster.training.features import FeatureLayout, ModelInit
@@ -149,11 +150,6 @@ class RankLoop:
     def build(self, n_dense: int, n_sparse: int) -> Trainer:
         """Build the model and its trainer on :attr:`init` (every rank at the same round, same seed;
         without one: the plain layout of these widths), then ``on_build``."""
-        if self.spec.model.type == "mtrm" and self.spec.model.adapt_batch_weight and dist.get_world_size() > 1:
-            raise ValueError(
-                "training.model.adapt_batch_weight needs a single trainer: the multi-trainer exchange sends a "
-                "batch rank's memory-tower gradients only (set it to 0 or run one trainer)"
-            )
         init = self.init or ModelInit(FeatureLayout.plain(self.spec.model, n_dense, n_sparse))
         if (init.layout.n_dense, init.layout.n_sparse) != (n_dense, n_sparse):
             raise ValueError(
@@ -235,7 +231,9 @@ class RankLoop:
             if (widths := {(int(r[3]), int(r[4])) for r in ready}) != {self.widths}:
                 raise ValueError(f"batches of input widths {sorted(widths)}; the model's: {self.widths}")
             n_batch, n_stream = int((ready[:, 2] == 0).sum()), int((ready[:, 2] == 1).sum())
-            self.divisor.update(memory=n_batch, adapt=n_stream, all=len(ready))
+            # adapt_batch_weight > 0: a batch rank's adapt gradients are averaged in with the stream ranks'
+            adapt = n_stream + (n_batch if adapt_learns_batch(trainer.model) else 0)
+            self.divisor.update(memory=n_batch, adapt=adapt, all=len(ready))
             self._observe(trainer.model, ready)
             if head is None:
                 self._null_step(trainer, "batch" if n_batch else "stream", messages)
