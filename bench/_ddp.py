@@ -106,8 +106,10 @@ class DenseDDPExchange:
         self.sent, self.comm_s = 0, 0.0
 
     def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
-        """Dense embedding gradients: the comm hook reduces flat dense buckets."""
-        model_spec = spec.model.model_copy(update={"sparse_embeddings": False})
+        """Dense embedding gradients: the comm hook reduces flat dense buckets. MTRM trains the paper's
+        split here (``adapt_batch_weight`` 0): its adapt-tower loss on batch samples runs outside the
+        module's forward, which DDP's hooks cannot see twice in one backward."""
+        model_spec = spec.model.model_copy(update={"sparse_embeddings": False, "adapt_batch_weight": 0.0})
         model = build_initial_model(model_spec, init, seed=spec.seed)
         n_dense, n_sparse = init.layout.n_dense, init.layout.n_sparse
         ddp = DistributedDataParallel(

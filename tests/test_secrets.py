@@ -2,7 +2,9 @@
 a token in an Iceberg catalog's properties, a password in its catalog URI and a Kafka SASL password goes
 through ``validate`` (valid and invalid), ``plan``, a small ``train`` and a Dagster materialisation of
 its source and training assets; stdout/stderr, the Dagster event log and metadata, and every MLflow
-param, tag and text artifact are scanned for the planted values."""
+param, tag and text artifact are scanned for the planted values. A Kafka SASL password is only ever named
+(``sasl_password_env``): written inline it is refused, and the client settings read from the variable are
+masked by ``redact``."""
 
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ training:
 tracking: {{tracking_uri: "sqlite:///{{root}}/mlflow.db", experiment: secrets}}
 """
 
-# Not readable (a catalog nobody serves, a Kafka SASL key the spec does not know): errors, not data.
+# Not readable (a catalog nobody serves, a Kafka SASL password written inline): errors, not data.
 ICEBERG = f"""
         - name: ice
           type: iceberg
@@ -127,8 +129,8 @@ def test_planted_secrets_appear_in_no_output_log_metadata_or_mlflow_record(world
     sasl = tmp_path / "sasl.yaml"
     sasl.write_text(text.replace("      sources:\n", "      sources:\n" + KAFKA_SASL.lstrip("\n"), 1))
     out = primus("validate", str(sasl), check_rc=2)
-    assert "sasl_password" in out
-    assert_clean("validate (unknown SASL key)", out)
+    assert "sasl_password: a password is never written in the spec" in out and "`sasl_password_env`" in out
+    assert_clean("validate (inline SASL password)", out)
 
     # plan: the readable source, and an Iceberg catalog whose URI and properties hold secrets
     assert_clean("plan", primus("plan", str(spec), "--hours", "1", "--data-root", str(root)))
@@ -187,3 +189,28 @@ def test_a_window_with_nothing_ready_names_the_problem_without_the_secrets(world
         check_rc=None,
     )
     assert_clean("a failed train", out)
+
+
+def test_kafka_client_settings_hold_the_password_only_where_a_client_needs_it() -> None:
+    """The SASL password, read from the variable the spec names, is in the client settings and masked
+    wherever they could be shown; the spec itself only names the variable."""
+    from primus_dagster.data.sources.kafka.security import client_security_config
+    from primus_dagster.spec import redact
+    from primus_dagster.spec.sources import KafkaSourceSpec
+
+    spec = KafkaSourceSpec.model_validate(
+        {
+            "name": "events",
+            "type": "kafka",
+            "topic": "t",
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "trainer",
+            "sasl_password_env": "EVENTS_KAFKA_PASSWORD",
+            "columns": {"ts": "event_time", "dense": ["d0"]},
+        }
+    )
+    config = client_security_config(spec, "events", environ={"EVENTS_KAFKA_PASSWORD": SASL})
+    assert config["sasl_plain_password"] == SASL
+    assert_clean("redacted client settings", repr(redact(config)))
+    assert_clean("the spec", repr(spec) + repr(redact(spec)) + spec.model_dump_json())

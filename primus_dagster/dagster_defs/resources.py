@@ -37,7 +37,8 @@ MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 class KafkaResource(ConfigurableResource):
     """The Kafka that sources naming no ``bootstrap_servers`` of their own read: ``bootstrap_servers``,
     else the embedded broker recorded in ``broker_state_file`` while it runs (``primus-dagster-dev broker
-    --detach``)."""
+    --detach``). Servers only: TLS and SASL settings are keys of the Kafka source (``security_protocol``,
+    ``sasl_*``, ``ssl_*``), which travel with the spec to every process that reads it."""
 
     bootstrap_servers: str | None = Field(default=None, description="host:port[,host:port]")
     broker_state_file: str | None = Field(

@@ -135,6 +135,29 @@ def typed_metadata(values: Mapping[str, Any]) -> dict[str, MetadataValue]:
     return out
 
 
+def failed_tasks_markdown(rows: list[dict[str, Any]], limit: int = 50) -> str:
+    """The tasks a run gave up as a markdown table (file or offset range, source, partition, attempts,
+    error; the first ``limit``, then a line counting the rest): the training asset's ``failed_tasks_table``.
+
+    >>> print(failed_tasks_markdown([{"where": "a.parquet", "source": "imp", "partition": "2026-11-01T00:00",
+    ...                               "attempts": 3, "error": "magic bytes | not found"}]))
+    | file / offsets | source | partition | attempts | error |
+    |---|---|---|---|---|
+    | a.parquet | imp | 2026-11-01T00:00 | 3 | magic bytes \\| not found |
+    """
+
+    def cell(value: Any) -> str:
+        return " ".join(str(value).split()).replace("|", "\\|")
+
+    lines = ["| file / offsets | source | partition | attempts | error |", "|---|---|---|---|---|"]
+    for row in rows[:limit]:
+        fields = (row.get("where"), row.get("source"), row.get("partition"), row.get("attempts"), row.get("error"))
+        lines.append("| " + " | ".join(cell(v) for v in fields) + " |")
+    if len(rows) > limit:
+        lines.append(f"\n... and {len(rows) - limit} more (every one in the `failed_tasks` entry)")
+    return "\n".join(lines)
+
+
 def register_version(
     tracker: "MlflowTracker", job: JobSpec, model_uri: str, tags: Mapping[str, Any]
 ) -> tuple[str, dict[str, MetadataValue]]:
@@ -284,6 +307,9 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         deps=[*source_deps(job, key_prefix), previous_partition_dep(key)],
         group_name="training",
         kinds={"pytorch", "mlflow"},
+        # Dagster's concurrency pool of the job's training: with a limit of 1 (README: "One run per
+        # window"), two materialisations never train at once; without a limit the run lock refuses the second.
+        pool=f"primus-training-{job.name}",
         check_specs=[
             AssetCheckSpec(
                 AUC_CHECK_NAME,
@@ -348,6 +374,8 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
         metadata = typed_metadata(result_metadata)
         metadata[COLUMN_SCHEMA] = MetadataValue.table_schema(training_column_schema(job))
+        if result.failed_tasks:  # given up below data.failed_task_threshold: a table in the asset's page
+            metadata["failed_tasks_table"] = MetadataValue.md(failed_tasks_markdown(result.failed_tasks))
         if previous_key is None:
             metadata["cold_start"] = MetadataValue.text("first training partition")
         baseline = result.evaluation.baseline if result.evaluation is not None else None

@@ -64,7 +64,7 @@ from primus_dagster.data.sources import (
 )
 from primus_dagster.data.sources.kafka import KafkaSource, TailOffsetError, TailPlan
 from primus_dagster.data.task_batches import read_batches, task_batches
-from primus_dagster.data.tasks import BatchId, DataTask
+from primus_dagster.data.tasks import BatchId, DataTask, read_location
 from primus_dagster.data.versions import source_versions
 
 __all__ = [
@@ -117,6 +117,7 @@ __all__ = [
     "plan_report",
     "quality_summary",
     "read_batches",
+    "read_location",
     "reader_for",
     "render_plan",
     "scan_partition",

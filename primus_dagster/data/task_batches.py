@@ -72,9 +72,16 @@ def task_batches(task: DataTask, adapter_for: AdapterFor) -> Iterator[pa.RecordB
         yield from joined.combine_chunks().to_batches()
 
 
-def read_batches(job: JobSpec, context: SourceContext, tasks: Iterable[DataTask]) -> Generator[Batch, None, None]:
+def read_batches(
+    job: JobSpec,
+    context: SourceContext,
+    tasks: Iterable[DataTask],
+    on_error: Callable[[DataTask, Exception], None] | None = None,
+) -> Generator[Batch, None, None]:
     """The non-empty output batches of ``tasks``, read in this process through the source adapters
-    (numbered as an executor numbers them)."""
+    (numbered as an executor numbers them). ``on_error``: a task whose read fails is handed to it with the
+    error and the next task is read (a best-effort sample; the data plane retries and reports such tasks);
+    None: the error is raised."""
     adapters: dict[str, SourceAdapter] = {}
 
     def adapter_for(name: str) -> SourceAdapter:
@@ -85,14 +92,19 @@ def read_batches(job: JobSpec, context: SourceContext, tasks: Iterable[DataTask]
     try:
         for task in tasks:
             first = 0
-            for arrow_batch in task_batches(task, adapter_for):
-                n = arrow_batch.num_rows
-                if n:
-                    batch_id = BatchId(task.task_id, first, n)
-                    yield Batch.from_arrow(
-                        arrow_batch, kind=task.kind, stream=task.stream, source=task.read.source, batch_id=batch_id
-                    )
-                first += n
+            try:
+                for arrow_batch in task_batches(task, adapter_for):
+                    n = arrow_batch.num_rows
+                    if n:
+                        batch_id = BatchId(task.task_id, first, n)
+                        yield Batch.from_arrow(
+                            arrow_batch, kind=task.kind, stream=task.stream, source=task.read.source, batch_id=batch_id
+                        )
+                    first += n
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(task, exc)
     finally:
         for adapter in adapters.values():
             adapter.close()

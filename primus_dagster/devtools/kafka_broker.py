@@ -141,8 +141,11 @@ def wait_ready(
     timeout_s: float = 20.0,
     proc: subprocess.Popen[bytes] | None = None,
     log_path: str | None = None,
+    client_config: dict[str, Any] | None = None,
+    metadata: bool = True,
 ) -> None:
-    """Block until a broker answers a TCP connect and a metadata (list topics) round trip."""
+    """Block until a broker answers a TCP connect and (``metadata``) a list-topics round trip of a client
+    with ``client_config`` (kafka-python security keyword arguments, e.g. through a TLS front)."""
     from kafka import KafkaAdminClient
 
     host, _, port = bootstrap_servers.split(",")[0].rpartition(":")
@@ -156,8 +159,13 @@ def wait_ready(
             )
         try:
             socket.create_connection((host, int(port)), timeout=0.5).close()
+            if not metadata:
+                return
             admin = KafkaAdminClient(
-                bootstrap_servers=bootstrap_servers, request_timeout_ms=3000, client_id="primus-broker-probe"
+                bootstrap_servers=bootstrap_servers,
+                request_timeout_ms=3000,
+                client_id="primus-broker-probe",
+                **(client_config or {}),
             )
             try:
                 admin.list_topics()
@@ -173,6 +181,13 @@ def wait_ready(
 
 class EmbeddedBroker:
     """An in-memory tansu broker on a loopback port, owned by this process.
+
+    ``advertised`` (``host:port``, default the listener) is the address the broker gives clients in its
+    metadata: a front in front of it (the tests' TLS front, ``tests/data/sources/tls_testkit.py``) must be advertised, or clients
+    bypass it after bootstrapping; readiness is then checked through ``advertised`` with ``client_config``
+    (kafka-python security keyword arguments). ``authentication`` starts tansu with ``--authentication``
+    (SASL required); its memory storage holds no users and none can be created without logging in, so no
+    client can log in, and readiness is the TCP accept only.
 
     Example::
 
@@ -190,9 +205,15 @@ class EmbeddedBroker:
         log_path: str | None = None,
         startup_timeout_s: float = 20.0,
         stop_grace_s: float = 2.0,
+        advertised: str | None = None,
+        client_config: dict[str, Any] | None = None,
+        authentication: bool = False,
     ):
         self.host = host
         self.port = port
+        self.advertised = advertised
+        self.client_config = client_config
+        self.authentication = authentication
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
@@ -226,9 +247,10 @@ class EmbeddedBroker:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://{self.advertised}" if self.advertised else url,
             "--storage-engine",
             "memory://tansu/",
+            *(["--authentication"] if self.authentication else []),
         ]
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         with open(self.log_path, "ab") as logf:
@@ -256,7 +278,14 @@ class EmbeddedBroker:
                 with _LIVE_LOCK:
                     _LIVE.add(self)
             try:
-                wait_ready(self.bootstrap_servers, self.startup_timeout_s, self._proc, self.log_path)
+                wait_ready(
+                    self.advertised or self.bootstrap_servers,
+                    self.startup_timeout_s,
+                    self._proc,
+                    self.log_path,
+                    client_config=self.client_config,
+                    metadata=not self.authentication,
+                )
                 log.info("embedded Kafka broker pid %s on %s (log %s)", self.pid, self.bootstrap_servers, self.log_path)
                 return self
             except BrokerError:
@@ -351,15 +380,24 @@ class EmbeddedBroker:
 
 
 def create_topic(
-    bootstrap_servers: str, topic: str, partitions: int = 1, replication_factor: int = 1, timeout_s: float = 10.0
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    timeout_s: float = 10.0,
+    client_config: dict[str, Any] | None = None,
 ) -> bool:
-    """Create ``topic`` if it does not exist (idempotent); True when this call created it."""
+    """Create ``topic`` if it does not exist (idempotent); True when this call created it. ``client_config``:
+    kafka-python security keyword arguments (a broker behind a TLS front)."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000), client_id="primus-admin"
+        bootstrap_servers=bootstrap_servers,
+        request_timeout_ms=int(timeout_s * 1000),
+        client_id="primus-admin",
+        **(client_config or {}),
     )
     try:
         if topic in admin.list_topics():

@@ -211,6 +211,13 @@ class DataPlaneSpec(StrictModel):
     planner_threads: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=3, ge=1, le=1000)
     failed_task_threshold: float = Field(default=0.05, ge=0, le=1, description="Fail the job past this share.")
+    allow_failed_tasks: bool = Field(
+        default=True,
+        description="Tasks given up (failed max_attempts times) below failed_task_threshold let the run go on "
+        "without their rows: each is reported with its file or offset range and error in the run log, the result, "
+        "MLflow (failed_tasks metric, failed_tasks.json) and the asset's metadata, and its partition is marked "
+        "incomplete. false: the first task given up fails the run, naming the file (as train --strict does).",
+    )
     lease: PositiveDuration = Field(
         default=duration_default("60s"), description="A running task's executor must report within it."
     )

@@ -5,6 +5,12 @@ A value is secret when its key looks like one (``password``, ``aws_secret_access
 credentials by design: a source's ``storage_options`` and an Iceberg catalog's ``properties``. User
 information in URLs (``postgresql://user:PASSWORD@host/db``) is masked wherever it appears.
 
+Kafka security keys: the spec never holds the SASL password (``sasl_password`` and its spellings are
+refused at load; ``sasl_password_env`` names the variable that does). The ``sasl_*`` values and
+``ssl_keyfile`` are masked anyway (their words are secret words: a user name is half a credential);
+``security_protocol``, ``ssl_cafile`` and ``ssl_certfile`` are shown. The client settings built from the
+variable (``sasl_plain_password``, see :mod:`primus_dagster.data.sources.kafka.security`) are masked too.
+
 Example::
 
     from primus_dagster.spec import redact

@@ -442,8 +442,102 @@ class IcebergSourceSpec(_SourceBase):
         return value
 
 
-class KafkaSourceSpec(_SourceBase):
-    """A Kafka topic of JSON records; partitions are per topic-partition offset ranges."""
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+_SASL_KEYS = ("sasl_mechanism", "sasl_username", "sasl_password_env")
+_SSL_KEYS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+#: Keys that would hold a password itself: refused, the password is named by ``sasl_password_env``.
+INLINE_PASSWORD_KEYS = ("sasl_password", "sasl_plain_password", "password", "ssl_password")
+
+
+class KafkaSecuritySpec(StrictModel):
+    """How a Kafka client authenticates and encrypts: the security keys of a Kafka source.
+
+    ``security_protocol`` is ``PLAINTEXT`` (default), ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``. The
+    ``sasl_*`` keys go with the ``SASL_*`` protocols (all three are then required), the ``ssl_*`` keys with
+    ``SSL`` and ``SASL_SSL``. The password is never written in the spec: ``sasl_password_env`` names the
+    environment variable that holds it, read when a client connects. Certificate paths are PEM files.
+
+    Example (YAML, on a Kafka source)::
+
+        security_protocol: SASL_SSL
+        sasl_mechanism: SCRAM-SHA-512
+        sasl_username: trainer
+        sasl_password_env: KAFKA_PASSWORD      # the variable's name, not the password
+        ssl_cafile: /etc/kafka/ca.pem
+    """
+
+    security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL."
+    )
+    sasl_mechanism: SaslMechanism | None = Field(
+        default=None, description="PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (required with SASL_*)."
+    )
+    sasl_username: str | None = Field(default=None, min_length=1, max_length=1024, description="SASL user name.")
+    sasl_password_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=256,
+        description="Name of the environment variable holding the SASL password (never the password itself).",
+    )
+    ssl_cafile: str | None = Field(
+        default=None, min_length=1, description="PEM file of the CA(s) to trust (default: the system's)."
+    )
+    ssl_certfile: str | None = Field(
+        default=None, min_length=1, description="PEM client certificate (mutual TLS); may hold the key too."
+    )
+    ssl_keyfile: str | None = Field(
+        default=None, min_length=1, description="PEM private key of ssl_certfile (unencrypted)."
+    )
+    ssl_check_hostname: bool = Field(
+        default=True, description="Check that the broker's certificate names the host connected to."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_password(cls, data: object) -> object:
+        if isinstance(data, dict):
+            inline = [key for key in INLINE_PASSWORD_KEYS if key in data]
+            if inline:
+                raise ValueError(
+                    f"{inline[0]}: a password is never written in the spec; put it in an environment variable "
+                    "and name that variable in `sasl_password_env`"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _security_combinations(self) -> KafkaSecuritySpec:
+        protocol, given = self.security_protocol, self.model_fields_set
+        if protocol.startswith("SASL_"):
+            missing = [key for key in _SASL_KEYS if getattr(self, key) is None]
+            if missing:
+                raise ValueError(
+                    f"security_protocol {protocol} needs {', '.join(missing)} (sasl_mechanism: PLAIN, SCRAM-SHA-256 "
+                    "or SCRAM-SHA-512; sasl_password_env: the environment variable holding the password)"
+                )
+        else:
+            stray = [key for key in _SASL_KEYS if getattr(self, key) is not None]
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)}: only used with security_protocol SASL_PLAINTEXT or SASL_SSL "
+                    f"(this source: {protocol})"
+                )
+        if not protocol.endswith("SSL"):
+            # a default value passes (a dumped spec carries them); any other one without TLS is a mistake
+            defaults = type(self).model_fields
+            stray = [key for key in _SSL_KEYS if key in given and getattr(self, key) != defaults[key].default]
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)}: only used with security_protocol SSL or SASL_SSL (this source: {protocol})"
+                )
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile needs ssl_certfile (the client certificate the key belongs to)")
+        return self
+
+
+class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
+    """A Kafka topic of JSON records; partitions are per topic-partition offset ranges. The security keys
+    (``security_protocol``, ``sasl_*``, ``ssl_*``) are those of :class:`KafkaSecuritySpec`."""
 
     type: Literal["kafka"]
     topic: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
@@ -461,8 +555,9 @@ class KafkaSourceSpec(_SourceBase):
     )
     fetcher: Literal["native", "kafka-python"] = Field(
         default="native",
-        description="native: the suite's Fetch v4-10 client (PLAINTEXT; about 2x kafka-python's speed per core, "
-        "falls back to kafka-python on brokers without those versions); kafka-python: always the reference client.",
+        description="native: the suite's Fetch v4-10 client (PLAINTEXT or SSL; about 2x kafka-python's speed per "
+        "core, falls back to kafka-python on brokers without those versions and for SASL); kafka-python: always the "
+        "reference client.",
     )
 
 

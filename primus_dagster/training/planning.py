@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -124,13 +125,21 @@ def plan_training_tasks(
     return tasks
 
 
-def consumed_sources(job: JobSpec, tasks: list[DataTask]) -> dict[str, dict[str, Any]]:
+def consumed_sources(
+    job: JobSpec, tasks: list[DataTask], failed: Collection[str] = frozenset()
+) -> dict[str, dict[str, Any]]:
     """What a run reads, per source: its ``type``, ``kind``, ``location`` (path, table URI or topic),
     the partitions (ISO times), the number of tasks and, from :func:`source_versions`, the table
-    ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata."""
+    ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata.
+
+    ``failed``: ids of tasks given up (read in part or not at all): a source they read gets
+    ``incomplete: True``, ``failed_tasks`` (how many) and ``incomplete_partitions`` (those partitions,
+    not consumed in full); the entries of the other sources are unchanged."""
     versions = source_versions(tasks)
     out: dict[str, dict[str, Any]] = {}
+    incomplete: dict[str, set[str]] = {}
     for task in tasks:
+        given_up = task.task_id in failed
         for read in (task.read, *task.right_reads):
             if read.source not in out:
                 spec = job.dataset.source(read.source)
@@ -139,9 +148,14 @@ def consumed_sources(job: JobSpec, tasks: list[DataTask]) -> dict[str, dict[str,
                 out[read.source].update(partitions=set(), tasks=0)
             out[read.source]["partitions"].add(read.partition.isoformat())
             out[read.source]["tasks"] += 1
+            if given_up:
+                incomplete.setdefault(read.source, set()).add(read.partition.isoformat())
+                out[read.source]["failed_tasks"] = out[read.source].get("failed_tasks", 0) + 1
     for name, entry in out.items():
         entry["partitions"] = sorted(entry["partitions"])
         entry.update(versions.get(name, {}))
+        if name in incomplete:
+            entry.update(incomplete=True, incomplete_partitions=sorted(incomplete[name]))
     return dict(sorted(out.items()))
 
 

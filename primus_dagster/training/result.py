@@ -4,6 +4,7 @@ Example::
 
     result = train_window(request)
     result.evaluation.result.auc, result.run_id, result.model_uri, result.metadata()["samples"]
+    result.failed_tasks[0]["where"]      # a file given up below data.failed_task_threshold (else no rows)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from primus_dagster.data import NotReady, TimeWindow
 from primus_dagster.training.checkpoint import Checkpoint
 from primus_dagster.training.evaluation import NextHourEvaluation
+from primus_dagster.training.failed_tasks import run_failed_tasks
 from primus_dagster.training.quality_report import QUALITY_PLACES_KEPT, quality_places_text
 from primus_dagster.training.run_state import TrainingRun
 
@@ -41,6 +43,10 @@ class TrainingResult:
     data_quality: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> quality rule -> rows touched
     # source -> quality rule -> ["<file or offset range>: N rows", ..., "... and N more"]
     data_quality_where: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # tasks given up below data.failed_task_threshold: {"phase", "source", "partition", "where", "error",
+    # "attempts", "failures", "task_id"} each (training.failed_tasks); their partitions are in ``consumed``'s
+    # ``incomplete_partitions``
+    failed_tasks: list[dict[str, Any]] = field(default_factory=list)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -64,6 +70,14 @@ class TrainingResult:
             "data_quality": self.data_quality,
             "data_quality_rows": sum(n for counts in self.data_quality.values() for n in counts.values()),
             "data_quality_where": self.data_quality_where,
+            "failed_task_count": len(self.failed_tasks),
+            "failed_tasks": self.failed_tasks,
+            # partitions read by a task given up: not consumed in full
+            "incomplete_partitions": {
+                name: entry["incomplete_partitions"]
+                for name, entry in self.consumed.items()
+                if entry.get("incomplete_partitions")
+            },
         }
         if self.evaluation is not None:
             out.update({f"eval_{k}": v for k, v in self.evaluation.result.to_dict().items()})
@@ -114,4 +128,5 @@ def build_result(
         skipped_partitions=[
             {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
         ],
+        failed_tasks=run_failed_tasks(run),
     )

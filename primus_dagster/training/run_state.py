@@ -69,6 +69,7 @@ class TrainingRequest:
     warm_start: str | None = None  # run key whose finished model (and Adam state) this run continues from
     tasks: list[DataTask] | None = None  # planned elsewhere (a live stream increment) instead of from ``window``
     tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags
+    strict: bool = False  # any task given up fails the run (``train --strict``), as data.allow_failed_tasks: false
 
     def key(self) -> str:
         return self.run_key or f"{self.job.name}/{self.window.start:%Y-%m-%dT%H}/{self.window.end:%Y-%m-%dT%H}"
@@ -142,6 +143,8 @@ class TrainingRun:
         self.data_quality: dict[str, dict[str, int]] = {}  # source -> quality rule -> rows repaired/dropped
         # source -> rule -> {"where": {file or offset range: rows} (the first QUALITY_PLACES_KEPT), "more": places}
         self.quality_places: dict[str, dict[str, dict[str, Any]]] = {}
+        # phase -> the tasks its driver gave up (rows of training.failed_tasks.failed_task_rows)
+        self.failed_tasks: dict[str, list[dict[str, Any]]] = {}
         # One scratch folder per run key. The data root and spec path are part of its name: runs of one job and
         # window over other data (tests, a second environment) must not share it.
         scratch = f"{request.key()}|{Path(request.data_root).resolve()}|{Path(request.job_path).resolve()}"

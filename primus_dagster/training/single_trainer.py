@@ -3,10 +3,13 @@
 
 It reads trainer 0's batches from the phase's data plane (``mixed``: the mixture prioritisation picks
 the queue), builds the model at the first batch (its input widths come from the data) and applies the
-resumed checkpoint or the warm start to it, trains each reader batch in micro-batches, and every
-``checkpoint_every_steps`` steps -- between reader batches -- asks the reader for its consumed
-batches at a driver barrier and checkpoints model, optimizer, counters, the barrier snapshot and the
-source versions. A phase ends with a checkpoint that says so.
+resumed checkpoint or the warm start to it, trains the rows of consecutive reader batches of a kind
+in micro-batches of ``batch_size`` (:class:`~primus_dagster.training.coalesce.BatchCoalescer`: many
+small files make full steps), and every ``checkpoint_every_steps`` steps trains the rows it holds (a
+flush), asks the reader for its consumed batches at a driver barrier and checkpoints model,
+optimizer, counters, the barrier snapshot and the source versions: a checkpoint covers exactly the
+reader batches trained. ``RunHooks.on_batch`` hears of each reader batch once all its rows are
+trained. A phase ends with a flush and a checkpoint that says so.
 
 Example::
 
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from primus_dagster.data import ChooseQueue, DataPlane
 from primus_dagster.training.checkpoint import Checkpoint, load_weights, save_checkpoint, trainer_checkpoint
+from primus_dagster.training.coalesce import BatchCoalescer, MicroBatch
 from primus_dagster.training.models import RecModel, build_initial_model, model_summary
 from primus_dagster.training.modes import Phase
 from primus_dagster.training.planning import NoTrainingDataError
@@ -107,6 +112,7 @@ class SingleTrainer:
         ordered: dict[str, Any] = {"deterministic": True} if deterministic else {}
         run.stage("phase %s: data executors up; waiting for the first batch", phase.name)
         phase_started, first_batch = time.monotonic(), True
+        coalescer = BatchCoalescer(spec.batch_size)
         with plane.reader(0, choose_queue=chooser, **ordered) as reader:
             for batch in reader:
                 if first_batch:
@@ -115,11 +121,11 @@ class SingleTrainer:
                     run.stage("phase %s: training (first batch after %.1f s)", phase.name, waited)
                 trainer = self.build(run)
                 trainer.model.layout.check(batch)
-                trainer.train(batch)
-                if self.hooks.on_batch is not None:
-                    self.hooks.on_batch(trainer.step, batch)
+                self._train(trainer, coalescer.add(batch))
                 self._report(run, phase)
                 if trainer.step >= self.next_checkpoint:
+                    # the barrier reports every batch the reader handed out: their rows all trained first
+                    self._train(trainer, coalescer.flush())
                     run.stage("phase %s: step %d: checkpoint barrier, save, upload", phase.name, trainer.step)
                     snapshot = reader.barrier(trainer.step, wait_s=30)
                     if snapshot is None:  # without the data progress a restore would replay trained samples
@@ -127,6 +133,16 @@ class SingleTrainer:
                         self.next_checkpoint = trainer.step + spec.checkpoint_every_steps
                     else:
                         self._checkpoint(run, phase, snapshot, phase_done=False)
+            if self.trainer is not None:
+                self._train(self.trainer, coalescer.flush())
+
+    def _train(self, trainer: Trainer, micros: Iterable[MicroBatch]) -> None:
+        """One step per micro-batch; then each reader batch it finished to ``hooks.on_batch``."""
+        for micro in micros:
+            trainer.train_micro(micro.batch)
+            if self.hooks.on_batch is not None:
+                for batch in micro.finished:
+                    self.hooks.on_batch(trainer.step, batch)
 
     def end_phase(self, run: TrainingRun, phase: Phase) -> None:
         self._report(run, phase, force=True)

@@ -303,7 +303,8 @@ class MlflowTracker:
         ``sources[name]["type"]``, the whole entry (location, partitions, table versions, Kafka offset
         ranges) as the dataset's source JSON, and a digest of it -- the same data gives the same digest,
         so runs that read the same versions and offsets show the same dataset. Tags: ``mlflow.data.context``
-        (``context``) and ``primus.kind``. The number of datasets logged.
+        (``context``) and ``primus.kind``, and ``primus.incomplete`` (``true``) for an entry marked
+        ``incomplete`` (tasks given up, see ``consumed_sources``). The number of datasets logged.
 
         Example::
 
@@ -321,6 +322,8 @@ class MlflowTracker:
                 source=text,
             )
             tags = [InputTag("mlflow.data.context", context), InputTag("primus.kind", str(entry.get("kind", "")))]
+            if entry.get("incomplete"):  # tasks given up: its partitions were not consumed in full
+                tags.append(InputTag("primus.incomplete", "true"))
             inputs.append(DatasetInput(dataset, tags))
         if inputs:
             self.client.log_inputs(run_id, datasets=inputs)

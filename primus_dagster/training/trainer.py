@@ -345,14 +345,20 @@ class Trainer:
         return value
 
     def train(self, batch: Batch) -> int:
-        """Train on a whole reader batch in micro-batches of ``batch_size`` rows; the steps taken."""
+        """Train on a whole reader batch in micro-batches of ``batch_size`` rows; the steps taken.
+        (The window's trainers merge small reader batches first: training/coalesce.py.)"""
         size = self.spec.batch_size
         steps = 0
         for start in range(0, batch.rows, size):
-            loss = self.train_step(batch.slice(start, start + size))
-            self.step_losses.append((self.counters.step, loss))
+            self.train_micro(batch.slice(start, start + size))
             steps += 1
         return steps
+
+    def train_micro(self, batch: Batch) -> float:
+        """One step on the micro-batch ``batch``, its loss kept for the owner (:attr:`step_losses`)."""
+        loss = self.train_step(batch)
+        self.step_losses.append((self.counters.step, loss))
+        return loss
 
     def recent_auc(self) -> float:
         """Progressive-validation AUC of the last 50 steps: each batch scored *before* the model

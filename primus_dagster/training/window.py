@@ -6,7 +6,8 @@
    snapshot, Kafka offsets) are recorded.
 2. The MLflow run for the request's run key is started -- or resumed: a run with that key that did
    not finish (a killed trainer leaves it RUNNING) continues from its latest checkpoint; a
-   ``warm_start`` run key continues a finished run's model.
+   ``warm_start`` run key continues a finished run's model. The whole run holds the run key's lock
+   (:mod:`~primus_dagster.training.run_lock`): a second run of the key fails at once, naming the first.
 3. Each phase of the mode (``modes``) gets a data driver (restored from the latest checkpoint's
    snapshot when it was taken in that phase) and a data plane (``RunHooks.data_plane``, else what
    ``pools.backend`` picks); the :class:`PhaseTrainer` trains the phase on it and checkpoints (model,
@@ -44,12 +45,29 @@ from typing import Any, Protocol
 import torch
 
 from primus_dagster.cluster.backends import data_plane_starter
-from primus_dagster.data import DataDriver, DataPlane, NotReady, SourceContext, TimeWindow, read_batches
+from primus_dagster.data import (
+    DataDriver,
+    DataFailedError,
+    DataPlane,
+    DataTask,
+    NotReady,
+    SourceContext,
+    TimeWindow,
+    read_batches,
+    read_location,
+)
 from primus_dagster.spec import JobSpec
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
 from primus_dagster.training.device import resolve_device
 from primus_dagster.training.evaluation import NextHourEvaluation, evaluate_window
+from primus_dagster.training.failed_tasks import (
+    FailedTasksError,
+    failed_tasks_allowed,
+    not_allowed_why,
+    offset_sources,
+    record_failed_tasks,
+)
 from primus_dagster.training.features import ModelInit, fit_dense_stats
 from primus_dagster.training.models import RecModel, check_model, custom_model_line
 from primus_dagster.training.modes import Phase, phase_tasks, phases
@@ -59,6 +77,7 @@ from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.quality_report import record_quality
 from primus_dagster.training.rank_group import RankFailedError, RankGroup
 from primus_dagster.training.result import TrainingResult, build_result
+from primus_dagster.training.run_lock import RunLock
 from primus_dagster.training.run_state import CheckpointRef, RunHooks, TrainingRequest, TrainingRun
 from primus_dagster.training.single_trainer import SingleTrainer
 from primus_dagster.training.tracking import RUN_KIND_TAG, MlflowTracker
@@ -147,12 +166,20 @@ def train_window(
     hooks = hooks or RunHooks()
     trainer = trainer or phase_trainer(request.job, hooks)
     started = time.perf_counter()
-    with Heartbeat() as beat:  # a line in the run log at least every few seconds, whatever the stage
-        return _train(request, hooks, trainer, beat, started)
+    tracker = request.tracker or MlflowTracker(request.job.tracking.tracking_uri, request.job.tracking.experiment)
+    # one run per run key and MLflow store: a second one fails here, naming the first (run_lock)
+    with RunLock(request.key(), tracker.tracking_uri, tracker.experiment) as lock, Heartbeat() as beat:
+        return _train(request, hooks, trainer, beat, started, tracker, lock)
 
 
 def _train(
-    request: TrainingRequest, hooks: RunHooks, trainer: PhaseTrainer, beat: Heartbeat, started: float
+    request: TrainingRequest,
+    hooks: RunHooks,
+    trainer: PhaseTrainer,
+    beat: Heartbeat,
+    started: float,
+    tracker: MlflowTracker,
+    lock: RunLock,
 ) -> TrainingResult:
     job, spec = request.job, request.job.training
     torch.set_num_threads(spec.threads)  # this process: training (one trainer) and evaluation
@@ -166,7 +193,6 @@ def _train(
     tasks = request.tasks if request.tasks is not None else plan_training_tasks(job, context, request.window, skipped)
     beat.stage(planned_line(job, tasks, skipped))
     executors = request.executors or job.pools.data.replicas or 1
-    tracker = request.tracker or MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     extra_params, extra_tags = trainer.describe()
     tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **extra_tags, **request.tags}
     if skipped:
@@ -175,6 +201,7 @@ def _train(
         ]
     beat.stage("MLflow: opening the run %s", request.key())
     tracker.start(request.key(), params={**run_params(job, request.window, executors), **extra_params}, tags=tags)
+    lock.record_run(tracker.require_run_id())  # a refused second run names it
     run = TrainingRun(request, tracker, tasks, beat, device)
     status = "FAILED"
     try:
@@ -244,9 +271,13 @@ def driver_for(run: TrainingRun, phase: Phase, trainers: int = 1) -> DataDriver:
 def _run_phase(
     run: TrainingRun, trainer: PhaseTrainer, hooks: RunHooks, phase: Phase, driver: DataDriver, executors: int
 ) -> None:
-    """One phase: the data plane on ``driver``, the trainer on it, then what the pool did and the
-    phase's quality counts."""
+    """One phase: the data plane on ``driver``, the trainer on it, then what the pool did, the tasks the
+    driver gave up (``failed_tasks``; where the run allows none, the first one fails it: a
+    :class:`FailedTasksError` naming the files) and the phase's quality counts."""
     request = run.request
+    allowed = failed_tasks_allowed(request)
+    if not allowed:
+        driver.failed_task_threshold = 0.0  # the first task given up fails the phase at once
     # Both kinds live: q_i weighs the serving buffers; the driver leases to the kind furthest below its share.
     driver.loading_policy = LoadingPriority(run.job.kind_weights()) if phase.prioritised else None
     start_plane = hooks.data_plane or data_plane_starter(run.job, run_id=request.key())
@@ -256,22 +287,29 @@ def _run_phase(
         sum(driver.backlog_by_kind().values()),
         executors,
     )
-    with start_plane(
-        request.job_path,
-        request.data_root,
-        driver=driver,
-        executors=executors,
-        trainers=trainer.trainers,
-        token=secrets.token_hex(16),
-        kafka_bootstrap=request.kafka_bootstrap,
-    ) as plane:
-        trainer.train_phase(run, phase, plane)
-        pool = plane.summary()
-        log_pool_timeline(run, pool.pop("timeline", []), plane.started_at - run.started)
-        if isinstance(pool.get("scaling"), dict):
-            pool["scaling"] = {k: v for k, v in pool["scaling"].items() if k != "timeline"}
-        run.data_pools[phase.name] = pool  # the timeline is in MLflow, as metrics
-        plane.driver.raise_if_failed()
+    try:
+        with start_plane(
+            request.job_path,
+            request.data_root,
+            driver=driver,
+            executors=executors,
+            trainers=trainer.trainers,
+            token=secrets.token_hex(16),
+            kafka_bootstrap=request.kafka_bootstrap,
+        ) as plane:
+            trainer.train_phase(run, phase, plane)
+            pool = plane.summary()
+            log_pool_timeline(run, pool.pop("timeline", []), plane.started_at - run.started)
+            if isinstance(pool.get("scaling"), dict):
+                pool["scaling"] = {k: v for k, v in pool["scaling"].items() if k != "timeline"}
+            run.data_pools[phase.name] = pool  # the timeline is in MLflow, as metrics
+            plane.driver.raise_if_failed()
+    except DataFailedError as exc:  # past the threshold, or any task where none is allowed
+        rows = record_failed_tasks(run, phase, driver, step=trainer.step)
+        if allowed or not rows:
+            raise
+        raise FailedTasksError(rows, exc.total, not_allowed_why(request)) from exc
+    record_failed_tasks(run, phase, driver, step=trainer.step)
     record_quality(run, phase, driver, step=trainer.step)
     trainer.end_phase(run, phase)
 
@@ -345,7 +383,13 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
     rows = 1 if run.warm is not None else spec.features.stats_rows
     run.stage("features: reading the first %d row(s) of the window for the layout and dense statistics", rows)
     started = time.perf_counter()
-    batches = read_batches(run.job, context, first)
+
+    def unreadable(task: DataTask, exc: Exception) -> None:  # the data plane retries it and reports it
+        where = read_location(task.read, offsets=task.read.source in offset_sources(run.job))
+        log.warning("features: %s could not be read (%s: %s); its rows are left out of the statistics",
+                    where, type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])  # fmt: skip
+
+    batches = read_batches(run.job, context, first, on_error=unreadable)
     try:
         head = next(batches, None)
         if head is None:

@@ -115,6 +115,14 @@ def _shards(tmp_path: Path, kinds: tuple[str, ...]) -> list[list[Batch]]:
     return shards
 
 
+def _loss(model: torch.nn.Module, x: Batch) -> torch.Tensor:
+    """A trainer's loss of one micro-batch: BCE plus MTRM's adapt-tower loss on batch samples
+    (``adapt_batch_weight``, 0.1 by default: a batch rank trains the adapt tower too)."""
+    loss = F.binary_cross_entropy_with_logits(model(x.dense, x.sparse, x.kind), x.label)
+    extra = model.auxiliary_loss(x.dense, x.sparse, x.kind, x.label)
+    return loss if extra is None else loss + extra
+
+
 def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path: Path) -> None:
     """DDP's dense all-reduce: 2 in-memory ranks, rounds of equal and of different kinds == one process
     whose every parameter takes the mean gradient of the ranks that trained its tower (Adam, same seed)."""
@@ -123,13 +131,14 @@ def test_gradients_are_averaged_over_the_ranks_that_trained_each_tower(tmp_path:
     paths = [str(tmp_path / "0.pt"), str(tmp_path / "1.pt")]
     results = run_ddp_in_memory(paths, spec, warmup_steps=1, exchange="ddp_dense")
 
-    model = build_model(spec.model.model_copy(update={"sparse_embeddings": False}), 3, 2, seed=spec.seed)  # as DDP
+    as_ddp = {"sparse_embeddings": False, "adapt_batch_weight": 0.0}  # DenseDDPExchange trains the paper's split
+    model = build_model(spec.model.model_copy(update=as_ddp), 3, 2, seed=spec.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
     for pair in [(shards[0][0], shards[1][0]), *zip(*shards, strict=True)]:  # the warm-up round, then the shards
         grads: dict[str, list[torch.Tensor]] = {}
         for x in pair:
             model.zero_grad(set_to_none=True)
-            F.binary_cross_entropy_with_logits(model(x.dense, x.sparse, x.kind), x.label).backward()
+            _loss(model, x).backward()
             for name, p in model.named_parameters():
                 if p.grad is not None:
                     grads.setdefault(name, []).append(p.grad)
@@ -158,7 +167,7 @@ def test_row_sparse_exchange_averages_the_touched_rows_per_tower(tmp_path: Path,
         grads: dict[str, list[torch.Tensor]] = {}
         for x in pair:
             model.zero_grad(set_to_none=True)
-            F.binary_cross_entropy_with_logits(model(x.dense, x.sparse, x.kind), x.label).backward()
+            _loss(model, x).backward()
             for name, p in model.named_parameters():
                 if p.grad is not None:
                     grads.setdefault(name, []).append(p.grad)
@@ -177,8 +186,9 @@ def test_row_sparse_and_dense_allreduce_agree_on_the_same_rows(tmp_path: Path) -
     which shows on the tiny embedding gradients."""
     _shards(tmp_path, ("batch", "batch"))
     paths = [str(tmp_path / "0.pt"), str(tmp_path / "1.pt")]
-    sparse = run_ddp_in_memory(paths, SPEC, warmup_steps=1)
-    dense = run_ddp_in_memory(paths, SPEC, warmup_steps=1, exchange="ddp_dense")
+    split = SPEC.model_copy(update={"model": SPEC.model.model_copy(update={"adapt_batch_weight": 0.0})})
+    sparse = run_ddp_in_memory(paths, split, warmup_steps=1)  # the paper's split, as DenseDDPExchange trains
+    dense = run_ddp_in_memory(paths, split, warmup_steps=1, exchange="ddp_dense")
     assert sparse[0].steps == dense[0].steps == 1
     assert sparse[0].params_abs_sum == pytest.approx(dense[0].params_abs_sum, rel=3e-4)
     assert sparse[0].extra["exchange_bytes_per_step"] < dense[0].extra["exchange_bytes_per_step"]

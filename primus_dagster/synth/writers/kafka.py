@@ -108,6 +108,8 @@ class KafkaWriter(SourceWriter):
         from kafka.admin import NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
+        from primus_dagster.data.sources.kafka.security import client_security_config
+
         bootstrap = spec.bootstrap_servers or context.kafka_bootstrap_servers
         if not bootstrap:
             raise ValueError(
@@ -115,7 +117,8 @@ class KafkaWriter(SourceWriter):
                 f"--kafka-bootstrap or PRIMUS_KAFKA_BOOTSTRAP_SERVERS)"
             )
         self.spec, self.key_column, self.ts_column = spec, key_column, ts_column or spec.columns.ts
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="primus-synth")
+        security = client_security_config(spec, spec.name)  # the source's TLS / SASL keys, as its readers use them
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="primus-synth", **security)
         try:
             if spec.topic not in admin.list_topics():
                 with suppress(TopicAlreadyExistsError):
@@ -129,6 +132,7 @@ class KafkaWriter(SourceWriter):
             linger_ms=20,
             batch_size=512 * 1024,
             max_in_flight_requests_per_connection=1,  # keeps per-partition order on retries
+            **security,
         )
         deadline = time.monotonic() + 30
         while not (found := self.producer.partitions_for(spec.topic)) and time.monotonic() < deadline:

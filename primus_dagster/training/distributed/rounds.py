@@ -23,6 +23,7 @@ from torch import nn
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.coalesce import BatchCoalescer, MicroBatch
 from primus_dagster.training.distributed.exchange import (
     HEADER_BYTES,
     MAX_TABLES,
@@ -69,12 +70,15 @@ class RankLoop:
     ``transport="gloo"``: its round messages over gloo (:class:`~.mesh.GlooBytes`) instead of the peer
     sockets.
 
-    Checkpoints (set by the training job): with ``every`` > 0, once ``rounds`` reaches ``next_checkpoint`` the
-    ranks stop pulling and finish the reader batches they hold (null steps for the others); at the
-    first round in which no rank holds one, every rank calls ``on_checkpoint(rounds)`` -- the same
-    round on every rank, decided from the gathered table, so the checkpoint covers whole reader
-    batches -- and the next one falls ``every`` rounds later. ``on_batch_done(rounds, batch)``:
-    after the last micro-batch of a reader batch; ``before_round(rounds)``: before every round.
+    A rank's micro-batch holds ``batch_size`` rows of consecutive reader batches of one kind
+    (:class:`~primus_dagster.training.coalesce.BatchCoalescer`; shorter only when flushed: see
+    :meth:`_head`). Checkpoints (set by the training job): with ``every`` > 0, once ``rounds`` reaches
+    ``next_checkpoint`` the ranks stop pulling and finish the rows they hold, the open micro-batch
+    flushed (null steps for the others); at the first round in which no rank holds one, every rank
+    calls ``on_checkpoint(rounds)`` -- the same round on every rank, decided from the gathered table,
+    so the checkpoint covers whole reader batches -- and the next one falls ``every`` rounds later.
+    ``on_batch_done(rounds, batch)``: after the micro-batch with a reader batch's last rows;
+    ``before_round(rounds)``: before every round.
 
     Example::
 
@@ -98,8 +102,9 @@ class RankLoop:
         self.timeout_s, self.transport = timeout_s, transport
         self.mesh: ByteAllGather | None = None  # round messages in a group of more than one go through it
         self.mesh_s = 0.0  # seconds in mesh.all_gather (waiting for the peers included)
-        self.pending, self.ended = deque[Batch](), False
-        self.current: Batch | None = None  # the reader batch whose micro-batches are pending
+        # micro-batches ready to train; the coalescer holds the rows of the open one (training/coalesce.py)
+        self.pending, self.ended = deque[MicroBatch](), False
+        self.coalescer = BatchCoalescer(spec.batch_size)
         self.trainer: Trainer | None = None
         self.rounds, self.null_steps = 0, 0
         self.widths = (0, 0)
@@ -136,16 +141,20 @@ class RankLoop:
             self.mesh = None
 
     def _head(self, wait_s: float, pull: bool) -> Batch | None:
-        if not self.pending and not self.ended and pull:
+        """This rank's micro-batch of the round: reader batches are pulled (``pull``) until one of
+        ``batch_size`` rows is full; when the data ends, none is ready (``wait_s``) or pulling stops (a
+        checkpoint drain), the open one is flushed, however short. None: this rank holds no rows."""
+        while not self.pending and not self.ended and pull:
             try:
                 batch = self.pull(wait_s)
             except TimeoutError:
-                return None
-            self.ended, size = batch is None, self.spec.batch_size
+                break
+            self.ended = batch is None
             if batch is not None:
-                self.current = batch
-                self.pending.extend(batch.slice(s, s + size) for s in range(0, batch.rows, size))
-        return self.pending[0] if self.pending else None
+                self.pending.extend(self.coalescer.add(batch))
+        if not self.pending:
+            self.pending.extend(self.coalescer.flush())
+        return self.pending[0].batch if self.pending else None
 
     def build(self, n_dense: int, n_sparse: int) -> Trainer:
         """Build the model and its trainer on :attr:`init` (every rank at the same round, same seed;
@@ -238,16 +247,16 @@ class RankLoop:
             if head is None:
                 self._null_step(trainer, "batch" if n_batch else "stream", messages)
                 continue
-            micro = self.pending.popleft()
+            popped = self.pending.popleft()
+            micro = popped.batch
             if loss is None:  # no round messages: the exchange runs the backward (e.g. DDP exchanges inside it)
                 started = time.perf_counter()
             loss = self.exchange.gradients(trainer, micro, loss, messages, self.divisor)
             trainer.apply(micro, loss, started)
             if self.sample_ids is not None and head.sample_id is not None:
                 self.sample_ids.extend(head.sample_id.tolist())
-            if not self.pending and self.current is not None:
-                finished, self.current = self.current, None
-                if self.on_batch_done is not None:
+            if self.on_batch_done is not None:
+                for finished in popped.finished:
                     self.on_batch_done(self.rounds, finished)
 
     def result(self, rank: int, wall_s: float, cpu_s: float) -> RankResult:

@@ -629,6 +629,19 @@ def test_decoder_fast_and_careful_paths_agree() -> None:
     assert table is not None and table.column("sample_id").to_pylist() == list(range(50))
 
 
+def test_a_record_larger_than_a_json_block_is_decoded_not_counted_undecodable() -> None:
+    """A valid 40 MB record (a long list or string field) between ordinary ones: pyarrow reads JSON in
+    16 MB blocks, and a record straddling two used to count as ``undecodable_record``."""
+    decoder = JsonRecordDecoder(make_spec("t"))
+    big = sample(1, H0_MS + 1)
+    big["padding"] = "x" * (40 << 20)  # a field the mapping does not use
+    values = [json.dumps(sample(i, H0_MS + i) if i != 1 else big).encode() for i in range(3)]
+    for chunk in (values, [b" " + values[0], *values[1:]]):  # the bulk path and the per-record path
+        table, bad = decoder.decode(chunk, [H0_MS + i for i in range(3)])
+        assert not bad and table is not None
+        assert table.column("sample_id").to_pylist() == [0, 1, 2]
+
+
 def test_compressed_topic_reads_the_same_through_both_fetchers(kafka_broker: EmbeddedBroker) -> None:
     from kafka import KafkaProducer
 

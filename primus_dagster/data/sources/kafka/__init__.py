@@ -4,8 +4,9 @@ Modules: :mod:`.adapter` (``KafkaSource``: partitions, split, read, tail, high w
 connection and config errors), :mod:`.offsets` (time boundaries to offset ranges by binary search
 over record timestamps), :mod:`.tail` (committed offsets to fixed ``[start, stop)`` tasks and lag),
 :mod:`.wire`, :mod:`.protocol` and :mod:`.records` (the native fetch path: Kafka wire protocol on
-sockets, record batches to columns) and :mod:`.decoding` (record values to Arrow tables,
-isolating undecodable records).
+sockets, PLAINTEXT or TLS, record batches to columns), :mod:`.security` (the source's security keys as
+client settings, the TLS pre-flight) and :mod:`.decoding` (record values to Arrow tables, isolating
+undecodable records).
 
 Example::
 

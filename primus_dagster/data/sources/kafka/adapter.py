@@ -7,8 +7,10 @@ no such field. Time partitions map to offsets by a binary search over record tim
 :meth:`KafkaSource.tail` plans open-ended ranges instead: from committed offsets to the current
 high watermarks (:mod:`.tail`). Reads fetch record batches straight from the partition leaders
 (:mod:`.wire`, no consumer group, no commits), or through kafka-python when the broker speaks
-none of the native client's protocol versions, and decode values in bulk (:mod:`.decoding`);
-undecodable records are counted, never fatal.
+none of the native client's protocol versions or the source uses SASL, and decode values in bulk
+(:mod:`.decoding`); undecodable records are counted, never fatal. Every client takes the source's
+security keys through :mod:`.security` (one rule; a TLS source shakes hands before a consumer starts,
+so a certificate problem fails at once, naming the broker and the cause).
 
 Example::
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -46,6 +49,12 @@ from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder
 from primus_dagster.data.sources.kafka.offsets import PROBE_CONSUMER_CONFIG, OffsetSearch
 from primus_dagster.data.sources.kafka.protocol import OFFSET_OUT_OF_RANGE
 from primus_dagster.data.sources.kafka.records import CorruptBatchError, LegacyFormatError, RecordColumns
+from primus_dagster.data.sources.kafka.security import (
+    KafkaConfigError,
+    client_security_config,
+    split_server,
+    tls_problem,
+)
 from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, plan_tail
 from primus_dagster.data.sources.kafka.wire import Fetched, PartitionReader, WireClient, WireError, WireUnsupportedError
 from primus_dagster.spec.dataset import granularity_step
@@ -55,19 +64,19 @@ log = logging.getLogger(__name__)
 
 MAX_BAD_EXAMPLES = 10
 Fetcher = Literal["native", "kafka-python"]
+__all__ = ["MAX_BAD_EXAMPLES", "Fetcher", "KafkaConfigError", "KafkaSource"]
+_TOLD_SASL: set[str] = set()  # sources whose switch to kafka-python for SASL was logged (once a process)
 
 
-class KafkaConfigError(ValueError):
-    """The source cannot reach Kafka: no bootstrap servers configured, or none answers."""
-
-
-def _accepts(server: str, timeout_s: float) -> bool:
-    host, sep, port = server.strip().rpartition(":")
+def _unreachable(server: str, timeout_s: float, context: ssl.SSLContext | None) -> str | None:
+    """Why ``server`` cannot be used (no TCP connection; with ``context``, a failed TLS handshake), or None."""
+    if context is not None:
+        return tls_problem(server, context, timeout_s)
     try:
-        socket.create_connection((host.strip("[]"), int(port)) if sep else (port, 9092), timeout=timeout_s).close()
-    except (OSError, ValueError):
-        return False
-    return True
+        socket.create_connection(split_server(server), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        return f"{server.strip()}: {exc}"
+    return None
 
 
 def _iso(ms: int) -> str:
@@ -157,7 +166,18 @@ class KafkaSource(SourceAdapter):
             raise ValueError(f"fetcher must be 'native' or 'kafka-python', not {fetcher!r}")
         self.poll_timeout_s, self.stall_timeout_s = poll_timeout_s, stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        if fetcher == "native" and spec.security_protocol.startswith("SASL_"):
+            if spec.name not in _TOLD_SASL:
+                _TOLD_SASL.add(spec.name)
+                log.info(
+                    "source %r: security_protocol %s: reading through kafka-python (the native fetch client "
+                    "speaks PLAINTEXT and SSL, not SASL)",
+                    spec.name,
+                    spec.security_protocol,
+                )
+            fetcher = "kafka-python"
         self.fetcher: Fetcher = fetcher
+        self._security: dict[str, Any] | None = None  # kafka-python security kwargs, built on first connect
         self._decoder = JsonRecordDecoder(spec)
         self.schema = self._decoder.schema
         self._lock = threading.Lock()
@@ -185,6 +205,21 @@ class KafkaSource(SourceAdapter):
             )
         return servers
 
+    def _security_config(self) -> dict[str, Any]:
+        """The source's security keyword arguments (:func:`.security.client_security_config`), built once:
+        every client shares one SSL context."""
+        if self._security is None:
+            self._security = client_security_config(self.spec, self.spec.name)
+        return self._security
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        context = self._security_config().get("ssl_context")
+        return context if isinstance(context, ssl.SSLContext) else None
+
+    def _new_wire(self, timeout_s: float) -> WireClient:
+        servers = self.bootstrap_servers.split(",")
+        return WireClient(servers, f"primus-{self.spec.name}", timeout_s=timeout_s, ssl_context=self._ssl_context())
+
     def _consumer(self, **overrides: Any) -> Any:
         from kafka import KafkaConsumer, errors
 
@@ -201,15 +236,30 @@ class KafkaSource(SourceAdapter):
         if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG:  # kafka-python >= 3
             config["bootstrap_timeout_ms"] = int(self.connect_timeout_s * 1000)
         config.update(overrides)
+        security = self._security_config()
+        config.update(security)
         unreachable = tuple(e for e in (getattr(errors, "NoBrokersAvailable", None), errors.KafkaTimeoutError) if e)
+        # A TCP check first (a TLS handshake for a TLS source): a KafkaConsumer that fails to bootstrap
+        # leaves its IO thread running, and kafka-python retries a failed handshake until it times out.
+        problems = [_unreachable(s, self.connect_timeout_s, self._ssl_context()) for s in config["bootstrap_servers"]]
+        if all(problems):
+            tls = [p for p in problems if p and p.startswith("TLS handshake")]
+            raise KafkaConfigError(
+                f"source {self.spec.name!r}: "
+                + ("; ".join(tls) if tls else f"no Kafka broker answers at {self.bootstrap_servers} ({problems[0]})")
+            )
         try:
-            # A TCP check first: a KafkaConsumer that fails to bootstrap leaves its IO thread running.
-            if not any(_accepts(server, self.connect_timeout_s) for server in config["bootstrap_servers"]):
-                raise errors.KafkaTimeoutError("no bootstrap server accepts TCP connections")
             return KafkaConsumer(**config)
         except unreachable as exc:
+            spec = self.spec
+            sasl = (
+                f"; the SASL {spec.sasl_mechanism} login as {spec.sasl_username!r} may have been refused: check the "
+                f"user and the password in ${spec.sasl_password_env}"
+                if spec.security_protocol.startswith("SASL_")
+                else ""
+            )
             raise KafkaConfigError(
-                f"source {self.spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({exc})"
+                f"source {spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({exc}{sasl})"
             ) from exc
 
     def _probe_consumer(self) -> Any:
@@ -217,7 +267,7 @@ class KafkaSource(SourceAdapter):
         if self._probe is None:
             self._probe = self._consumer(**PROBE_CONSUMER_CONFIG)
             if self.fetcher == "native" and self._offset_search.wire is None:
-                self._offset_search.wire = WireClient(self.bootstrap_servers.split(","), f"primus-{self.spec.name}")
+                self._offset_search.wire = self._new_wire(timeout_s=30.0)
         return self._probe
 
     def partitions(self, window: TimeWindow) -> list[Partition]:
@@ -384,7 +434,7 @@ class KafkaSource(SourceAdapter):
         with self._lock:
             if self._wires:
                 return self._wires.pop()
-        return WireClient(self.bootstrap_servers.split(","), f"primus-{self.spec.name}", timeout_s=30.0)
+        return self._new_wire(timeout_s=30.0)
 
     def _kafka_python(self) -> Any:
         with self._lock:

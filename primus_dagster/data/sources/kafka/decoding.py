@@ -167,6 +167,10 @@ def _shadow_rewrite(name: str, is_list: bool) -> tuple[re.Pattern[bytes], bytes]
     return pattern, replacement.replace(b"\\", b"\\\\")  # a template: backslashes doubled
 
 
+#: The largest JSON block pyarrow reads (an int32 count of bytes): records up to this size decode.
+MAX_BLOCK_BYTES = 2**31 - 1
+
+
 class JsonRecordDecoder:
     """Decodes chunks of consumer records of one Kafka source; holds its schema and parse options.
 
@@ -232,7 +236,14 @@ class JsonRecordDecoder:
         """``text`` parsed under ``plan``; a mixed field's two columns merged into int64 ids."""
         for pattern, replacement in plan.rewrites:
             text = pattern.sub(replacement, text)
-        table = pj.read_json(io.BytesIO(text), read_options=self._read_options, parse_options=plan.parse_options)
+        options = self._read_options
+        if len(text) > options.block_size:
+            # A record longer than a block "straddles" it and would read as undecodable: take the whole
+            # text as one block where the longest record needs it (JSON blocks are int32-sized).
+            longest = max(map(len, text.split(b"\n")))
+            if longest >= options.block_size:
+                options = pj.ReadOptions(use_threads=False, block_size=min(len(text) + 1, MAX_BLOCK_BYTES))
+        table = pj.read_json(io.BytesIO(text), read_options=options, parse_options=plan.parse_options)
         for name in plan.mixed:
             ints, strings = table.column(name), table.column(name + SHADOW)
             merged = pc.coalesce(ints.combine_chunks(), _hashed(strings))

@@ -6,8 +6,9 @@ the same record. This client sends Fetch requests itself (:mod:`.protocol`) and 
 raw record batches to :mod:`.records`, which pulls out only values, offsets and timestamps.
 It negotiates versions with ApiVersions, finds partition leaders with Metadata, reconnects
 and refreshes leaders on retriable errors, and pipelines one fetch ahead of the caller.
-It speaks PLAINTEXT only; the adapter falls back to kafka-python when a broker answers none
-of its versions.
+It speaks PLAINTEXT, or TLS when given an ``ssl.SSLContext`` (``security_protocol: SSL``); never
+SASL: the adapter reads SASL sources through kafka-python, and falls back to it when a broker
+answers none of this client's versions. A failed TLS handshake is not retried.
 
 Example::
 
@@ -20,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -51,10 +53,15 @@ def _split(server: str) -> tuple[str, int]:
 class _Connection:
     """One broker socket: size-prefixed frames, responses matched by correlation id, in order."""
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         self.address = f"{host}:{port}"
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw = socket.create_connection((host, port), timeout=timeout_s)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self.sock = raw if ssl_context is None else ssl_context.wrap_socket(raw, server_hostname=host)
+        except BaseException:
+            raw.close()
+            raise
         self.next_id = 0
         self.in_flight: list[int] = []
 
@@ -96,12 +103,27 @@ class Pending:
     version: int
 
 
-class WireClient:
-    """Connections to the brokers of one cluster; leaders per topic-partition; Fetch and Metadata requests."""
+def _tls_failure(address: str, exc: ssl.SSLError) -> WireError:
+    """A failed TLS handshake: not retriable (another try meets the same certificate)."""
+    cause = f"certificate not trusted ({exc.verify_message})" if isinstance(exc, ssl.SSLCertVerificationError) else exc
+    return WireError(f"TLS handshake with Kafka broker {address} failed: {cause}")
 
-    def __init__(self, bootstrap_servers: list[str], client_id: str, timeout_s: float = 30.0):
+
+class WireClient:
+    """Connections to the brokers of one cluster; leaders per topic-partition; Fetch and Metadata requests.
+
+    ``ssl_context`` (from :func:`.security.ssl_context`): every connection is TLS, checked against it.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: list[str],
+        client_id: str,
+        timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
         self.bootstrap = [_split(s) for s in bootstrap_servers if s.strip()]
-        self.client_id, self.timeout_s = client_id, timeout_s
+        self.client_id, self.timeout_s, self.ssl_context = client_id, timeout_s, ssl_context
         self.brokers: dict[int, tuple[str, int]] = {}
         self.leaders: dict[tuple[str, int], int] = {}
         self._conns: dict[int, _Connection] = {}
@@ -119,8 +141,10 @@ class WireClient:
             errors = []
             for host, port in self.bootstrap:
                 try:
-                    conn = _Connection(host, port, self.timeout_s)
+                    conn = _Connection(host, port, self.timeout_s, self.ssl_context)
                     break
+                except ssl.SSLError as exc:
+                    raise _tls_failure(f"{host}:{port}", exc) from exc
                 except OSError as exc:
                     errors.append(f"{host}:{port}: {exc}")
             if conn is None:
@@ -130,7 +154,9 @@ class WireClient:
                 raise WireError(f"broker {node} is not in the cluster metadata", retriable=True)
             host, port = self.brokers[node]
             try:
-                conn = _Connection(host, port, self.timeout_s)
+                conn = _Connection(host, port, self.timeout_s, self.ssl_context)
+            except ssl.SSLError as exc:
+                raise _tls_failure(f"{host}:{port}", exc) from exc
             except OSError as exc:
                 raise WireError(f"broker {node} at {host}:{port}: {exc}", retriable=True) from exc
         self._conns[node] = conn
