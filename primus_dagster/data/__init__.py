@@ -28,6 +28,7 @@ from primus_dagster.data.batch import (
 )
 from primus_dagster.data.canonical import (
     Normalizer,
+    PermanentDataError,
     SchemaMismatchError,
     canonical_schema,
     native_columns,
@@ -94,6 +95,7 @@ __all__ = [
     "PartitionFindings",
     "PartitionNotReadyError",
     "PartitionScan",
+    "PermanentDataError",
     "Plan",
     "Planner",
     "QueueStat",

@@ -51,6 +51,7 @@ from primus_dagster.data import (
     DataPlane,
     DataTask,
     NotReady,
+    PermanentDataError,
     SourceContext,
     TimeWindow,
     read_batches,
@@ -385,6 +386,8 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
     started = time.perf_counter()
 
     def unreadable(task: DataTask, exc: Exception) -> None:  # the data plane retries it and reports it
+        if isinstance(exc, PermanentDataError):  # data that does not fit its spec: every file would fail alike
+            raise exc
         where = read_location(task.read, offsets=task.read.source in offset_sources(run.job))
         log.warning("features: %s could not be read (%s: %s); its rows are left out of the statistics",
                     where, type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])  # fmt: skip
