@@ -582,12 +582,13 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
     except ValueError as exc:  # a live increment with nothing to follow, or committed offsets the topic lost
         from primus_dagster.data import TailOffsetError
         from primus_dagster.data.canonical import PermanentDataError
+        from primus_dagster.data.sources.kafka.security import KafkaConfigError
         from primus_dagster.training.device import DeviceError
         from primus_dagster.training.live import NotLiveError
         from primus_dagster.training.model_api import ModelFactoryError
 
-        if isinstance(exc, PermanentDataError):  # data that does not fit its spec, read in this process
-            print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, PermanentDataError | KafkaConfigError):  # data that does not fit its spec, read
+            print(f"error: {exc}", file=sys.stderr)  # in this process; a Kafka it cannot reach or configure
             return 1
         # a custom model that cannot be built or breaks the protocol; a training.device this machine lacks
         if isinstance(exc, ModelFactoryError | DeviceError):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from primus_dagster.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "job.yaml")
 
@@ -196,3 +201,22 @@ def test_a_full_disk_is_one_error_line_and_exit_1(capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith("error: a write failed (the file is not known): No space left on device; ")
     assert " free on " in err and err.count("\n") == 1
+
+
+def test_live_without_any_kafka_is_one_error_line(tmp_path: Path) -> None:
+    """No bootstrap servers anywhere (no spec key, no environment, no embedded broker recorded in this
+    PRIMUS_HOME): one line naming the source and every way to configure one, exit 1, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_KAFKA_BOOTSTRAP_SERVERS"}
+    env["PRIMUS_HOME"] = str(tmp_path / "home")
+    done = subprocess.run(
+        [sys.executable, "-m", "primus_dagster.cli", "live", str(REPO / "examples" / "job.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "source 'events_kafka': no Kafka bootstrap servers" in error and "PRIMUS_KAFKA_BOOTSTRAP_SERVERS" in error
