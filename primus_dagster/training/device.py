@@ -82,5 +82,5 @@ def to_device(
     if device.type == "cpu":
         return dense, sparse, label, lists
     moved = {name: jagged_to(j, device) for name, j in lists.items()}
-    to = device
-    return dense.to(to, non_blocking=True), sparse.to(to, non_blocking=True), label.to(to, non_blocking=True), moved
+    dense, sparse, label = (t.to(device, non_blocking=True) for t in (dense, sparse, label))
+    return dense, sparse, label, moved
