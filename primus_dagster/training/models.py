@@ -44,6 +44,7 @@ from primus_dagster.data import Batch, Jagged
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.features import DenseStats, DenseTransform, FeatureLayout, ModelInit
 from primus_dagster.training.model_api import ModelContext, ModelFactoryError, ModelInputs, SparseFeatures, load_factory
+from primus_dagster.training.row_sparse import row_sparse_bag
 
 KINDS = ("batch", "stream")
 MAX_SPARSE_TABLES = 64  # tables with sparse gradients in one model: a row of the exchange's status header each
@@ -196,23 +197,33 @@ class HashedEmbedding(nn.Module):
         starts = jagged.offsets[:-1]
         mode, weights = self.poolings[k], jagged.weights
         if weights is None:
-            return F.embedding_bag(buckets, self.table.weight, starts, mode=mode, sparse=self.table.sparse)
+            return self._bag(buckets, starts, mode, None)
         # per-sample weights need mode sum; a weighted mean divides by each row's weight sum
-        total = F.embedding_bag(
-            buckets, self.table.weight, starts, mode="sum", sparse=self.table.sparse, per_sample_weights=weights
-        )
+        total = self._bag(buckets, starts, "sum", weights)
         if mode == "mean":
             rows = torch.repeat_interleave(torch.arange(len(starts), device=starts.device), jagged.lengths())
             norm = torch.zeros(len(starts), dtype=weights.dtype, device=weights.device).index_add_(0, rows, weights)
             total = total / torch.where(norm == 0, torch.ones_like(norm), norm).unsqueeze(1)
         return total
 
+    def _bag(
+        self, buckets: torch.Tensor, starts: torch.Tensor | None, mode: str, weights: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The rows of ``buckets`` pooled into the bags at ``starts`` (None: each alone). A sparse table's
+        gradient comes coalesced (:mod:`.row_sparse`); a dense one's is torch's own."""
+        if self.table.sparse:
+            return row_sparse_bag(self.table.weight, buckets, starts, mode, weights)
+        if starts is None:
+            return self.table(buckets)
+        return F.embedding_bag(buckets, self.table.weight, starts, mode=mode, per_sample_weights=weights)
+
     def forward(self, sparse: torch.Tensor, lists: Sequence[Jagged] = ()) -> torch.Tensor:
         """LongTensor [B, F] raw ids (and this table's list features) -> float [B, width]."""
-        out = self.table(self.bucket_ids(sparse)).reshape(sparse.shape[0], self.n_features * self.dim)
-        if not self.poolings:
-            return out
-        return torch.cat([out, *(self.pooled(k, j) for k, j in enumerate(lists))], dim=1)
+        pooled = [self.pooled(k, j) for k, j in enumerate(lists)]
+        if not self.n_features and pooled:  # a table of lists only: no empty lookup
+            return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)
+        out = self._bag(self.bucket_ids(sparse), None, "sum", None).reshape(sparse.shape[0], self.n_features * self.dim)
+        return torch.cat([out, *pooled], dim=1) if pooled else out
 
 
 class FeatureEmbeddings(nn.Module):

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from primus_dagster.data import Batch
@@ -41,6 +40,7 @@ from primus_dagster.training.models import (
     model_inputs,
     sparse_tables,
 )
+from primus_dagster.training.row_sparse import sorted_row_sums
 
 _ALLOCATOR_TUNED = False
 
@@ -151,13 +151,12 @@ def coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
         rows, values = coalesced_rows(table.weight.grad)    # ids ascending, values[i]: row rows[i]'s sum
     """
-    if grad.is_coalesced():
-        return grad._indices()[0], grad._values()
     ids, values = grad._indices()[0], grad._values()
-    ordered, order = torch.sort(ids)  # coalesce's own sort (not stable=True: the order of ties must match)
-    rows, counts = torch.unique_consecutive(ordered, return_counts=True)
-    # a segment sum of the sorted rows: embedding_bag adds each bag's rows in order, from 0
-    return rows, F.embedding_bag(order, values, torch.cumsum(counts, 0) - counts, mode="sum")
+    # strictly ascending ids are coalesced in all but the flag, which autograd's accumulation into .grad
+    # drops (RowSparseBag's gradients arrive so): one comparison pass instead of a sort
+    if grad.is_coalesced() or bool((ids[1:] > ids[:-1]).all()):
+        return ids, values
+    return sorted_row_sums(ids, values)
 
 
 def _copy_rows(dst: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> None:
@@ -197,7 +196,8 @@ def _lazy_adam_rows(
     v.add_(values.pow(2).sub_(v).mul_(1 - beta2))
     _copy_rows(exp_avg_sq, rows, v)
     step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
-    param.index_add_(0, rows, m.div_(v.sqrt_().add_(eps)).mul_(-step_size))
+    # rows are distinct: gather, add, scatter back (the same sums as index_add_, in about 2/3 of its time)
+    _copy_rows(param, rows, param.index_select(0, rows).add_(m.div_(v.sqrt_().add_(eps)).mul_(-step_size)))
 
 
 class RecOptimizer:
