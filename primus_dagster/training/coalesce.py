@@ -4,9 +4,11 @@ A reader batch is one executor batch of one task: a small file or a Kafka range'
 a few rows. Cut on its own, each would be one optimiser step of a few rows (5 000 tiny files: 5 006
 steps of ~1.4 samples). The coalescer merges the rows of consecutive reader batches of the same kind
 and the same columns into micro-batches of exactly ``size`` rows, in order, each row in one
-micro-batch; only a flush makes a shorter one: at a kind (or columns) switch, and where the trainer
-calls :meth:`~BatchCoalescer.flush` -- before a checkpoint barrier (the barrier reports every reader
-batch handed out, so their rows must all be trained) and at the end of the data.
+micro-batch. Each kind (and set of columns) has an open micro-batch of its own, so ``mixed`` mode,
+whose reader batches alternate between ``batch`` and ``stream``, still trains full steps of each. Only
+:meth:`~BatchCoalescer.flush` makes a shorter one; the trainer calls it before a checkpoint barrier (the
+barrier reports every reader batch handed out, so their rows must all be trained) and at the end of
+the data.
 
 Each :class:`MicroBatch` names the reader batches whose last rows it holds (``finished``): once it
 is trained, those reader batches are trained whole (what ``RunHooks.on_batch`` is told).
@@ -38,6 +40,23 @@ class MicroBatch:
     finished: tuple[Batch, ...]
 
 
+class _OpenMicroBatch:
+    """The rows held for one kind's next micro-batch (fewer than ``size``)."""
+
+    def __init__(self, first: Batch) -> None:
+        self.kind, self.schema = first.kind, first.columns.schema
+        self.parts: list[Batch] = []
+        self.rows = 0
+        self.finished: list[Batch] = []  # reader batches whose last rows are in the parts
+
+    def takes(self, batch: Batch) -> bool:
+        return batch.kind == self.kind and batch.columns.schema.equals(self.schema)
+
+    def close(self) -> MicroBatch:
+        parts = self.parts
+        return MicroBatch(parts[0] if len(parts) == 1 else Batch.concat(parts), tuple(self.finished))
+
+
 class BatchCoalescer:
     """Reader batches in, micro-batches of ``size`` rows out (module docstring).
 
@@ -53,44 +72,39 @@ class BatchCoalescer:
         if size < 1:
             raise ValueError(f"micro-batch size {size}: must be at least 1")
         self.size = size
-        self._parts: list[Batch] = []  # the open micro-batch's rows (fewer than size)
-        self._rows = 0
-        self._finished: list[Batch] = []  # reader batches whose last rows are in the parts
+        self._open: list[_OpenMicroBatch] = []  # one per kind and columns, in the order they opened
 
     @property
     def pending_rows(self) -> int:
-        """Rows held for the open micro-batch (not trained yet)."""
-        return self._rows
+        """Rows held for the open micro-batches (not trained yet)."""
+        return sum(group.rows for group in self._open)
 
     def add(self, batch: Batch) -> list[MicroBatch]:
-        """The micro-batches ``batch`` completes: first the open one flushed when ``batch`` cannot join
-        it (another kind or other columns), then every full one; its last rows may stay held. A batch
-        without rows has nothing to train and is passed over (executors never send one)."""
+        """The full micro-batches ``batch`` completes in its kind's open one; its last rows may stay held.
+        A batch without rows has nothing to train and is passed over (executors never send one)."""
         if batch.rows == 0:
             return []
-        out = [] if self._joins(batch) else self.flush()
+        group = next((g for g in self._open if g.takes(batch)), None)
+        if group is None:
+            group = _OpenMicroBatch(batch)
+            self._open.append(group)
+        out = []
         start = 0
         while start < batch.rows:
-            take = min(self.size - self._rows, batch.rows - start)
-            self._parts.append(batch if take == batch.rows else batch.slice(start, start + take))
-            self._rows, start = self._rows + take, start + take
+            take = min(self.size - group.rows, batch.rows - start)
+            group.parts.append(batch if take == batch.rows else batch.slice(start, start + take))
+            group.rows, start = group.rows + take, start + take
             if start == batch.rows:
-                self._finished.append(batch)
-            if self._rows == self.size:
-                out.append(self._close())
+                group.finished.append(batch)
+            if group.rows == self.size:
+                out.append(group.close())
+                group.parts, group.rows, group.finished = [], 0, []
+        if not group.parts:
+            self._open.remove(group)
         return out
 
     def flush(self) -> list[MicroBatch]:
-        """The open micro-batch, however short (none when no rows are held)."""
-        return [self._close()] if self._parts else []
-
-    def _joins(self, batch: Batch) -> bool:
-        if not self._parts:
-            return True
-        first = self._parts[0]
-        return batch.kind == first.kind and batch.columns.schema.equals(first.columns.schema)
-
-    def _close(self) -> MicroBatch:
-        parts, finished = self._parts, tuple(self._finished)
-        self._parts, self._rows, self._finished = [], 0, []
-        return MicroBatch(parts[0] if len(parts) == 1 else Batch.concat(parts), finished)
+        """The open micro-batches, however short, in the order they opened (none when no rows are held)."""
+        out = [group.close() for group in self._open]
+        self._open = []
+        return out

@@ -66,19 +66,33 @@ def test_a_big_batch_is_cut_without_copies_and_finished_by_its_last_micro_batch(
     assert [i for m in out for i in ids_of(m.batch)] == ids_of(big)
 
 
-def test_a_kind_switch_flushes_and_a_micro_batch_holds_one_kind() -> None:
+def test_alternating_kinds_each_fill_their_own_micro_batch() -> None:
+    """mixed mode: reader batches of both kinds alternate; each kind still trains full steps of one kind."""
+    coalescer = BatchCoalescer(4)
+    batches = [reader_batch(3, kind) for kind in ("batch", "stream") * 4]  # 12 rows of each kind
+    out = [m for b in batches for m in coalescer.add(b)]
+    assert [(m.batch.kind, m.batch.rows) for m in out] == [("batch", 4), ("stream", 4)] * 3
+    assert coalescer.pending_rows == 0 and coalescer.flush() == []
+    for kind in ("batch", "stream"):  # each kind's rows in their order, each once
+        trained = [i for m in out if m.batch.kind == kind for i in ids_of(m.batch)]
+        assert trained == [i for b in batches if b.kind == kind for i in ids_of(b)]
+    assert all(len({p.kind for p in m.finished}) <= 1 for m in out)
+
+
+def test_flush_gives_every_open_micro_batch_in_the_order_they_opened() -> None:
     coalescer = BatchCoalescer(4)
     first, second, third = reader_batch(3, "batch"), reader_batch(2, "stream"), reader_batch(3, "stream")
-    out = coalescer.add(first)
-    assert out == []
-    out += coalescer.add(second)
-    assert [(m.batch.kind, m.batch.rows) for m in out] == [("batch", 3)]  # flushed by the switch
-    out += coalescer.add(third) + coalescer.flush()
-    assert [(m.batch.kind, m.batch.rows) for m in out] == [("batch", 3), ("stream", 4), ("stream", 1)]
-    assert ids_of(out[1].batch) == ids_of(second) + ids_of(third)[:2]
+    assert coalescer.add(first) == [] and coalescer.add(second) == []
+    out = coalescer.add(third)
+    assert [(m.batch.kind, m.batch.rows) for m in out] == [("stream", 4)]
+    assert ids_of(out[0].batch) == ids_of(second) + ids_of(third)[:2]
+    assert coalescer.pending_rows == 3 + 1
+    out += coalescer.flush()
+    assert [(m.batch.kind, m.batch.rows) for m in out] == [("stream", 4), ("batch", 3), ("stream", 1)]
+    assert [[f.batch_id for f in m.finished] for m in out] == [[second.batch_id], [first.batch_id], [third.batch_id]]
 
 
-def test_other_columns_flush_too() -> None:
+def test_other_columns_get_their_own_micro_batch() -> None:
     coalescer = BatchCoalescer(8)
     with_lists, without = reader_batch(3), reader_batch(3, lists=False)
     out = coalescer.add(with_lists) + coalescer.add(without) + coalescer.flush()
