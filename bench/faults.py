@@ -14,6 +14,17 @@ window's sample ids read straight from the files (or the topic): ``samples_lost`
 differences. ``post_checkpoint_samples_redone`` counts the samples trained after the checkpoint a
 restart went back to (thrown away and trained again).
 
+Two faults of the data plane's delivery and liveness (issue 25 items 2 and 4), in runs that go on (checked
+the same way): a client holding the Flight token (read from an executor's environment) takes 3 batches of
+trainer 0's stream from an executor and drops them (``reader_drops_batches``: the driver's delivery audit must
+serve them again), and one data executor is SIGSTOPped mid-run and kept frozen (``executor_sigstop``: it must
+lose its leases after ``data.lease``, the run log must name it, and the run must end while it is frozen).
+Three more of issue 25: a torn Parquet file among 30 (``torn_file_below_threshold``: below the default
+``failed_task_threshold`` the run goes on, naming the file in its result and log; ``--strict`` fails naming
+it), a second run of the same window while the first trains (``second_run_of_a_window``: refused at once,
+naming the first's pid), and 500 files of ~1.4 rows (``tiny_files_exactly_once``: every sample once, in about
+rows / batch_size steps).
+
 Bad inputs: spec files (binary, wrong encoding, duplicate keys, bad ranges, reserved names, a secret
 value in a type error) through ``primus-dagster validate``, and data files (corrupt Parquet, a corrupt
 Delta log, +/-inf dense values) through ``plan`` / ``train``: each must be reported with a message that
@@ -30,8 +41,8 @@ reader batches were merged into full steps it was 835 s against 18 s).
 
 Usage::
 
-    python bench/faults.py            # 8 process faults + 14 bad inputs (~6 min on 2 idle cores)
-    python bench/faults.py --quick    # 6 process faults (no planning kill, one random step), all bad inputs,
+    python bench/faults.py            # 13 process faults + 14 bad inputs (~8 min on 2 idle cores)
+    python bench/faults.py --quick    # 11 process faults (no planning kill, one random step), all bad inputs,
                                       # 1 000 tiny files
     python bench/faults.py --tiny-files-only [--tiny-files N]
 
@@ -64,8 +75,12 @@ from typing import Any
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.flight as fl
 import pyarrow.parquet as pq
 
+from primus_dagster.data.executor import TOKEN_ENV
+from primus_dagster.data.flight_auth import bearer_options
+from primus_dagster.data.flight_protocol import encode_ticket
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.devtools.kafka_broker import BrokerError, EmbeddedBroker
@@ -353,17 +368,28 @@ def kill_whole_run(name: str, env: dict[str, Any], work: Path, when: str, rng: r
     return out
 
 
+def run_past_step_2(
+    out: Outcome, env: dict[str, Any], work: Path, bound: float, slow_ms: float = SLOW_MS
+) -> tuple[Run, Path] | None:
+    """A slowed run (and its audit log) that trained past step 2, so that a fault lands mid-run; None, with
+    ``out`` saying why (and the run killed), when it never got there."""
+    log = work / f"{out.name}.bin"
+    run = Run(train_command(env, log, slow_ms=slow_ms))
+    if wait_step(log, run, 2, bound):
+        return run, log
+    out.hang = run.proc.poll() is None
+    run.kill_group()
+    run.finish(30)
+    out.note = f"no trained step ({tail(run)})"
+    return None
+
+
 def kill_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
     """SIGKILL one data executor while it serves (after the first trained batch); the run goes on."""
     out = Outcome(name)
-    log = work / f"{name}.bin"
-    run = Run(train_command(env, log, slow_ms=SLOW_MS))
-    if not wait_step(log, run, 2, bound):
-        out.hang = run.proc.poll() is None
-        run.kill_group()
-        run.finish(30)
-        out.note = f"no trained step ({tail(run)})"
+    if (started := run_past_step_2(out, env, work, bound)) is None:
         return out
+    run, log = started
     victims = run.descendants("primus_dagster.data.executor")
     if victims:
         victims[0].kill()
@@ -372,6 +398,158 @@ def kill_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> O
         return out
     compare(out, Counter(int(i) for _, ids in records(log) for i in ids), env["expected"])
     out.survived = out.lost == 0 and out.duplicated == 0
+    return out
+
+
+def take_and_drop(proc: psutil.Process, count: int) -> int:
+    """As a client holding the token: take ``count`` batches of trainer 0's stream from the executor ``proc``
+    (its token from its environment, its address from its listening sockets) and drop them; the batches taken."""
+    token = proc.environ().get(TOKEN_ENV)
+    for conn in proc.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN:
+            continue
+        ip = conn.laddr.ip.removeprefix("::ffff:")  # an IPv4 address on a dual-stack socket
+        client = fl.connect(f"grpc://[{ip}]:{conn.laddr.port}" if ":" in ip else f"grpc://{ip}:{conn.laddr.port}")
+        try:
+            stream = client.do_get(fl.Ticket(encode_ticket(0)), bearer_options(token))
+            for taken in range(count):
+                try:
+                    stream.read_chunk()
+                except StopIteration:
+                    return taken
+            stream.cancel()
+            return count
+        except fl.FlightError:
+            continue  # not the dataset server
+        finally:
+            client.close()
+    return 0
+
+
+def drop_batches(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
+    """During a slowed run, a client with the token takes 3 batches of trainer 0's stream from an executor and
+    drops them (issue 25 item 2): the driver's delivery audit must have them served again -- nothing lost."""
+    out = Outcome(name)
+    if (started := run_past_step_2(out, env, work, bound)) is None:
+        return out
+    run, log = started
+    victims = run.descendants("primus_dagster.data.executor")
+    dropped = 0
+    with contextlib.suppress(psutil.Error, pa.ArrowException):  # a failed injection is said below, the run goes on
+        dropped = take_and_drop(victims[0], 3) if victims else 0
+    out.extra["batches_dropped"] = dropped
+    if not ended_ok(out, run, bound, "the run with dropped batches"):
+        return out
+    compare(out, Counter(int(i) for _, ids in records(log) for i in ids), env["expected"])
+    out.survived = out.lost == 0 and out.duplicated == 0 and dropped == 3
+    if dropped != 3:
+        out.note = f"the fault was not injected: {dropped} of 3 batches taken"
+    return out
+
+
+def stop_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
+    """SIGSTOP one data executor mid-run (issue 25 item 4) and keep it frozen: its leases must expire after
+    ``data.lease``, the other executor read its tasks, the run log name it, and the run end before SIGCONT."""
+    out = Outcome(name)
+    if (started := run_past_step_2(out, env, work, bound)) is None:
+        return out
+    run, log = started
+    victims = run.descendants("primus_dagster.data.executor")[:1]
+    stopped = time.monotonic()
+    try:
+        for proc in victims:
+            proc.suspend()
+        ended = ended_ok(out, run, bound, "the run with a frozen executor")
+        out.extra["run_after_stop_s"] = round(time.monotonic() - stopped, 1)
+    finally:
+        for proc in victims:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+    out.extra["stopped_executors"] = len(victims)
+    named = any("is silent (no heartbeat" in line for line in run.stderr)  # the driver names the executor
+    out.extra["silent_executor_named"] = named
+    if not ended:
+        return out
+    compare(out, Counter(int(i) for _, ids in records(log) for i in ids), env["expected"])
+    out.survived = out.lost == 0 and out.duplicated == 0 and bool(victims) and named
+    if not named:
+        out.note = "the run log never named the frozen executor"
+    return out
+
+
+def torn_file(name: str, work: Path, bound: float) -> Outcome:
+    """One torn Parquet file among the window's 30 (below the default ``failed_task_threshold`` 0.05; issue 25
+    item 1): the run goes on without its rows and must name the file in its result (``failed_tasks``) and its
+    log; ``--strict`` must fail, naming it. No other sample may be lost."""
+    out = Outcome(name)
+    env = make_world(work / name, files_per_hour=15)
+    expected = expected_ids(env)
+    target = sorted((env["root"] / "parquet" / "impressions").rglob("*.parquet"))[0]
+    torn = Counter(int(i) for i in pq.read_table(target, columns=["sample_id"]).column(0).to_pylist())
+    target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])  # no footer
+    log = work / f"{name}.bin"
+    run = Run(train_command(env, log, slow_ms=0))
+    if not ended_ok(out, run, bound, "the run with a torn file"):
+        return out
+    failed = run.meta().get("failed_tasks") or []
+    reported = any(target.name in str(row.get("where")) for row in failed)
+    logged = any(target.name in line for line in run.stderr)
+    compare(out, Counter(int(i) for _, ids in records(log) for i in ids), expected - torn)
+    strict = Run([*train_command(env, work / f"{name}-strict.bin", slow_ms=0), "--strict", "--run-key", "strict"])
+    if not strict.finish(bound):
+        out.hang, out.note = True, "the --strict run exceeded its bound"
+        return out
+    strict_named = strict.proc.returncode == 1 and any(target.name in line for line in strict.stderr)
+    out.extra.update(torn_rows=sum(torn.values()), reported=reported, logged=logged, strict_failed=strict_named)
+    out.survived = out.lost == 0 and out.duplicated == 0 and reported and logged and strict_named
+    if not out.survived and not out.note:
+        out.note = f"reported {reported}, logged {logged}, --strict failed naming it {strict_named}"
+    return out
+
+
+def two_runs_of_one_window(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
+    """A second run of the same spec and window while the first trains (issue 25 item 3): it must fail at once
+    (exit 1) naming the first (its pid); the first goes on and trains every sample once."""
+    out = Outcome(name)
+    # the first run slowed 5x: it must still hold the window while the second one starts (~3 s of imports)
+    if (started := run_past_step_2(out, env, work, bound, slow_ms=5 * SLOW_MS)) is None:
+        return out
+    first, log = started
+    second = Run(train_command(env, work / f"{name}-second.bin", slow_ms=SLOW_MS))
+    second_ended = second.finish(bound)
+    out.extra["first_still_running"] = first.proc.poll() is None  # else the case proves nothing
+    refused = (
+        second_ended and second.proc.returncode == 1 and any(str(first.proc.pid) in line for line in second.stderr)
+    )
+    out.extra["second_run_refused"] = refused
+    if not ended_ok(out, first, bound, "the first run"):
+        return out
+    out.hang = not second_ended
+    compare(out, Counter(int(i) for _, ids in records(log) for i in ids), env["expected"])
+    out.survived = out.lost == 0 and out.duplicated == 0 and refused
+    if not refused:
+        out.note = f"the second run was not refused naming the first: {tail(second)}"
+    return out
+
+
+def tiny_files_once(name: str, work: Path, bound: float) -> Outcome:
+    """500 files of ~1.4 rows (issue 25 item 5): every sample trained once, in about rows / batch_size steps
+    (full steps across files; shorter ones only where a checkpoint or the end flushes)."""
+    out = Outcome(name)
+    env = make_world(work / name, rows_per_hour=350, files_per_hour=250)
+    expected = expected_ids(env)
+    log = work / f"{name}.bin"
+    run = Run(train_command(env, log, slow_ms=0))
+    if not ended_ok(out, run, bound, "the tiny-files run"):
+        return out
+    compare(out, Counter(int(i) for _, ids in records(log) for i in ids), expected)
+    meta = run.meta()
+    steps, checkpoints = int(meta.get("steps") or 0), int(meta.get("checkpoints") or 0)
+    bound_steps = -(-sum(expected.values()) // env["job"].training.batch_size) + checkpoints
+    out.extra.update(files=250 * HOURS, steps=steps, checkpoints=checkpoints, max_steps=bound_steps)
+    out.survived = out.lost == 0 and out.duplicated == 0 and 0 < steps <= bound_steps
+    if steps > bound_steps:
+        out.note = f"{steps} steps for {sum(expected.values())} rows (at most {bound_steps} expected)"
     return out
 
 
@@ -597,6 +775,11 @@ def main() -> None:
             lambda: kill_whole_run("run_at_random_step", single, work / "r", "step", rng, args.bound),
             lambda: kill_whole_run("run_at_checkpoint", single, work / "c", "checkpoint", rng, args.bound),
             lambda: kill_whole_run("driver_process", single, work / "d", "driver", rng, args.bound),
+            lambda: drop_batches("reader_drops_batches", single, work, args.bound),
+            lambda: stop_executor("executor_sigstop", single, work, args.bound),
+            lambda: torn_file("torn_file_below_threshold", work, args.bound),
+            lambda: two_runs_of_one_window("second_run_of_a_window", single, work, args.bound),
+            lambda: tiny_files_once("tiny_files_exactly_once", work, args.bound),
         ]
         if not args.quick:
             faults.append(

@@ -311,6 +311,7 @@ def train_command(args: argparse.Namespace, hooks: RunHooks | None = None) -> in
             evaluate=not args.no_eval,
             warm_start=args.warm_start,
             strict=getattr(args, "strict", False),
+            complete_window=getattr(args, "strict", False),
         ),
         hooks,
     )
@@ -482,9 +483,11 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
         "--strict",
         action="store_true",
         help=(
-            "fail the run (exit 1, naming the files) on the first data task given up, as "
-            "data.allow_failed_tasks: false does; without it, tasks given up below data.failed_task_threshold "
-            "are reported (run log, result, MLflow) and the run goes on without their rows"
+            "the whole window or nothing: fail the run (exit 1) before it starts when partitions inside the "
+            "window are not ready, naming them, and on the first data task given up, naming the files (as "
+            "data.allow_failed_tasks: false does); without it, partitions not ready are skipped and tasks "
+            "given up below data.failed_task_threshold are reported (run log, result, MLflow), and the run "
+            "goes on without their rows"
         ),
     )
     p.add_argument("--json", action="store_true")

@@ -49,17 +49,22 @@ from primus_dagster.cluster.pool import (
     memory_quantity,
 )
 from primus_dagster.cluster.simulation import (
+    STARTUP_S,
     DiurnalTrace,
     PartitionedLoad,
     PulledLoad,
+    RampTrace,
     SimulatedPool,
     Simulation,
     SimulationResult,
+    SpikeTrace,
+    StepTrace,
 )
 
 __all__ = [
     "FINISHED_STATES",
     "METRIC_NAMES",
+    "STARTUP_S",
     "ControllerOptions",
     "DiurnalTrace",
     "ExecutorPool",
@@ -71,6 +76,7 @@ __all__ = [
     "PoolError",
     "PoolView",
     "PulledLoad",
+    "RampTrace",
     "RatioRule",
     "Resources",
     "Role",
@@ -80,6 +86,8 @@ __all__ = [
     "SimulatedPool",
     "Simulation",
     "SimulationResult",
+    "SpikeTrace",
+    "StepTrace",
     "aggregate",
     "apply_decision",
     "ew_demand",

@@ -6,7 +6,13 @@ Each control tick of a :class:`~primus_dagster.cluster.pooled_plane.PooledDataPl
 :class:`~primus_dagster.cluster.controller.ScalingController` the pool's statuses, and applies the
 decisions it returns (:func:`~primus_dagster.cluster.controller.apply_decision`): scale out, scale in
 (a stopped executor's leased tasks are read again elsewhere; the claim ledger keeps delivery exactly
-once), resize. OOM restarts are left to the plane's supervisor. Every decision is logged with its
+once), resize. OOM restarts are left to the plane's supervisor.
+
+The trainers are the controller's ``training`` pool, observed but never changed (``fixed_roles``):
+their reader-wait fraction is measured by :class:`TrainerWait` from the plane's readers (the share
+of control ticks at which a reader that has started training had an empty queue: the trainer is
+waiting for data, or is about to), so the data/trainer ratio rule and the demand load
+``L_u / (1 − w)`` run live. Every decision is logged with its
 inputs and kept for the run's summary and metrics, and every scaling tick adds a point to a bounded
 :class:`ScalingTimeline` (replicas, mean CPU and memory utilisation, the decision if any) for
 time-series metrics.
@@ -28,9 +34,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from primus_dagster.cluster.controller import ControllerOptions, ScalingController, apply_decision
-from primus_dagster.cluster.metrics import sample_from_heartbeat
+from primus_dagster.cluster.metrics import Sample, sample_from_heartbeat
 from primus_dagster.cluster.policies import ScalingDecision
-from primus_dagster.spec import JobSpec
+from primus_dagster.cluster.pool import ExecutorStatus, Resources, memory_bytes
+from primus_dagster.spec import JobSpec, PoolSpec
 
 if TYPE_CHECKING:
     from primus_dagster.cluster.pooled_plane import PooledDataPlane
@@ -120,8 +127,51 @@ class ScalingTimeline:
             return [dict(p) for p in points]
 
 
+def _pending_tasks(plane: PooledDataPlane) -> int | None:
+    """Tasks of the plane's driver that no executor has leased (None: the driver does not say)."""
+    try:
+        busy = sum(plane.driver.backlog_by_kind().values())
+        running = sum(plane.driver.running_by_kind().values())
+    except AttributeError:
+        return None
+    return max(0, int(busy) - int(running))
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
+
+
+class TrainerWait:
+    """A trainer's reader-wait fraction from its reader's queue, sampled at every control tick.
+
+    ``observe(queue_sizes, yielded)``: the batches in the reader's queues and how many it has
+    handed the trainer so far. Until the first batch is handed over the trainer is starting (not
+    counted); then each observation with empty queues counts as waiting. ``take()`` returns the
+    fraction since the last ``take`` (None: no observation) and starts a new window.
+
+    >>> wait = TrainerWait()
+    >>> for sizes in ([0], [3], [0], [0]):
+    ...     wait.observe(sizes, yielded=1)
+    >>> wait.take()
+    0.75
+    """
+
+    def __init__(self) -> None:
+        self.empty = 0
+        self.seen = 0
+
+    def observe(self, queue_sizes: Sequence[int], yielded: int) -> None:
+        if yielded <= 0:
+            return
+        self.seen += 1
+        self.empty += not any(queue_sizes)
+
+    def take(self) -> float | None:
+        if not self.seen:
+            return None
+        fraction = self.empty / self.seen
+        self.empty = self.seen = 0
+        return fraction
 
 
 class DataPoolAutoscaler:
@@ -138,9 +188,22 @@ class DataPoolAutoscaler:
         on_decision: Callable[[ScalingDecision], None] | None = None,
         options: ControllerOptions | None = None,
     ):
-        # The supervisor restarts OOM-killed executors; local CPU is whole cores (affinity).
-        options = options or ControllerOptions(oom_restarts=False, cpu_quantum=1.0)
-        self.controller = ScalingController(job.scaling, {"data": job.pools.data}, clock, options=options)
+        # The supervisor restarts OOM-killed executors; local CPU is whole cores (affinity); the
+        # trainers are the run's: observed (their wait), never scaled.
+        options = options or ControllerOptions(oom_restarts=False, cpu_quantum=1.0, fixed_roles=("training",))
+        self.job = job
+        trainers = job.pools.training
+        self.training_pool = PoolSpec(
+            replicas=trainers.replicas,
+            min_replicas=trainers.replicas,
+            max_replicas=max(1, trainers.replicas),
+            cpu=trainers.cpu,
+            memory=trainers.memory,
+        )
+        self.controller = ScalingController(
+            job.scaling, {"data": job.pools.data, "training": self.training_pool}, clock, options=options
+        )
+        self.waits: dict[int, TrainerWait] = {}
         self.on_decision = on_decision
         self.applied: list[ScalingDecision] = []
         self.timeline = ScalingTimeline()
@@ -158,8 +221,10 @@ class DataPoolAutoscaler:
                 self.controller.observe(sample)
         if self._t0 is None:
             self._t0 = plane.started_at
+        trainer_statuses = self._observe_trainers(plane, now)
+        self.controller.pending_tasks = _pending_tasks(plane)
         ticks = self.controller.ticks
-        decisions = self.controller.tick(now, {"data": statuses})
+        decisions = self.controller.tick(now, {"data": statuses, "training": trainer_statuses})
         for decision in decisions:
             log.info("scaling: %s", decision.describe())
             apply_decision({"data": plane.pool}, decision)
@@ -169,6 +234,28 @@ class DataPoolAutoscaler:
         if self.controller.ticks > ticks:  # a scaling tick (not only failover): one timeline point
             _, replicas, load, util = self.controller.history["data"][-1]
             self.timeline.add(now - self._t0, replicas, util.get("cpu"), util.get("memory"), load, decisions)
+
+    def _observe_trainers(self, plane: PooledDataPlane, now: float) -> list[ExecutorStatus]:
+        """Sample the plane's readers' queues; at a due scaling tick, one ``training`` sample per
+        reader with its wait fraction. The statuses of the trainers that have a reader."""
+        due = self.controller.due(now)
+        resources = Resources(self.training_pool.cpu, memory_bytes(self.training_pool.memory))
+        statuses = []
+        readers = getattr(plane, "readers", None)  # a plane without trainer readers here: no wait signal
+        for trainer_id, reader in (readers() if readers is not None else {}).items():
+            wait = self.waits.setdefault(trainer_id, TrainerWait())
+            try:
+                stats = reader.queue_stats()
+                yielded = int(reader.stats.get("yielded", 0))
+            except Exception:  # a closed reader: no more observations
+                continue
+            wait.observe([stat.size for stat in stats.values()], yielded)
+            executor_id = f"trainer-{trainer_id}"
+            statuses.append(ExecutorStatus(executor_id, "training", "running", resources))
+            fraction = wait.take() if due else None
+            if fraction is not None:
+                self.controller.observe(Sample(now, executor_id, "training", resources, reader_wait=fraction))
+        return statuses
 
     def summary(self) -> dict[str, Any]:
         """The controller's summary, the decisions applied here and the timeline (JSON-able)."""

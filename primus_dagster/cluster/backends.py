@@ -9,8 +9,10 @@ strategies are disabled).
   (``executors_in_process``); there is nothing for :func:`data_plane_setup` to set up;
 * ``kubernetes`` -- :class:`~primus_dagster.cluster.kubernetes.KubernetesPool` pods of
   ``pools.image`` in ``pools.namespace``, owned by this process's pod when it runs in one
-  (``$HOSTNAME``); the driver listens on this pod's address (``$PRIMUS_DRIVER_HOST``, default the
-  address ``$HOSTNAME`` resolves to) so the executor pods reach it.
+  (``$HOSTNAME``; ``pools.namespace`` must then be that pod's: ``step_pod_owner``), with the
+  deployment's ``envFrom`` sources and data volume (``pod_template_from_env``); the driver listens
+  on this pod's address (``$PRIMUS_DRIVER_HOST``, default the address ``$HOSTNAME`` resolves to) so
+  the executor pods reach it.
 
 Example::
 
@@ -43,15 +45,14 @@ def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
     controller = DataPoolAutoscaler(job) if scaling.horizontal.enabled or scaling.vertical.enabled else None
     if job.pools.backend == "local":
         return {"pool_factory": local_data_pool, "driver_host": "127.0.0.1", "controller": controller}
-    from primus_dagster.cluster.kubernetes import default_namespace, load_core_api, pod_owner
+    from primus_dagster.cluster.kubernetes import load_core_api, pod_template_from_env, step_pod_owner
     from primus_dagster.cluster.kubernetes.plane import kubernetes_pool_factory
 
     api = load_core_api()
-    pod_name = os.environ.get("HOSTNAME")
-    owner = pod_owner(api, job.pools.namespace or default_namespace(), pod_name) if pod_name else None
+    owner = step_pod_owner(api, job.pools.namespace)  # refuses a pools.namespace other than this pod's
     host = os.environ.get(DRIVER_HOST_ENV) or socket.gethostbyname(socket.gethostname())
     return {
-        "pool_factory": kubernetes_pool_factory(run_id, owner=owner, api=api),
+        "pool_factory": kubernetes_pool_factory(run_id, owner=owner, api=api, **pod_template_from_env()),
         "driver_host": host,
         "controller": controller,
     }

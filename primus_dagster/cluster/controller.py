@@ -13,7 +13,19 @@ and the pools' current :class:`~primus_dagster.cluster.pool.ExecutorStatus` list
   if it would raise some executor's memory (an OOM kill is near, and more executors do not help a
   process that outgrows its memory), else to horizontal;
 * a pool that changed waits ``scaling.cooldown`` before its next change (memory increases
-  excepted: they only ever grow, so they cannot flap).
+  excepted: they only ever grow, so they cannot flap);
+* only steady-state samples count: an executor's samples from its first ``scaling.warmup``
+  seconds (start-up: CPU of imports, empty buffers) are kept but not decided on;
+* the data pool's load is ``L_u / (1 − w)`` where the trainers report a reader-wait fraction ``w``
+  (at most 0.9): what the pool would need to serve all the trainers want; while trainers wait
+  (``w ≥ ratio.wait_high``) the load rule never removes data executors, and while the trainers
+  report and the data buffers are full (``ratio.fill_full``: the pool is ahead, busy or not) it
+  never adds any;
+* ``fixed_roles`` (:class:`ControllerOptions`) are observed but never changed (a live run's
+  trainers: their wait feeds the ratio rule, their number is the run's);
+* vertical scaling sizes the CPU of a pool only where horizontal scaling does not (its replicas
+  fixed, or horizontal disabled): executors that pull work use whatever CPU the pool is short of,
+  so their CPU "demand" measures the pool's size, not theirs -- horizontal scaling's signal.
 
 It never touches a pool: an applier executes the decisions against an
 :class:`~primus_dagster.cluster.pool.ExecutorPool`. Per-executor state lives in numpy arrays so
@@ -75,7 +87,11 @@ class ControllerOptions:
     * ``oom_restarts``: emit ``oom_restart`` decisions (turn off where a
       :class:`~primus_dagster.cluster.supervisor.Supervisor` already restarts OOM-killed executors);
     * ``log_size`` / ``history_ticks``: bounds of the decision log and the per-tick history;
-    * ``series_samples`` / ``series_age_s``: the per-executor series :meth:`ScalingController.observe` keeps.
+    * ``series_samples`` / ``series_age_s``: the per-executor series :meth:`ScalingController.observe` keeps;
+    * ``fixed_roles``: pools observed but never scaled or resized;
+    * ``resize_restarts``: a resize restarts the executor (Kubernetes replaces the pod): then at
+      most ``max_unavailable`` of a pool (at least one executor) is starting at a time, resizes
+      included (a rolling update), and only memory increases may exceed it.
 
     Example::
 
@@ -97,12 +113,16 @@ class ControllerOptions:
     history_ticks: int = 4096
     series_samples: int = 32
     series_age_s: float = 600.0
+    fixed_roles: tuple[Role, ...] = ()
+    resize_restarts: bool = False
+    max_unavailable: float = 0.05
 
 
 _FLOAT_FIELDS = (
     "alloc_cpu",
     "alloc_mem",
     "t_last",
+    "t_first",
     "cpu",
     "rss",
     "io",
@@ -113,7 +133,7 @@ _FLOAT_FIELDS = (
     "ew_mem",
     "ew_den",
 )
-_NAN_FIELDS = ("io", "fill", "wait")
+_NAN_FIELDS = ("io", "fill", "wait", "t_first")
 
 
 class _PoolState:
@@ -131,6 +151,7 @@ class _PoolState:
             self.arrays[name] = np.zeros(capacity)
         self.n = np.zeros(capacity, dtype=np.int64)
         self.live = np.zeros(capacity, dtype=bool)
+        self.running = np.zeros(capacity, dtype=bool)
 
     def col(self, name: str) -> np.ndarray:
         """The used part of one per-executor array (a view)."""
@@ -146,6 +167,7 @@ class _PoolState:
             self.arrays[name] = np.resize(array, capacity)
         self.n = np.resize(self.n, capacity)
         self.live = np.resize(self.live, capacity)
+        self.running = np.resize(self.running, capacity)
 
     def row(self, executor_id: str) -> int:
         row = self.rows.get(executor_id)
@@ -186,6 +208,7 @@ class _PoolState:
         self.arrays["alloc_mem"][rows] = self.default.memory_bytes
         self.n[rows] = 0
         self.live[rows] = False
+        self.running[rows] = False
 
     def release(self, rows: np.ndarray) -> None:
         for row in rows.tolist():
@@ -195,6 +218,7 @@ class _PoolState:
                 self.ids[row] = None
                 self.free.append(row)
                 self.live[row] = False
+                self.running[row] = False
                 self.n[row] = 0
 
 
@@ -213,6 +237,7 @@ class PoolView:
     reader_wait: float | None
     cores_allocated: float
     cores_used: float
+    running: int = 0
 
 
 @dataclass
@@ -255,6 +280,7 @@ class ScalingController:
         self.clock = clock
         self.options = options or ControllerOptions()
         self.interval = scaling.interval.total_seconds()
+        self.warmup = scaling.warmup.total_seconds()
         self.cooldown = scaling.cooldown.total_seconds()
         self.max_age = self.options.max_age_s if self.options.max_age_s is not None else 3 * self.interval
         self._state = {role: _PoolState(role, spec) for role, spec in self.pools.items()}
@@ -272,6 +298,9 @@ class ScalingController:
             role: deque(maxlen=self.options.history_ticks) for role in self.pools
         }
         self.last_metrics: dict[str, float] = {}
+        #: Tasks no data executor has leased yet (None: unknown, or an unbounded stream); set by the
+        #: caller before a tick: with none waiting, the ratio rule adds no data executor.
+        self.pending_tasks: int | None = None
 
     # ------------------------------------------------------------------------------------- input
     def _pool(self, role: Role) -> _PoolState:
@@ -288,6 +317,8 @@ class ScalingController:
         decay = self.scaling.vertical.history_decay
         a["alloc_cpu"][row] = sample.allocated.cpu
         a["alloc_mem"][row] = sample.allocated.memory_bytes
+        if st.n[row] == 0:
+            a["t_first"][row] = sample.time
         a["t_last"][row] = sample.time
         a["cpu"][row] = sample.cpu
         a["rss"][row] = sample.rss_bytes
@@ -323,6 +354,8 @@ class ScalingController:
         decay = self.scaling.vertical.history_decay
         cpu = np.asarray(cpu, dtype=float)
         rss = np.asarray(rss_bytes, dtype=float)
+        first = rows[st.n[rows] == 0]
+        a["t_first"][first] = time
         a["t_last"][rows] = time
         a["cpu"][rows] = cpu
         a["rss"][rows] = rss
@@ -347,6 +380,8 @@ class ScalingController:
         states = np.array([s.state for s in statuses], dtype=object)
         st.live[: st.size] = False
         st.live[rows] = ~np.isin(states, list(FINISHED_STATES))
+        st.running[: st.size] = False
+        st.running[rows] = states == "running"
         resources = [s.resources for s in statuses]
         st.arrays["alloc_cpu"][rows] = np.fromiter((r.cpu for r in resources), float, count)
         st.arrays["alloc_mem"][rows] = np.fromiter((r.memory_bytes for r in resources), float, count)
@@ -365,7 +400,7 @@ class ScalingController:
         """What a tick at ``now`` sees of pool ``role``."""
         st = self._pool(role)
         live = st.live[: st.size]
-        fresh = live & (st.n[: st.size] > 0) & (now - st.col("t_last") <= self.max_age)
+        fresh = self._steady(st, now)
         cpu = st.col("cpu")[fresh]
         values = {
             "cpu": cpu / st.col("alloc_cpu")[fresh],
@@ -389,7 +424,28 @@ class ScalingController:
             reader_wait=wait,
             cores_allocated=float(st.col("alloc_cpu")[live].sum()),
             cores_used=float(cpu.sum()),
+            running=int(st.running[: st.size].sum()),
         )
+
+    def _steady(self, st: _PoolState, now: float) -> np.ndarray:
+        """Live executors with a fresh sample taken after their ``warmup`` (steady state)."""
+        t_last = st.col("t_last")
+        return (
+            st.live[: st.size]
+            & (st.n[: st.size] > 0)
+            & (now - t_last <= self.max_age)
+            & (t_last - st.col("t_first") >= self.warmup)
+        )
+
+    def views(self, now: float) -> dict[Role, PoolView]:
+        """Every pool's :meth:`view`; the data pool's load as demand, ``L_u / (1 − w)`` (module docstring)."""
+        views = {role: self.view(role, now) for role in self.pools}
+        data, training = views.get("data"), views.get("training")
+        if data is not None and training is not None and data.load is not None and training.fresh:
+            wait = training.reader_wait
+            if wait is not None and wait > 0:
+                views["data"] = replace(data, load=data.load / (1.0 - min(wait, 0.9)))
+        return views
 
     # --------------------------------------------------------------------------------------- tick
     def due(self, now: float) -> bool:
@@ -407,7 +463,7 @@ class ScalingController:
         if self.due(now):
             self._last_tick = now
             self.ticks += 1
-            views = {role: self.view(role, now) for role in self.pools}
+            views = self.views(now)
             chosen = self._decide(views, now)
             for role in {d.role for d in chosen}:
                 self._cool_until[role] = now + self.cooldown
@@ -454,16 +510,36 @@ class ScalingController:
                 data_load=data.load,
                 rule=self.options.ratio,
                 now=now,
+                proportional=spec.proportional,
+                data_running=data.running,
+                pending_tasks=self.pending_tasks,
             )
-            if ratio is not None:
+            if ratio is not None and ratio.role not in self.options.fixed_roles:
                 # The rule couples the two pools: while it holds, the load rule moves neither.
                 return [] if ratio.role in cooling else [self._complete(ratio)]
         out = []
+        trainers = views.get("training")
+        reporting = trainers is not None and trainers.fresh > 0 and trainers.reader_wait is not None
+        wait = (trainers.reader_wait or 0.0) if trainers is not None else 0.0
+        waiting = reporting and wait >= self.options.ratio.wait_high
+        data_fill = views["data"].buffer_fill if "data" in views else None
+        ahead = reporting and not waiting and data_fill is not None and data_fill >= self.options.ratio.fill_full
         for role, v in views.items():
-            if role in cooling:
+            if role in cooling or role in self.options.fixed_roles:
                 continue
             inputs = {f"u_{k}": u for k, u in v.mean_util.items() if u is not None}
-            decision = horizontal_decision(role, v.replicas, v.load, spec, self.pools[role], now=now, inputs=inputs)
+            decision = horizontal_decision(
+                role,
+                v.replicas,
+                v.load,
+                spec,
+                self.pools[role],
+                now=now,
+                inputs=inputs,
+                running=v.running,
+                allow_scale_in=not (role == "data" and waiting),
+                allow_scale_out=not (role == "data" and ahead),
+            )
             if decision is not None:
                 out.append(self._complete(decision))
         return out
@@ -488,7 +564,11 @@ class ScalingController:
     def _vertical(self, cooling: set[Role], now: float) -> tuple[list[ScalingDecision], bool]:
         """Resize decisions (at most ``max_resizes_per_tick``: memory increases first, then by size
         of change), and whether any is a memory increase."""
-        plans = [plan for role, st in self._state.items() if (plan := self._resizes(st, role in cooling, now))]
+        plans = [
+            plan
+            for role, st in self._state.items()
+            if role not in self.options.fixed_roles and (plan := self._resizes(st, role in cooling, now))
+        ]
         if not plans:
             return [], False
         limit = self.options.max_resizes_per_tick
@@ -535,9 +615,7 @@ class ScalingController:
         while the pool cools down)."""
         spec = self.scaling.vertical
         opts = self.options
-        rows = np.flatnonzero(
-            st.live[: st.size] & (st.n[: st.size] >= opts.min_samples) & (now - st.col("t_last") <= self.max_age)
-        )
+        rows = np.flatnonzero(self._steady(st, now) & (st.n[: st.size] >= opts.min_samples))
         if rows.size == 0:
             return None
         a = st.arrays
@@ -556,6 +634,8 @@ class ScalingController:
             cap=opts.cpu_cap_factor * pool.cpu,
             quantum=opts.cpu_quantum,
         )
+        if self.scaling.horizontal.enabled and pool.min_replicas < pool.max_replicas:
+            new_cpu, ch_cpu = cur_cpu, np.zeros(rows.size, dtype=bool)  # horizontal sizes this pool's CPU
         new_mem, ch_mem = vertical_allocation(
             demand_mem,
             cur_mem,
@@ -567,6 +647,15 @@ class ScalingController:
         )
         grow_mem = ch_mem & (new_mem > cur_mem)
         sel = np.flatnonzero(grow_mem if cooling else (ch_cpu | ch_mem))
+        if opts.resize_restarts and sel.size:
+            # A rolling update: what is starting already counts against max_unavailable.
+            live = st.live[: st.size]
+            budget = max(1, math.floor(opts.max_unavailable * int(live.sum()))) - int(
+                (live & ~st.running[: st.size]).sum()
+            )
+            rest = sel[~grow_mem[sel]]
+            rest = rest[np.argsort(-np.abs(new_mem[rest] - cur_mem[rest]), kind="stable")][: max(0, budget)]
+            sel = np.sort(np.concatenate([sel[grow_mem[sel]], rest]))
         if sel.size == 0:
             return None
         change = np.maximum(

@@ -6,9 +6,13 @@
   remove ``step`` -- unless the load projected onto the smaller pool, ``L_u · n / (n − step)``,
   would reach ``scale_up_threshold`` (that scale-in would be undone next time) -- always within
   ``[min_replicas, max_replicas]``.
-* **Ratio** (:func:`ratio_decision`): trainers waiting on an empty reader queue while the data
-  buffers are not full → more data executors; data buffers full while trainers never wait → more
-  trainers if the training pool may grow, else fewer data executors.
+* **Ratio** (:func:`ratio_decision`): trainers waiting on an empty reader queue → more data
+  executors, unless no task waits for one (``pending_tasks`` 0: a new executor would have nothing
+  to read); full data buffers do not stop it (executors then serve slower than the trainers take:
+  more executors, more streams); data buffers full while trainers never wait → more
+  trainers if the training pool may grow, else fewer data executors. Proportional: trainers
+  waiting a fraction ``w`` want ``1 / (1 − w)`` times what the running executors serve (``w`` at
+  most 0.5: at most doubling per step); fewer data executors go to the proportional load target.
 * **Vertical** (:func:`ew_demand`, :func:`ew_update`, :func:`vertical_allocation`): demand is an
   exponentially weighted history (weight ratio ``history_decay`` between consecutive samples, the
   newest weighs most); the new allocation is ``demand × (1 + headroom)``, skipped when
@@ -29,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -139,6 +144,21 @@ def load_metric(utilisations: Mapping[str, float | None], metrics: Sequence[Metr
     return weighted_load((m.weight, utilisations.get(m.name)) for m in metrics)
 
 
+#: How far below ``scale_up_threshold`` a proportional step aims (so it is not undone next tick).
+TARGET_MARGIN = 0.05
+
+
+def proportional_target(running: int, load: float, scale_up_threshold: float) -> int:
+    """Executors that would carry ``load`` (measured on ``running`` executors) at the target
+    utilisation ``scale_up_threshold − TARGET_MARGIN``: ``ceil(running · load / target)``.
+
+    >>> proportional_target(10, 0.95, 0.8), proportional_target(10, 0.2, 0.8)
+    (13, 3)
+    """
+    target = max(scale_up_threshold - TARGET_MARGIN, 1e-3)
+    return max(0, math.ceil(running * load / target - 1e-9))
+
+
 def horizontal_decision(
     role: Role,
     replicas: int,
@@ -148,11 +168,17 @@ def horizontal_decision(
     *,
     now: float = 0.0,
     inputs: Mapping[str, float] | None = None,
+    running: int | None = None,
+    allow_scale_in: bool = True,
+    allow_scale_out: bool = True,
 ) -> ScalingDecision | None:
-    """The horizontal rule of the module docstring for one pool of ``replicas`` live executors with
-    load ``load`` (None: no signal, only the bounds are enforced). ``scale_in`` decisions carry no
-    executor ids yet: the caller picks which to stop."""
+    """The horizontal rule of the module docstring for one pool of ``replicas`` live executors
+    (``running`` of them running, default all) with load ``load`` (None: no signal, only the bounds
+    are enforced). ``allow_scale_in`` False: never remove (trainers wait on this pool);
+    ``allow_scale_out`` False: never add (the pool is ahead: its buffers are full).
+    ``scale_in`` decisions carry no executor ids yet: the caller picks which to stop."""
     facts = {**(inputs or {}), "replicas": float(replicas)}
+    running = replicas if running is None else running
     if load is not None:
         facts["load"] = load
     if replicas < pool.min_replicas:
@@ -166,11 +192,21 @@ def horizontal_decision(
     if load is None:
         return None
     facts |= {"scale_up_threshold": spec.scale_up_threshold, "scale_down_threshold": spec.scale_down_threshold}
-    if load > spec.scale_up_threshold and replicas < pool.max_replicas:
-        delta = min(spec.step, pool.max_replicas - replicas)
+    if allow_scale_out and load > spec.scale_up_threshold and replicas < pool.max_replicas:
+        delta = spec.step
+        if spec.proportional:
+            need = proportional_target(running, load, spec.scale_up_threshold) - replicas
+            if need <= 0:
+                return None  # the executors still starting carry it
+            delta = max(spec.step, need)
+        delta = min(delta, pool.max_replicas - replicas)
         return _scale(role, replicas, delta, f"L_u {load:.3f} > {spec.scale_up_threshold}", now, facts)
-    if load < spec.scale_down_threshold and replicas > pool.min_replicas:
-        delta = min(spec.step, replicas - pool.min_replicas)
+    if allow_scale_in and load < spec.scale_down_threshold and replicas > pool.min_replicas:
+        delta = spec.step
+        if spec.proportional:
+            keep = max(pool.min_replicas, proportional_target(running, load, spec.scale_up_threshold))
+            delta = max(spec.step, replicas - keep)
+        delta = min(delta, replicas - pool.min_replicas)
         projected = load * replicas / (replicas - delta)
         facts["projected_load"] = projected
         if projected >= spec.scale_up_threshold:
@@ -216,23 +252,37 @@ def ratio_decision(
     data_load: float | None = None,
     rule: RatioRule = RatioRule(),
     now: float = 0.0,
+    proportional: bool = False,
+    data_running: int | None = None,
+    pending_tasks: int | None = None,
 ) -> ScalingDecision | None:
     """The data/training ratio rule (module docstring). ``buffer_fill``: the data executors' mean
     buffer fill; ``trainer_wait``: the trainers' mean reader-wait fraction (None: unknown, nothing
     is decided). Removing data executors is skipped when the data pool's load ``data_load``,
-    projected onto the smaller pool, would reach ``scale_up_threshold``."""
+    projected onto the smaller pool, would reach ``scale_up_threshold``. ``proportional``: steps
+    sized from the measurement (``data_running``: the data executors running, default all).
+    ``pending_tasks``: tasks no executor has leased yet (None: unknown or unbounded, a stream)."""
     if buffer_fill is None or trainer_wait is None:
         return None
+    running = data_replicas if data_running is None else data_running
     facts = {
         "buffer_fill": buffer_fill,
         "trainer_wait": trainer_wait,
         "data_replicas": float(data_replicas),
         "training_replicas": float(training_replicas),
     }
-    if trainer_wait >= rule.wait_high and buffer_fill < rule.fill_full:
-        if data_replicas >= data_pool.max_replicas:
+    if trainer_wait >= rule.wait_high:
+        if pending_tasks is not None:
+            facts["pending_tasks"] = float(pending_tasks)
+        if data_replicas >= data_pool.max_replicas or pending_tasks == 0:
             return None
-        delta = min(step, data_pool.max_replicas - data_replicas)
+        delta = step
+        if proportional:
+            need = math.ceil(running / (1.0 - min(trainer_wait, 0.5)) - 1e-9) - data_replicas
+            if need <= 0:
+                return None  # the executors still starting carry it
+            delta = max(step, need)
+        delta = min(delta, data_pool.max_replicas - data_replicas)
         reason = f"trainers wait {trainer_wait:.2f} of the time on data buffers {buffer_fill:.2f} full"
         return _scale("data", data_replicas, delta, reason, now, facts)
     if trainer_wait <= rule.wait_low and buffer_fill >= rule.fill_full:
@@ -241,11 +291,17 @@ def ratio_decision(
             delta = min(step, training_pool.max_replicas - training_replicas)
             return _scale("training", training_replicas, delta, reason + ": more trainers", now, facts)
         if data_replicas > data_pool.min_replicas:
-            delta = min(step, data_replicas - data_pool.min_replicas)
+            delta = step
+            if proportional and data_load is not None:
+                keep = max(data_pool.min_replicas, proportional_target(running, data_load, scale_up_threshold))
+                if keep >= data_replicas:
+                    return None
+                delta = data_replicas - keep
+            delta = min(delta, data_replicas - data_pool.min_replicas)
             if data_load is not None:
                 facts["data_load"] = data_load
                 facts["projected_load"] = data_load * data_replicas / (data_replicas - delta)
-                if facts["projected_load"] >= scale_up_threshold - rule.scale_in_margin:
+                if facts["projected_load"] >= scale_up_threshold - rule.scale_in_margin + 1e-9:
                     return None
             return _scale("data", data_replicas, -delta, reason + ": fewer data executors", now, facts)
     return None

@@ -95,6 +95,7 @@ class PooledDataPlane:
         check_s: float = 0.25,
         shm: bool = True,
         cancel_grace_s: float = 2.0,
+        slow_ms_per_batch: float = 0.0,
     ):
         self.job_path = str(job_path)
         self.job: JobSpec = load_job_spec(job_path)
@@ -116,6 +117,9 @@ class PooledDataPlane:
         self.controller = controller
         self.check_s = check_s
         self.cancel_grace_s = cancel_grace_s
+        self.slow_ms_per_batch = slow_ms_per_batch  # dev/test hook: every executor sleeps per batch
+        self._readers: dict[int, RemoteReader] = {}
+        self._readers_lock = threading.Lock()
         self.started_at = time.monotonic()  # when the pool was launched (__enter__ sets it)
         self.error: str | None = None
         self._stop = threading.Event()
@@ -162,8 +166,17 @@ class PooledDataPlane:
         self.server.shutdown()
 
     def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
-        """A trainer-side reader (see :meth:`primus_dagster.data.DirectDataPlane.reader`)."""
-        return reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
+        """A trainer-side reader (see :meth:`primus_dagster.data.DirectDataPlane.reader`); kept for
+        :meth:`readers` (the autoscaler measures the trainers' wait on their queues)."""
+        reader = reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
+        with self._readers_lock:
+            self._readers[trainer_id] = reader
+        return reader
+
+    def readers(self) -> dict[int, RemoteReader]:
+        """The latest reader of each trainer made by :meth:`reader` in this process."""
+        with self._readers_lock:
+            return dict(self._readers)
 
     def raise_if_failed(self) -> None:
         """The failure of the run's tasks (failed tasks past the threshold, or an aborting executor), raised."""
@@ -207,6 +220,7 @@ class PooledDataPlane:
             heartbeat_s=self.heartbeat_s,
             linger_s=0.5,
             shm=self.shm,
+            slow_ms_per_batch=self.slow_ms_per_batch,
         )
         return start_executor_process(
             config, token=self.token, env={**os.environ, **request.env}, stderr=request.stderr

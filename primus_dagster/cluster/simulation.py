@@ -21,6 +21,21 @@ Two load models:
 * :class:`PartitionedLoad` -- each executor owns a fixed share of the load (stream partitions):
   its CPU need is its share plus noise, throttled at its allocation; its memory can grow.
 
+Costs (the cost model; every figure stated, see ``docs/scaling.md``):
+
+* **scale-out** takes ``startup_s`` from launch to serving: a stated figure per backend
+  (:data:`STARTUP_S`: the local pool's start measured on this machine, a pod's scheduling and
+  image pull);
+* **scale-in** drains: a stopped executor keeps its cores ``drain_s`` (it serves what it buffered,
+  reads nothing new), its leased task goes back and is read again from the start (``reread_s`` of
+  its production, :class:`PulledLoad`), and rows buffered past the smaller pool's buffers are read
+  again too, not dropped;
+* **restarts and OOM kills** are downtime: the executor serves nothing until it runs again, and in
+  :class:`PartitionedLoad` its partition's work is wanted meanwhile (throughput lost);
+* **resize** is a restart where the backend replaces the pod (``resize_restarts``: Kubernetes);
+* **measurement noise** (``measurement_noise``): one multiplicative factor per step and pool on
+  what the controller observes (CPU, buffer fill, reader wait), not on what happens.
+
 The simulation is a model, not a measurement: ``docs/scaling.md`` lists its assumptions.
 
 Example::
@@ -35,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -52,14 +67,25 @@ from primus_dagster.cluster.pool import (
 )
 from primus_dagster.spec import PoolSpec, ScalingSpec
 
-STARTING, RUNNING, OOM_KILLED = 0, 1, 2
-_STATE_NAMES: tuple[ExecutorState, ...] = ("starting", "running", "oom_killed")
+STARTING, RUNNING, OOM_KILLED, DRAINING = 0, 1, 2, 3
+_STATE_NAMES: tuple[ExecutorState, ...] = ("starting", "running", "oom_killed", "stopped")
+
+#: Seconds from launch to serving, per backend (stated figures, docs/scaling.md): ``local`` was
+#: measured here (a ``LocalPool`` data executor's start to its first heartbeat, 1.2 s, rounded up);
+#: ``kubernetes`` is a stated figure: ~30 s scheduling and node placement + ~60 s pulling a ~2 GB
+#: image on a node without it cached.
+STARTUP_S: dict[str, float] = {"local": 2.0, "kubernetes": 90.0}
+#: Seconds a stopped executor drains (serves its buffer, reads nothing) before its cores are free.
+DRAIN_S = 10.0
 
 
 class SimulatedPool:
     """An :class:`~primus_dagster.cluster.pool.ExecutorPool` of simulated executors: an executor
-    starts running ``startup_s`` after its launch (or restart), resizes in place at once, and
-    leaves the pool when stopped. ``clock`` is the simulation time.
+    starts running ``startup_s`` after its launch (or restart), resizes in place at once (or, with
+    ``resize_restarts``, restarts with the new size: the pod is replaced), and when stopped drains
+    ``drain_s`` (status ``stopped``, its cores still held, serving nothing new) before it leaves
+    the pool. ``clock`` is the simulation time. ``released``: the cores of executors whose leased
+    task went back to the driver (stopped or replaced) since the load model last took them.
 
     Example::
 
@@ -70,11 +96,23 @@ class SimulatedPool:
         [s.state for s in pool.status()]           # ["running", "running"]
     """
 
-    def __init__(self, role: Role, spec: PoolSpec, *, startup_s: float, clock: Callable[[], float]):
+    def __init__(
+        self,
+        role: Role,
+        spec: PoolSpec,
+        *,
+        startup_s: float,
+        clock: Callable[[], float],
+        drain_s: float = 0.0,
+        resize_restarts: bool = False,
+    ):
         self.role: Role = role
         self.spec = spec
         self.startup_s = startup_s
+        self.drain_s = drain_s
+        self.resize_restarts = resize_restarts
         self.clock = clock
+        self.released: list[float] = []
         self.default = Resources(spec.cpu, memory_bytes(spec.memory))
         self.ids: list[str] = []
         self.index = np.zeros(0, dtype=np.int64)  # launch order: the load model's key for an executor
@@ -84,6 +122,8 @@ class SimulatedPool:
         self.ready_at = np.zeros(0)
         self.started_at = np.zeros(0)
         self.attempt = np.zeros(0, dtype=np.int64)
+        self.ran = np.zeros(0, dtype=bool)  # has served at least once (its partition is wanted)
+        self.gone_at = np.zeros(0)  # draining: when it leaves
         self.launched = 0
         self.version = 0  # bumped on every change the controller must see in the statuses
         self.closed = False
@@ -119,6 +159,8 @@ class SimulatedPool:
         self.ready_at = np.append(self.ready_at, np.full(count, now + self.startup_s))
         self.started_at = np.append(self.started_at, np.full(count, now))
         self.attempt = np.append(self.attempt, np.zeros(count, dtype=np.int64))
+        self.ran = np.append(self.ran, np.zeros(count, dtype=bool))
+        self.gone_at = np.append(self.gone_at, np.full(count, np.inf))
         self.launched += count
         self._changed(layout=True)
         return new
@@ -130,9 +172,23 @@ class SimulatedPool:
 
     def stop(self, executor_id: str) -> None:
         i = self._position(executor_id)
-        del self.ids[i]
-        for name in ("index", "cpu", "mem", "state", "ready_at", "started_at", "attempt"):
-            setattr(self, name, np.delete(getattr(self, name), i))
+        if self.state[i] == DRAINING:
+            raise PoolError(f"{executor_id} is already stopping")
+        if self.state[i] == RUNNING:
+            self.released.append(float(self.cpu[i]))
+        if self.drain_s > 0:
+            self.state[i] = DRAINING
+            self.gone_at[i] = self.clock() + self.drain_s
+            self._changed()
+            return
+        self._remove(np.array([i]))
+
+    def _remove(self, positions: np.ndarray) -> None:
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[positions] = False
+        self.ids = [e for e, k in zip(self.ids, keep.tolist(), strict=True) if k]
+        for name in ("index", "cpu", "mem", "state", "ready_at", "started_at", "attempt", "ran", "gone_at"):
+            setattr(self, name, getattr(self, name)[keep])
         self._changed(layout=True)
 
     def restart(self, executor_id: str, resources: Resources | None = None, *, avoid_nodes: Sequence[str] = ()) -> None:
@@ -151,7 +207,17 @@ class SimulatedPool:
     def resize(self, executor_id: str, resources: Resources) -> None:
         i = self._position(executor_id)
         self.cpu[i], self.mem[i] = resources.cpu, resources.memory_bytes
+        if self.resize_restarts and self.state[i] == RUNNING:  # the pod is replaced: a restart
+            self.released.append(float(resources.cpu))
+            self.state[i] = STARTING
+            self.ready_at[i] = self.clock() + self.startup_s
+            self.started_at[i] = self.clock()
         self._changed()
+
+    def take_released(self) -> list[float]:
+        """The cores of executors whose leased task went back since the last call (load models)."""
+        released, self.released = self.released, []
+        return released
 
     def status(self) -> list[ExecutorStatus]:
         return [
@@ -174,11 +240,16 @@ class SimulatedPool:
 
     # ------------------------------------------------------------------------- simulation only
     def advance(self) -> None:
-        """Executors whose startup delay has passed are running."""
-        ready = (self.state == STARTING) & (self.ready_at <= self.clock())
+        """Executors whose startup delay has passed are running; drained ones leave."""
+        now = self.clock()
+        ready = (self.state == STARTING) & (self.ready_at <= now)
         if ready.any():
             self.state[ready] = RUNNING
+            self.ran |= ready
             self._changed()
+        gone = np.flatnonzero((self.state == DRAINING) & (self.gone_at <= now))
+        if gone.size:
+            self._remove(gone)
 
     @property
     def running(self) -> np.ndarray:
@@ -186,10 +257,17 @@ class SimulatedPool:
 
     @property
     def live(self) -> np.ndarray:
+        """Executors that hold their cores: all but OOM-killed ones (draining ones included)."""
         return self.state != OOM_KILLED
+
+    @property
+    def wanted(self) -> np.ndarray:
+        """Executors whose work is wanted: every one that has served and is not stopping."""
+        return self.ran & (self.state != DRAINING)
 
     def oom_kill(self, positions: np.ndarray) -> None:
         if positions.size:
+            self.released += self.cpu[positions].tolist()
             self.state[positions] = OOM_KILLED
             self._changed()
 
@@ -261,6 +339,65 @@ class DiurnalTrace:
         return max(0.0, base * (1.0 + noise) * (1.0 + surge))
 
 
+@dataclass
+class SpikeTrace:
+    """Bursty load: ``base`` times ``factor`` during spikes of ``duration_s``, one starting at a
+    random time in each ``every_s`` period (uniform in its first half: they never overlap).
+
+    >>> trace = SpikeTrace(base=100.0, factor=3.0, duration_s=600.0, every_s=4 * 3600.0, seed=0)
+    >>> sorted({round(trace(t)) for t in range(0, 4 * 3600, 60)})
+    [100, 300]
+    """
+
+    base: float
+    factor: float = 3.0
+    duration_s: float = 600.0
+    every_s: float = 4 * 3600.0
+    seed: int = 0
+    _starts: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        self._starts = rng.uniform(0.0, self.every_s / 2, 400)
+
+    def __call__(self, t: float) -> float:
+        k = int(t // self.every_s)
+        start = k * self.every_s + self._starts[k % self._starts.size]
+        return self.base * (self.factor if start <= t < start + self.duration_s else 1.0)
+
+
+@dataclass
+class StepTrace:
+    """A permanent step: ``before`` until ``at_s``, ``after`` from then on.
+
+    >>> StepTrace(100.0, 200.0, at_s=60.0)(59.0), StepTrace(100.0, 200.0, at_s=60.0)(60.0)
+    (100.0, 200.0)
+    """
+
+    before: float
+    after: float
+    at_s: float
+
+    def __call__(self, t: float) -> float:
+        return self.before if t < self.at_s else self.after
+
+
+@dataclass
+class RampTrace:
+    """A slow ramp from ``start`` to ``end`` over ``duration_s`` (then flat).
+
+    >>> RampTrace(100.0, 300.0, duration_s=100.0)(50.0)
+    200.0
+    """
+
+    start: float
+    end: float
+    duration_s: float
+
+    def __call__(self, t: float) -> float:
+        return self.start + (self.end - self.start) * min(1.0, max(0.0, t / self.duration_s))
+
+
 def _per_executor(
     values: np.ndarray, index: np.ndarray, make: Callable[[int], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -283,7 +420,10 @@ class PulledLoad:
       take fills them, a shortfall drains them, and only an empty buffer makes the trainers wait;
     * a trainer uses ``trainer_busy_cpu`` of its cores while it trains, none while it waits;
     * RSS: ``rss_bytes[role]`` per executor (data: plus ``row_bytes`` per buffered row);
-    * CPU jitter: multiplicative, relative sd ``jitter`` per executor and step.
+    * CPU jitter: multiplicative, relative sd ``jitter`` per executor and step;
+    * re-reads (the cost model): an executor stopped, replaced or OOM-killed gives its leased task
+      back, read again from its start: ``reread_s`` seconds of its production; rows buffered past
+      a smaller pool's buffers are read again too. Re-reads are produced before new rows (``debt``).
 
     Example::
 
@@ -301,8 +441,10 @@ class PulledLoad:
     )
     row_bytes: float = 1024.0
     jitter: float = 0.03
+    reread_s: float = 30.0
     seed: int = 0
     buffered: float = field(default=0.0, init=False)
+    debt: float = field(default=0.0, init=False)
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -320,15 +462,21 @@ class PulledLoad:
         if math.isfinite(self.trainer_rows_per_s):
             appetite = min(appetite, trainers * self.trainer_rows_per_s)
         buffer_max = self.buffer_s * cap
+        released = data.take_released()
+        self.debt += sum(max(c - self.idle_cpu, 0.0) for c in released) * self.rows_per_core_s * self.reread_s
+        self.debt += max(0.0, self.buffered - buffer_max)  # rows past the smaller buffers: read again
         self.buffered = min(self.buffered, buffer_max)
-        if cap >= appetite:
+        repay = min(self.debt / dt, cap)  # re-reads first
+        self.debt -= repay * dt
+        fresh_cap = cap - repay
+        if fresh_cap >= appetite:
             served = appetite
-            produced = min(cap, appetite + (buffer_max - self.buffered) / dt)
+            produced = min(fresh_cap, appetite + (buffer_max - self.buffered) / dt)
         else:
-            served = min(appetite, cap + self.buffered / dt)
-            produced = cap
+            served = min(appetite, fresh_cap + self.buffered / dt)
+            produced = fresh_cap
         self.buffered = min(buffer_max, max(0.0, self.buffered + (produced - served) * dt))
-        busy = produced / cap if cap > 0 else 0.0
+        busy = (produced + repay) / cap if cap > 0 else 0.0
         jitter = 1.0 + self.jitter * self._rng.standard_normal(cores.size)
         cpu = np.clip(self.idle_cpu + busy * np.maximum(cores - self.idle_cpu, 0.0) * jitter, 0.0, cores)
         fill = self.buffered / buffer_max if buffer_max > 0 else 0.0
@@ -337,7 +485,7 @@ class PulledLoad:
             "data": Usage(
                 cpu=cpu,
                 rss_bytes=self.rss_bytes["data"] + share * self.buffered * self.row_bytes,
-                rows_per_s=share * produced,
+                rows_per_s=share * (produced + repay),
                 buffer_fill=np.full(cores.size, fill),
             )
         }
@@ -363,7 +511,9 @@ class PartitionedLoad:
       step correlation ``noise_corr``); it uses at most its allocation (the rest is throttled:
       work wanted but not served, in core-seconds);
     * its RSS is ``mean_rss × r_i`` (lognormal, sd ``rss_sigma``) plus ``rss_growth_bytes_per_s``
-      since its (re)start -- a growing executor is OOM-killed once past its memory.
+      since its (re)start -- a growing executor is OOM-killed once past its memory;
+    * downtime is lost throughput: an executor that has served and is down (OOM-killed, restarting,
+      replaced by a resize) still owns its partition, whose work is wanted and not served.
 
     Example::
 
@@ -392,18 +542,22 @@ class PartitionedLoad:
 
     def step(self, now: float, dt: float, pools: Mapping[Role, SimulatedPool]) -> StepLoad:
         data = pools["data"]
-        run = data.running
-        index = data.index[run]
-        self._share, share = _per_executor(self._share, index, self._lognormal(self.share_sigma))
-        self._rss, rss_factor = _per_executor(self._rss, index, self._lognormal(self.rss_sigma))
-        self._noise, _ = _per_executor(self._noise, index, np.zeros)
+        data.take_released()
+        owners = data.running | data.wanted
+        index_all = data.index[owners]
+        self._share, _ = _per_executor(self._share, index_all, self._lognormal(self.share_sigma))
+        self._rss, _ = _per_executor(self._rss, index_all, self._lognormal(self.rss_sigma))
+        self._noise, _ = _per_executor(self._noise, index_all, np.zeros)
         innovation = self.noise * math.sqrt(1 - self.noise_corr**2)
         self._noise = self.noise_corr * self._noise + innovation * self._rng.standard_normal(self._noise.size)
-        need = np.maximum(self.mean_cpu * share * (1.0 + self._noise[index]), 0.0)
+        need_all = np.maximum(self.mean_cpu * self._share[index_all] * (1.0 + self._noise[index_all]), 0.0)
+        run = data.running
+        index = data.index[run]
+        need = np.maximum(self.mean_cpu * self._share[index] * (1.0 + self._noise[index]), 0.0)
         cpu = np.minimum(need, data.cpu[run])
-        rss = self.mean_rss * rss_factor + self.rss_growth_bytes_per_s * (now - data.started_at[run])
+        rss = self.mean_rss * self._rss[index] + self.rss_growth_bytes_per_s * (now - data.started_at[run])
         usage: dict[Role, Usage] = {"data": Usage(cpu=cpu, rss_bytes=rss, rows_per_s=cpu)}
-        return StepLoad(usage, wanted=float(need.sum()) * dt, served=float(cpu.sum()) * dt)
+        return StepLoad(usage, wanted=float(need_all.sum()) * dt, served=float(cpu.sum()) * dt)
 
 
 @dataclass
@@ -445,6 +599,16 @@ class SimulationResult:
         w = self._window(since)
         return float(100.0 * (1.0 - self.served[w].sum() / max(self.wanted[w].sum(), 1e-12)))
 
+    def worst_hour_lost_pct(self, window_s: float = 3600.0) -> float:
+        """The largest :meth:`throughput_lost_pct` over the consecutive ``window_s`` windows of the run."""
+        if not self.times.size:
+            return 0.0
+        bins = ((self.times - self.times[0]) // window_s).astype(np.int64)
+        wanted = np.bincount(bins, weights=self.wanted)
+        served = np.bincount(bins, weights=self.served)
+        lost = np.where(wanted > 0, 1.0 - served / np.maximum(wanted, 1e-12), 0.0)
+        return float(100.0 * max(0.0, lost.max()))
+
     def first_time(self, role: Role, running: int) -> float | None:
         """The first time ``running`` executors of ``role`` were running, if ever."""
         hits = np.flatnonzero(self.pools[role]["running"] >= running)
@@ -478,15 +642,31 @@ class Simulation:
         dt: float = 15.0,
         startup_s: float | Mapping[Role, float] = 60.0,
         options: ControllerOptions | None = None,
+        drain_s: float = 0.0,
+        resize_restarts: bool = False,
+        measurement_noise: float = 0.0,
+        seed: int = 0,
     ):
         self.now = 0.0
         self.dt = dt
         self.model = model
+        self.measurement_noise = measurement_noise
+        self._rng = np.random.default_rng(seed)
+        options = options or ControllerOptions()
+        if resize_restarts and not options.resize_restarts:  # the controller knows a resize is a restart
+            options = replace(options, resize_restarts=True)
         self.controller = ScalingController(scaling, pools, clock=lambda: self.now, options=options)
         self.pools: dict[Role, SimulatedPool] = {}
         for role, spec in pools.items():
             delay = startup_s if isinstance(startup_s, (int, float)) else startup_s[role]
-            pool = SimulatedPool(role, spec, startup_s=float(delay), clock=lambda: self.now)
+            pool = SimulatedPool(
+                role,
+                spec,
+                startup_s=float(delay),
+                clock=lambda: self.now,
+                drain_s=drain_s,
+                resize_restarts=resize_restarts,
+            )
             pool.launch(spec.replicas)
             pool.start_now()
             self.pools[role] = pool
@@ -539,14 +719,18 @@ class Simulation:
         alive = ~killed
         ids = [pool.ids[i] for i in run[alive].tolist()]
 
+        noise = 1.0
+        if self.measurement_noise:  # one factor for the pool this step: what is observed, not what happens
+            noise = max(0.0, 1.0 + self.measurement_noise * float(self._rng.standard_normal()))
+
         def pick(values: np.ndarray | None) -> np.ndarray | None:
-            return None if values is None else values[alive]
+            return None if values is None else np.clip(values[alive] * noise, 0.0, 1.0)
 
         self.controller.observe_batch(
             role,
             ids,
             time=self.now,
-            cpu=usage.cpu[alive],
+            cpu=usage.cpu[alive] * noise,
             rss_bytes=usage.rss_bytes[alive],
             rows_per_s=usage.rows_per_s[alive],
             buffer_fill=pick(usage.buffer_fill),

@@ -4,7 +4,8 @@ One materialisation is one live increment (:func:`~primus_dagster.training.live.
 the newest trained window's model (the training asset's newest partition, found through MLflow) or
 the newest increment built on it goes on learning from the Kafka records that arrived since, and is
 published to MLflow and registered as a version of the job's registered model, tagged with its run
-key, base, new records and the Dagster run; the alias ``live`` moves to it (no quality check: the
+key, base, new records and the Dagster run; the alias ``live`` moves to it. An increment with no new
+records trains nothing and records no materialisation (the step succeeds, the live model is unchanged) (no quality check: the
 hours after an increment have not happened yet, so ``models:/<job>@live`` is the freshest model and
 ``@champion`` the newest checked one). The engine's stage lines (planning, executors, checkpoints,
 heartbeats) go to the Dagster run log, as the training asset's (:func:`~primus_dagster.dagster_defs.run_log.engine_logs_to`).
@@ -17,6 +18,7 @@ Example::
     defs = Definitions(assets=[..., build_live_asset(job, "job.yaml")], resources=default_resources())
 """
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from dagster import (
@@ -26,7 +28,6 @@ from dagster import (
     AssetsDefinition,
     AssetSelection,
     MaterializeResult,
-    MetadataValue,
     asset,
     define_asset_job,
 )
@@ -36,7 +37,6 @@ from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowRe
 from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.dagster_defs.schedules import AssetJob
 from primus_dagster.dagster_defs.training_asset import (
-    ROW_COUNT,
     register_version,
     registered_model_name,
     training_asset_name,
@@ -81,6 +81,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
 
     @asset(
         name=live_asset_name(job),
+        output_required=False,  # an increment with no new records trains nothing and records no materialisation
         key_prefix=key_prefix,
         deps=[AssetDep(training_key), *(AssetDep(k) for k in kafka_keys)],
         group_name="training",
@@ -97,7 +98,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         storage: PrimusStorageResource,
         mlflow: MlflowResource,
         executor_pool: ExecutorPoolResource,
-    ) -> MaterializeResult:
+    ) -> Iterator[MaterializeResult]:
         from primus_dagster.training.live import LiveIncrement, run_live_increment
         from primus_dagster.training.progress import progress_line
         from primus_dagster.training.run_state import RunHooks
@@ -124,11 +125,12 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
                 RunHooks(data_plane=executor_pool.data_plane_factory(job)),
             )
         context.log.info(f"live increment: {result.start.why}; {result.records} new record(s)")
+        if result.training is None:  # nothing new since the model: the live model is unchanged
+            context.log.info("no new records: nothing trained, no materialisation (the live model is unchanged)")
+            return
         values = result.metadata()
         metadata = typed_metadata(values)
-        if ROW_COUNT not in metadata:  # nothing new: no training
-            metadata[ROW_COUNT] = MetadataValue.int(0)
-        if result.training is not None and result.training.model_uri:
+        if result.training.model_uri:
             version, version_metadata = register_version(
                 tracker,
                 job,
@@ -143,6 +145,6 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
             tracker.set_alias(registered_model_name(job), LIVE_ALIAS, version)
             context.log.info(f"model version {version} is the {LIVE_ALIAS} model now")
             metadata.update(version_metadata)
-        return MaterializeResult(metadata=metadata)
+        yield MaterializeResult(metadata=metadata)
 
     return _live_asset

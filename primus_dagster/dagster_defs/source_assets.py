@@ -101,9 +101,11 @@ def build_source_asset(
         f"`{stream.name}` in job `{job.name}`; label delay {format_duration(source.label_delay)}."
     )
 
+    partitions = time_partitions(source.granularity, job.dataset.start, job.dataset.end)
+
     @asset(
         key=asset_key,
-        partitions_def=time_partitions(source.granularity, job.dataset.start, job.dataset.end),
+        partitions_def=partitions,
         group_name=stream.name,
         kinds={source.type},
         description=description,
@@ -112,7 +114,7 @@ def build_source_asset(
             "kind": source.kind,
             "spec": MetadataValue.json(redact(source)),  # secrets (storage_options, tokens) masked
         },
-        check_specs=source_check_specs(asset_key),
+        check_specs=source_check_specs(asset_key, partitions),
     )
     def _source_asset(context: AssetExecutionContext, storage: PrimusStorageResource) -> MaterializeResult:
         with make_adapter(source, storage.source_context([source])) as adapter:

@@ -32,7 +32,7 @@ Example::
 
 from __future__ import annotations
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue, PartitionsDefinition
 
 from primus_dagster.data import PartitionFindings, PartitionScan, RuleFinding, schema_hash
 from primus_dagster.spec.durations import format_duration
@@ -66,10 +66,11 @@ RULE_CHECKS = {
 _LISTED_PROBLEMS = 20
 
 
-def source_check_specs(asset_key: AssetKey) -> list[AssetCheckSpec]:
-    """The blocking checks of the source asset ``asset_key``."""
+def source_check_specs(asset_key: AssetKey, partitions: PartitionsDefinition | None = None) -> list[AssetCheckSpec]:
+    """The blocking checks of the source asset ``asset_key``, partitioned as it is (each evaluation is
+    recorded against the partition it scanned)."""
     return [
-        AssetCheckSpec(name, asset=asset_key, description=description, blocking=True)
+        AssetCheckSpec(name, asset=asset_key, description=description, blocking=True, partitions_def=partitions)
         for name, description in SOURCE_CHECK_DESCRIPTIONS.items()
     ]
 

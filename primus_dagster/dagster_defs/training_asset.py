@@ -11,7 +11,10 @@ returns AUC, samples, samples/s, the MLflow run,
 the data window and the source versions as typed metadata (:func:`typed_metadata`). Each trained
 partition registers its model as a version of the registered model named after the job
 (``models:/<job>/<version>``, tagged with the partition, window, source versions, MLflow run and
-Dagster run). The blocking ``auc_not_regressed`` check (:func:`auc_check`) fails when the next-hour AUC
+Dagster run) -- unless it could not be evaluated (no held-out rows after the window yet): an unchecked
+model is never a version; its MLflow run keeps it, and ``auc_final`` scores it from there. A partition
+stands for its whole window: partitions of its sources not ready inside it fail the step before
+training, naming them (``TrainingRequest.complete_window``). The blocking ``auc_not_regressed`` check (:func:`auc_check`) fails when the next-hour AUC
 drops more than ``training.auc_tolerance`` below the previous partition's, and when the model does not
 learn: an AUC at or below 0.5 + 0.01 (no better than chance), or below a popularity prior counted on the
 same training rows and scored on the same held-out rows (:mod:`~primus_dagster.training.baseline`; the
@@ -320,6 +323,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                     f"the `{CHAMPION_ALIAS}` alias moves to the partition's model version only when it passes"
                 ),
                 blocking=True,
+                partitions_def=partitions,  # each evaluation recorded against its training partition
             )
         ],
         description=(
@@ -367,6 +371,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                     tags=run_tags,
                     progress=log_progress,
                     warm_start=f"{job.name}/{previous_key}" if previous_key else None,
+                    complete_window=True,  # a materialised partition stands for its whole window
                 ),
                 RunHooks(data_plane=executor_pool.data_plane_factory(job)),
             )
@@ -379,8 +384,14 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         if previous_key is None:
             metadata["cold_start"] = MetadataValue.text("first training partition")
         baseline = result.evaluation.baseline if result.evaluation is not None else None
-        auc_result = auc_check(job, result_metadata.get("eval_auc"), previous_partition_auc, baseline)
-        if result.model_uri:
+        eval_auc = result_metadata.get("eval_auc")
+        auc_result = auc_check(job, eval_auc, previous_partition_auc, baseline)
+        if result.model_uri and (eval_auc is None or math.isnan(eval_auc)):
+            # nothing checked it: no version to pick by mistake (auc_final scores the run's model later)
+            why = "no evaluation after the window: not registered (auc_final scores it from its MLflow run)"
+            context.log.warning(f"model {result.model_uri}: {why}")
+            metadata["model_registered"] = MetadataValue.text(why)
+        elif result.model_uri:
             version, version_metadata = register_version(
                 tracker,
                 job,

@@ -230,15 +230,19 @@ class DirectDataPlane:
         return total
 
     def close(self) -> None:
-        """Stop the executors and the driver server (idempotent)."""
+        """Stop the executors (SIGTERM; SIGKILL for one the driver finds silent) and the driver server
+        (idempotent)."""
         if self._closed:
             return
         self._closed = True
         for executor in self.in_process.values():
             executor.close()
-        for proc in self.processes.values():
+        # A live executor the driver no longer hears from is frozen (SIGSTOP) or wedged: it would not act
+        # on SIGTERM, so it is killed at once instead of after the grace.
+        silent = set(self.driver.status()["silent_executors"]) if self.processes else set()
+        for index, proc in self.processes.items():
             if proc.returncode is None:
-                proc.terminate()
+                proc.kill() if f"data-{index}" in silent else proc.terminate()
         for proc in self.processes.values():
             if self._reap(proc, 15) is None:
                 proc.kill()

@@ -4,6 +4,8 @@ primus-dagster-dev broker --detach | --status | --stop     # the embedded Kafka-
 primus-dagster-dev demo                                    # `make demo`
 primus-dagster-dev train SPEC ... --record-samples F --slow-executors-ms MS
                                                            # train with test hooks (audit log, slow executors)
+primus-dagster-dev train SPEC ... --slow-pool-executors-ms MS --slow-trainer-ms MS
+                                                           # the job's own pool (and autoscaler), slowed
 primus-dagster-dev check-model-load --tracking-uri URI --model NAME [--alias champion] [--venv DIR]
                                                            # load a registered model in a fresh venv
 """
@@ -14,6 +16,7 @@ import argparse
 import contextlib
 import json
 import sys
+import time
 from typing import Any
 
 from primus_dagster import cli, paths
@@ -65,14 +68,53 @@ def slow_data_plane(ms_per_batch: float) -> Any:
     return start
 
 
+def slow_pool_plane(ms_per_batch: float) -> Any:
+    """A factory of the job's own data plane (``pools.backend``: its pool and its autoscaler) whose
+    every executor, those the autoscaler adds included, sleeps ``ms_per_batch`` per served batch."""
+    from primus_dagster.cluster.backends import data_plane_setup
+    from primus_dagster.cluster.pooled_plane import PooledDataPlane
+    from primus_dagster.spec import load_job_spec
+
+    def start(job_path: str, data_root: str, **kwargs: Any) -> PooledDataPlane:
+        setup = data_plane_setup(load_job_spec(job_path), run_id="dev-slow-pool")
+        return PooledDataPlane(
+            job_path,
+            data_root,
+            slow_ms_per_batch=ms_per_batch,
+            pool_factory=setup["pool_factory"],
+            driver_host=setup["driver_host"],
+            controller=setup["controller"],
+            **kwargs,
+        )
+
+    return start
+
+
+def _slow_trainer(hook: Any, ms_per_batch: float) -> Any:
+    """``on_batch`` that sleeps ``ms_per_batch`` per trained batch (a slower trainer), then calls ``hook``."""
+
+    def on_batch(step: int, batch: Any) -> None:
+        time.sleep(ms_per_batch / 1000.0)
+        if hook is not None:
+            hook(step, batch)
+
+    return on_batch
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     hooks = RunHooks()
     if args.slow_executors_ms:
         hooks.data_plane = slow_data_plane(args.slow_executors_ms)
+    if args.slow_pool_executors_ms:
+        hooks.data_plane = slow_pool_plane(args.slow_pool_executors_ms)
     if not args.record_samples:
+        if args.slow_trainer_ms:
+            hooks.on_batch = _slow_trainer(None, args.slow_trainer_ms)
         return cli.train_command(args, hooks)
     with TrainedSampleIdsLog(args.record_samples) as samples:
         hooks.on_batch = lambda step, batch: samples.append(step, batch.sample_id)
+        if args.slow_trainer_ms:
+            hooks.on_batch = _slow_trainer(hooks.on_batch, args.slow_trainer_ms)
         return cli.train_command(args, hooks)
 
 
@@ -87,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--record-samples", default=None, help="append the sample ids of every step to this file")
     train.add_argument(
         "--slow-executors-ms", type=float, default=0.0, help="fault injection: executors sleep per batch"
+    )
+    train.add_argument(
+        "--slow-pool-executors-ms",
+        type=float,
+        default=0.0,
+        help="fault injection: the job's own pool (with its autoscaler), every executor sleeping per batch",
+    )
+    train.add_argument(
+        "--slow-trainer-ms", type=float, default=0.0, help="fault injection: the trainer sleeps per trained batch"
     )
     train.set_defaults(func=_cmd_train)
 

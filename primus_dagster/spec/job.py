@@ -164,17 +164,29 @@ class MetricSpec(StrictModel):
 
 
 class HorizontalScalingSpec(StrictModel):
-    """Add executors above ``scale_up_threshold`` (L_theta), remove below ``scale_down_threshold``."""
+    """Add executors above ``scale_up_threshold`` (L_theta), remove below ``scale_down_threshold``.
+
+    The data pool's load is ``L_u / (1 - trainer wait)``: the utilisation the pool would need to
+    serve everything the trainers want (docs/scaling.md); with ``proportional`` a step is sized
+    from that measurement (``step`` is the least one), else it is ``step`` executors.
+    """
 
     enabled: bool = True
     metrics: list[MetricSpec] = Field(
-        # Not buffer_fill: a data executor's buffer fills when the trainers fall behind, i.e. when the
-        # data pool is ahead -- as load it would add executors exactly then (docs/scaling.md).
-        default_factory=lambda: [MetricSpec(name="cpu", weight=0.7), MetricSpec(name="memory", weight=0.3)]
+        # CPU only: memory does not rise when the pool falls behind (it is vertical scaling's); the
+        # trainers' wait enters as demand (L_u / (1 - wait)), and buffer fill and trainer wait are
+        # read by the ratio rule, the right way round (docs/scaling.md).
+        default_factory=lambda: [MetricSpec(name="cpu", weight=1.0)]
     )
     scale_up_threshold: float = Field(default=0.8, gt=0, le=1)
     scale_down_threshold: float = Field(default=0.3, ge=0, lt=1)
-    step: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    step: int = Field(
+        default=1, ge=1, le=MAX_REPLICAS, description="Executors per step (the least one when proportional)."
+    )
+    proportional: bool = Field(
+        default=True,
+        description="Size a step from the measured load (to scale_up_threshold - 0.05), not a fixed step.",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> HorizontalScalingSpec:
@@ -197,10 +209,18 @@ class VerticalScalingSpec(StrictModel):
 
 
 class ScalingSpec(StrictModel):
-    """Scaling policies; only one acts per decision tick, each change has a cooldown."""
+    """Scaling policies; only one acts per decision tick, each change has a cooldown.
 
-    interval: PositiveDuration = Field(default=duration_default("30s"), description="Decision tick.")
-    cooldown: PositiveDuration = Field(default=duration_default("2m"))
+    Defaults fit runs from seconds (a local phase) to days (a cluster): a decision every 5 s, a
+    pool that changed waits 10 s, and an executor's first 5 s of samples (start-up) are ignored.
+    """
+
+    interval: PositiveDuration = Field(default=duration_default("5s"), description="Decision tick.")
+    cooldown: PositiveDuration = Field(default=duration_default("10s"), description="A changed pool waits this long.")
+    warmup: NonNegativeDuration = Field(
+        default=duration_default("5s"),
+        description="An executor's samples from its first this-long (start-up) are not decided on.",
+    )
     horizontal: HorizontalScalingSpec = Field(default_factory=HorizontalScalingSpec)
     vertical: VerticalScalingSpec = Field(default_factory=VerticalScalingSpec)
 

@@ -553,12 +553,21 @@ class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
     poll_max_bytes: int = Field(
         default=16 * 2**20, gt=0, le=2**31 - 1, description="fetch_max_bytes for the consumer (a Kafka int32)."
     )
-    fetcher: Literal["native", "kafka-python"] = Field(
-        default="native",
-        description="native: the suite's Fetch v4-10 client (PLAINTEXT or SSL; about 2x kafka-python's speed per "
-        "core, falls back to kafka-python on brokers without those versions and for SASL); kafka-python: always the "
-        "reference client.",
+    fetcher: Literal["confluent-kafka", "kafka-python"] = Field(
+        default="confluent-kafka",
+        description="confluent-kafka: librdkafka (batched consume, offsets_for_times from the broker; the fast "
+        "path); kafka-python: the reference client, the fallback a source can choose.",
     )
+
+    @field_validator("fetcher", mode="before")
+    @classmethod
+    def _no_native_fetcher(cls, value: object) -> object:
+        if value == "native":
+            raise ValueError(
+                "fetcher 'native' (the hand-written fetch client) was removed: use 'confluent-kafka' "
+                "(the default) or 'kafka-python'"
+            )
+        return value
 
 
 SourceSpec = Annotated[

@@ -39,6 +39,11 @@ class NoTrainingDataError(RuntimeError):
     """The window has no ready data for the job (which partitions were not ready, and why)."""
 
 
+class IncompleteWindowError(NoTrainingDataError):
+    """Partitions inside the window are not ready, and the run was asked for the whole window
+    (``complete_window``: the training asset, ``train --strict``): it fails before it starts, naming them."""
+
+
 class SourceUnavailableError(NoTrainingDataError):
     """A source the training mode reads could not be listed or read at all (broker down, catalog
     unreachable, bad credentials): the run fails rather than train on the other sources alone."""
@@ -65,14 +70,18 @@ def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) ->
 
 
 def plan_training_tasks(
-    job: JobSpec, context: SourceContext, window: TimeWindow, skipped: list[NotReady] | None = None
+    job: JobSpec,
+    context: SourceContext,
+    window: TimeWindow,
+    skipped: list[NotReady] | None = None,
+    complete_window: bool = False,
 ) -> list[DataTask]:
     """The tasks a training window reads (:func:`primus_dagster.spec.training_inputs`), in hand-out
     order: of the kinds the mode trains, the stream tasks of ``window`` and the batch tasks of ``window``
     shifted back by ``training.batch_lag`` (handed out beside the stream hours they feed), less the
     batch partitions whose labels are not complete by the window's end (:func:`label_incomplete`;
     counted in the log). Partitions not ready inside the window are skipped with a warning and appended
-    to ``skipped``. Raises :class:`SourceUnavailableError` when a source the mode trains could not be
+    to ``skipped`` -- or, with ``complete_window``, raise :class:`IncompleteWindowError` naming them. Raises :class:`SourceUnavailableError` when a source the mode trains could not be
     read at all (a broker or catalog that cannot be reached: never a run on part of its sources in
     silence), :class:`NoTrainingDataError` naming what was not ready when nothing is."""
     lag = job.training.batch_lag
@@ -99,6 +108,14 @@ def plan_training_tasks(
         raise SourceUnavailableError(
             f"job {job.name}: cannot read source(s) {sorted(first)} for window {window} ({reasons}); "
             "nothing was trained: a run without them would train on part of its data"
+        )
+    if not_ready and complete_window:
+        shown = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M} ({n.reason})" for n in not_ready[:10])
+        more = f" and {len(not_ready) - 10} more" if len(not_ready) > 10 else ""
+        raise IncompleteWindowError(
+            f"job {job.name}: window {window} is incomplete: {len(not_ready)} partition(s) not ready: {shown}{more}; "
+            "nothing was trained: materialise those partitions first (primus-dagster train without --strict "
+            "skips them)"
         )
     if not_ready:
         shown = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in not_ready[:5])

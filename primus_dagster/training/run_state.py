@@ -70,6 +70,9 @@ class TrainingRequest:
     tasks: list[DataTask] | None = None  # planned elsewhere (a live stream increment) instead of from ``window``
     tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags
     strict: bool = False  # any task given up fails the run (``train --strict``), as data.allow_failed_tasks: false
+    # partitions not ready inside the window fail the run before it starts, naming them (the training asset:
+    # a materialisation stands for its whole window; ``train --strict``); otherwise they are skipped loudly
+    complete_window: bool = False
 
     def key(self) -> str:
         return self.run_key or f"{self.job.name}/{self.window.start:%Y-%m-%dT%H}/{self.window.end:%Y-%m-%dT%H}"

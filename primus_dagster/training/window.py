@@ -191,7 +191,9 @@ def _train(
     if request.tasks is None:
         names = [source.name for _, source in job.dataset.all_sources()]
         beat.stage("planning window %s: listing %d source(s) (%s)", request.window, len(names), ", ".join(names))
-    tasks = request.tasks if request.tasks is not None else plan_training_tasks(job, context, request.window, skipped)
+    tasks = request.tasks
+    if tasks is None:
+        tasks = plan_training_tasks(job, context, request.window, skipped, complete_window=request.complete_window)
     beat.stage(planned_line(job, tasks, skipped))
     executors = request.executors or job.pools.data.replicas or 1
     extra_params, extra_tags = trainer.describe()

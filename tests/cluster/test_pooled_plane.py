@@ -94,7 +94,9 @@ def test_the_data_pool_scales_out_under_load_and_in_when_idle_and_delivers_once(
     scaling = """scaling:
   interval: 0.3s
   cooldown: 0.6s
-  horizontal: {metrics: [{name: cpu, weight: 1}], scale_up_threshold: 0.15, scale_down_threshold: 0.05, step: 1}
+  warmup: 0s
+  horizontal: {metrics: [{name: cpu, weight: 1}], scale_up_threshold: 0.15, scale_down_threshold: 0.05, step: 1,
+               proportional: false}
   vertical: {enabled: false}"""
     pool = "min_replicas: 1, max_replicas: 3, memory: 1Gi"
     spec.write_text(

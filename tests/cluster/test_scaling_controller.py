@@ -26,7 +26,15 @@ DATA = PoolSpec(replicas=3, min_replicas=1, max_replicas=10, cpu=4, memory="8Gi"
 
 
 def spec(**kwargs: Any) -> ScalingSpec:
-    base: dict[str, Any] = {"interval": "10s", "cooldown": "1s", "horizontal": {}, "vertical": {}}
+    # Fixed steps and no warmup: these tests feed one sample and count executors (the proportional
+    # steps and the warmup have their own tests in test_scaling_live_rules.py).
+    base: dict[str, Any] = {
+        "interval": "10s",
+        "cooldown": "1s",
+        "warmup": "0s",
+        "horizontal": {"proportional": False},
+        "vertical": {},
+    }
     for key, value in kwargs.items():
         if isinstance(value, dict):
             base[key] = {**base[key], **value}

@@ -62,13 +62,14 @@ def test_scale_out_above_the_up_threshold_by_step() -> None:
 
 
 def test_step_key_sets_the_size_of_a_change() -> None:
-    out = horizontal_decision("data", 4, 0.95, hspec(step=3), POOL)
-    inn = horizontal_decision("data", 9, 0.05, hspec(step=3), POOL)
+    fixed = {"step": 3, "proportional": False}
+    out = horizontal_decision("data", 4, 0.95, hspec(**fixed), POOL)
+    inn = horizontal_decision("data", 9, 0.05, hspec(**fixed), POOL)
     assert out is not None and out.delta == 3
     assert inn is not None and inn.delta == -3
     # ... never past the bounds.
-    assert horizontal_decision("data", 9, 0.95, hspec(step=3), POOL).delta == 1  # type: ignore[union-attr]
-    assert horizontal_decision("data", 3, 0.05, hspec(step=3), POOL).delta == -1  # type: ignore[union-attr]
+    assert horizontal_decision("data", 9, 0.95, hspec(**fixed), POOL).delta == 1  # type: ignore[union-attr]
+    assert horizontal_decision("data", 3, 0.05, hspec(**fixed), POOL).delta == -1  # type: ignore[union-attr]
 
 
 def test_scale_up_threshold_key() -> None:
@@ -79,7 +80,7 @@ def test_scale_up_threshold_key() -> None:
 
 def test_scale_down_threshold_key() -> None:
     assert horizontal_decision("data", 4, 0.35, hspec(scale_down_threshold=0.3), POOL) is None
-    d = horizontal_decision("data", 4, 0.35, hspec(scale_down_threshold=0.4), POOL)
+    d = horizontal_decision("data", 4, 0.35, hspec(scale_down_threshold=0.4, proportional=False), POOL)
     assert d is not None and (d.kind, d.delta) == ("scale_in", -1)
 
 
@@ -118,8 +119,12 @@ def test_waiting_trainers_with_unfilled_buffers_get_more_data_executors() -> Non
     d = ratio(buffer_fill=0.1, trainer_wait=0.4)
     assert d is not None and (d.role, d.kind, d.delta) == ("data", "scale_out", 2)
     assert d.inputs["trainer_wait"] == 0.4
-    # Full buffers but waiting trainers: the data pool is not the bottleneck.
-    assert ratio(buffer_fill=0.95, trainer_wait=0.4) is None
+    # Full buffers and waiting trainers: the executors serve slower than the trainers take --
+    # more executors are more streams; but not when no task waits for a new executor.
+    full = ratio(buffer_fill=0.95, trainer_wait=0.4)
+    assert full is not None and (full.kind, full.delta) == ("scale_out", 2)
+    assert ratio(buffer_fill=0.95, trainer_wait=0.4, pending_tasks=0) is None
+    assert ratio(buffer_fill=0.1, trainer_wait=0.4, pending_tasks=3).inputs["pending_tasks"] == 3  # type: ignore[union-attr]
     assert ratio(buffer_fill=None, trainer_wait=0.4) is None
 
 

@@ -102,7 +102,8 @@ def test_each_scaling_tick_of_the_autoscaler_adds_a_point() -> None:
     scaling = """scaling:
   interval: 1s
   cooldown: 5s
-  horizontal: {metrics: [{name: cpu, weight: 1}], scale_up_threshold: 0.8, scale_down_threshold: 0.1}
+  warmup: 0s
+  horizontal: {metrics: [{name: cpu, weight: 1}], scale_up_threshold: 0.8, scale_down_threshold: 0.1, proportional: false}
   vertical: {enabled: false}"""
     job = parse_job_spec(job_text(replicas=2, data_pool="max_replicas: 4", top_level=scaling))
     scaler = DataPoolAutoscaler(job)

@@ -28,6 +28,8 @@ from primus_dagster.devtools.model_load import (
     venv_python,
 )
 from primus_dagster.spec.job import ModelSpec
+from primus_dagster.training import live as live_module
+from primus_dagster.training.live import LiveResult, LiveStart
 from primus_dagster.training.models import build_model
 from primus_dagster.training.tracking import MlflowTracker
 
@@ -47,6 +49,32 @@ def test_source_asset_descriptions_write_durations_as_the_spec_does(tmp_path: Pa
     descriptions = [d for asset in build_source_assets(job) for d in asset.descriptions_by_key.values()]
     assert descriptions and all("label delay 0s" in d for d in descriptions)  # not "0:00:00"
     assert not any("0:00:00" in d for d in descriptions)
+
+
+def test_a_live_increment_without_new_records_records_no_materialisation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live asset with the increment faked to find no new records: the step succeeds, nothing is
+    trained or registered, and no materialisation is recorded (the live model is unchanged)."""
+    env = make_job(tmp_path, kafka="127.0.0.1:9", topic="registry-idle", hours=0)
+    job = env["job"]
+    start = LiveStart(None, None, {}, "no trained window yet: from the first offsets")
+    monkeypatch.setattr(live_module, "run_live_increment", lambda increment, hooks: LiveResult(start, "k", 0, {}, None))
+    resources = {
+        "storage": PrimusStorageResource(
+            data_root=str(env["root"]), kafka=KafkaResource(bootstrap_servers="127.0.0.1:9")
+        ),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(data_executors=1),
+    }
+    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    result = materialize(
+        [build_live_asset(job, env["job_path"])], instance=instance, resources=resources, run_config=QUIET
+    )
+    assert result.success
+    assert result.get_asset_materialization_events() == []
+    messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any("no new records: nothing trained, no materialisation" in m for m in messages)
 
 
 @pytest.mark.integration

@@ -142,12 +142,14 @@ def test_every_source_asset_declares_the_blocking_checks() -> None:
         }
     )
     assert all(spec.blocking and spec.asset_key == CLICKS for spec in specs.values())
+    assert all(spec.partitions_def == source_asset.partitions_def for spec in specs.values())  # per partition
 
 
 def test_materialize_records_metadata_and_passes_every_check(tmp_path: Path) -> None:
     write_partition(tmp_path, T0, 500)
     result = materialize(build_source_assets(job_for()), partition_key=HOUR_0, resources=resources(tmp_path))
     assert result.success
+    assert {e.partition for e in result.get_asset_check_evaluations()} == {HOUR_0}  # each check, its partition
     (event,) = result.get_asset_materialization_events()
     metadata = event.materialization.metadata
     assert metadata["rows"].value == 500

@@ -205,6 +205,51 @@ def test_the_asset_never_moves_the_champion_to_a_model_below_the_popularity_prio
     assert tracker.aliases == ([("train-test", "champion", "7")] if promoted else [])
 
 
+def test_a_model_without_evaluation_is_not_registered_and_the_asset_asks_for_the_whole_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training asset with the training faked: a run with no held-out rows after its window (no
+    evaluation) is materialised with its MLflow model, but no version is registered (nothing checked
+    it); the asset asks the engine for the whole window (``complete_window``)."""
+    job = make_job(tmp_path, hours=0)["job"]
+    requests = []
+
+    def fake_train_window(request, hooks) -> TrainingResult:
+        requests.append(request)
+        return TrainingResult("run-1", "sqlite:///x#/r", "models:/m-1", request.window, {"samples": 900}, None, {})
+
+    def no_registration(*args):
+        raise AssertionError("an unevaluated model must not be registered")
+
+    monkeypatch.setattr(window_module, "train_window", fake_train_window)
+    monkeypatch.setattr(MlflowResource, "tracker", lambda self, job: _Tracker())
+    monkeypatch.setattr(training_asset_module, "register_version", no_registration)
+    resources = {
+        "storage": PrimusStorageResource(data_root=str(tmp_path)),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(data_executors=1),
+    }
+    result = materialize(
+        [build_training_asset(job, tmp_path / "job.yaml")],
+        partition_key=training_partitions_def(job).get_first_partition_key(),
+        instance=DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster")),
+        resources=resources,
+        run_config=QUIET,
+        raise_on_error=False,
+    )
+    assert result.success  # the missing evaluation is a WARN: the partition is trained
+    (request,) = requests
+    assert request.complete_window
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed and check.severity == AssetCheckSeverity.WARN
+    assert check.partition == training_partitions_def(job).get_first_partition_key()  # recorded per partition
+    (event,) = result.get_asset_materialization_events()
+    metadata = event.materialization.metadata
+    assert metadata["model_uri"] == MetadataValue.text("models:/m-1")
+    assert metadata["model_registered"].value.startswith("no evaluation after the window: not registered")
+    assert "model_version" not in metadata and "champion" not in metadata
+
+
 @pytest.mark.integration
 def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_the_previous(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

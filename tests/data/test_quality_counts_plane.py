@@ -46,7 +46,8 @@ def job(quality: str = ""):
 
 
 def serve_all(driver: DataDriver, spec, root: Path) -> list[Batch]:
-    """Run one executor against ``driver`` over Flight until the driver is done or failed; its batches."""
+    """Run one executor against ``driver`` over Flight until the driver is done or failed; its batches,
+    each claimed as a reader claims it (the driver is done once every batch was claimed)."""
     out: list[Batch] = []
     with DriverServer(driver) as server, DriverClient(server.location) as client:
         server.serve_in_thread()
@@ -54,7 +55,7 @@ def serve_all(driver: DataDriver, spec, root: Path) -> list[Batch]:
         with executor:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not executor.finished():
-                if (item := executor.take(0, timeout=0.2)) is not None:
+                if (item := executor.take(0, timeout=0.2)) is not None and client.claim("trainer-0", item.batch_id):
                     out.append(item)
             assert executor.finished(), "the executor did not finish in 30 s"
     return out
@@ -81,7 +82,7 @@ def test_counts_per_rule_and_file_arrive_at_the_driver(tmp_path: Path) -> None:
     assert counts["by_location"] == {"src": {rule: {str(bad): n} for rule, n in expected.items()}}  # the file named
     assert driver.status()["quality"] == expected and driver.status()["done"]
     consumed = [b.batch_id for b in batches]
-    assert all(driver.claim_many("trainer-0", consumed))
+    assert not any(driver.claim_many("trainer-0", consumed))  # claimed as they were served
     snapshot = driver.barrier("trainer-0", consumed, 1)
     assert snapshot is not None
     assert DataDriver.restore(snapshot).quality_counts() == counts  # a checkpoint keeps them

@@ -16,7 +16,7 @@ from jobkit import make_job
 from primus_dagster.data import TimeWindow
 from primus_dagster.ports import free_port
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.planning import SourceUnavailableError
+from primus_dagster.training.planning import IncompleteWindowError, SourceUnavailableError
 from primus_dagster.training.run_state import TrainingRequest
 from primus_dagster.training.window import train_window
 
@@ -50,3 +50,20 @@ def test_a_not_ready_hour_inside_the_window_is_skipped_loudly(tmp_path: Path, ca
     assert "1 partition(s) inside the window are not ready and are skipped: events" in caplog.text
     tags = mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_run(result.run_id).data.tags
     assert tags["primus.skipped_partitions"] == f"events {hour:%Y-%m-%dT%H:%M}"
+
+
+@pytest.mark.integration
+def test_a_run_asked_for_the_whole_window_fails_before_it_starts_naming_the_hour(tmp_path: Path) -> None:
+    """``complete_window`` (the training asset, ``train --strict``): a not-ready hour inside the window
+    fails the run before an MLflow run or an executor starts, naming the source and hour."""
+    env = make_job(tmp_path, hours=3, rows_per_hour=400)
+    hour = env["job"].dataset.start + timedelta(hours=1)
+    shutil.rmtree(tmp_path / "parquet" / "events" / f"dt={hour:%Y-%m-%d}" / f"hour={hour:%H}")
+    request = TrainingRequest(
+        env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False, complete_window=True
+    )
+    with pytest.raises(IncompleteWindowError, match=rf"1 partition\(s\) not ready: events {hour:%Y-%m-%dT%H:%M} \("):
+        train_window(request)
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    experiments = client.search_experiments()
+    assert not experiments or not client.search_runs([e.experiment_id for e in experiments])

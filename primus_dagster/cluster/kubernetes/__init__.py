@@ -5,7 +5,8 @@
 * :mod:`.pod_status` -- a pod's status as an executor state (``OOMKilled`` -> ``oom_killed``, ...);
 * :mod:`.backend` -- :class:`KubernetesPool`, the :class:`~primus_dagster.cluster.pool.ExecutorPool`
   that applies them through ``CoreV1Api``;
-* :mod:`.plane` -- :func:`kubernetes_pool_factory`, the pool as a ``PooledDataPlane``'s data pool.
+* :mod:`.plane` -- :func:`kubernetes_pool_factory`, the pool as a ``PooledDataPlane``'s data pool;
+  :func:`pod_template_from_env`, the deployment's env sources and data volume for the executor pods.
 
 Deployment, RBAC and what is tested where: ``docs/kubernetes.md``.
 
@@ -20,8 +21,10 @@ from primus_dagster.cluster.kubernetes.backend import (
     KubernetesPool,
     api_reason,
     default_namespace,
+    in_cluster_namespace,
     load_core_api,
     pod_owner,
+    step_pod_owner,
 )
 from primus_dagster.cluster.kubernetes.manifests import (
     CONTAINER_NAME,
@@ -40,7 +43,7 @@ from primus_dagster.cluster.kubernetes.manifests import (
     token_secret,
     trainer_container,
 )
-from primus_dagster.cluster.kubernetes.plane import kubernetes_pool_factory
+from primus_dagster.cluster.kubernetes.plane import kubernetes_pool_factory, pod_template_from_env
 from primus_dagster.cluster.kubernetes.pod_status import PodOutcome, pod_outcome
 
 __all__ = [
@@ -59,12 +62,15 @@ __all__ = [
     "dns_name",
     "executor_pod",
     "executor_service",
+    "in_cluster_namespace",
     "kubernetes_pool_factory",
     "label_value",
     "load_core_api",
     "owner_reference",
     "pod_outcome",
     "pod_owner",
+    "pod_template_from_env",
+    "step_pod_owner",
     "token_secret",
     "trainer_container",
 ]

@@ -27,7 +27,7 @@ Example::
 
     pool = KubernetesPool.for_job(job, "data", run_id=context.run_id, driver="grpc://10.0.0.5:7000",
                                   job_spec_path="/app/examples/job.yaml", data_root="/data", token=token,
-                                  owner=pod_owner(api, namespace, os.environ["HOSTNAME"]), api=api)
+                                  owner=step_pod_owner(api, job.pools.namespace), api=api)
     with pool:
         ids = pool.launch(2)
         pool.wait_for(ids)                               # both running
@@ -100,12 +100,19 @@ def load_core_api() -> CoreV1Api:
     return CoreV1Api()
 
 
+def in_cluster_namespace() -> str | None:
+    """The namespace of the pod this process runs in (its service account's), None outside a cluster."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def default_namespace() -> str:
     """The namespace this process runs in (in a cluster), else the kubeconfig context's, else ``default``."""
-    try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-    except OSError:
-        pass
+    own = in_cluster_namespace()
+    if own is not None:
+        return own
     try:
         _, active = kubernetes.config.list_kube_config_contexts(config_file=_kubeconfig())
         return str(active["context"].get("namespace") or "default")
@@ -134,6 +141,40 @@ def pod_owner(api: CoreV1Api, namespace: str, name: str) -> V1OwnerReference:
     except ApiException as exc:
         raise PoolError(f"cannot read owner pod {namespace}/{name}: {api_reason(exc)}") from None
     return owner_reference("Pod", name, pod.metadata.uid)
+
+
+def step_pod_owner(
+    api: CoreV1Api,
+    pools_namespace: str | None,
+    *,
+    pod_name: str | None = None,
+    pod_namespace: str | None = None,
+) -> V1OwnerReference | None:
+    """The owner of a run's pool objects: the pod this process runs in (a Dagster step's), if any.
+
+    **One namespace rule.** Kubernetes owner references never cross namespaces: a namespaced owner
+    must live in its dependents' namespace, else the garbage collector takes it as absent and deletes
+    the dependents. So inside a cluster ``pools.namespace`` must be unset or the namespace of this pod
+    (``pod_namespace``, default the service account's); another one is refused with a PoolError naming
+    both. Outside a cluster (no service-account namespace) or without a pod name (``pod_name``, default
+    ``$HOSTNAME``) there is no owner, and ``close()`` alone removes what the pool created.
+
+    Example::
+
+        owner = step_pod_owner(load_core_api(), job.pools.namespace)  # None on a laptop with a kubeconfig
+    """
+    pod_namespace = pod_namespace or in_cluster_namespace()
+    pod_name = pod_name or os.environ.get("HOSTNAME")
+    if pod_namespace is None or not pod_name:
+        return None
+    if pools_namespace and pools_namespace != pod_namespace:
+        raise PoolError(
+            f"pools.namespace {pools_namespace!r} is not the namespace this run's pod {pod_name} runs in "
+            f"({pod_namespace!r}): owner references cannot cross namespaces, so the executor pods would be "
+            f"garbage-collected at once. Remove pools.namespace, or run the Dagster runs in {pools_namespace!r} "
+            "(DAGSTER_K8S_NAMESPACE)"
+        )
+    return pod_owner(api, pod_namespace, pod_name)
 
 
 @dataclass

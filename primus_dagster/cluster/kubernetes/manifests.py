@@ -13,7 +13,8 @@ and calls no API (``backend.KubernetesPool`` applies them), in the manner of dag
   id and attempt, selected by :meth:`PoolRef.selector`;
 * **env**: the driver address, the executor's id / index / attempt, its pod IP and namespace (downward
   API) and the Flight token *from a Secret reference* (``valueFrom.secretKeyRef``; a literal token is
-  refused);
+  refused); whole ConfigMaps and Secrets as ``envFrom`` (the data root, object-store credentials), below
+  the pool's own variables (Kubernetes lets ``env`` win over ``envFrom``);
 * **resources**: requests = limits = the :class:`Resources` allocation (Guaranteed QoS, which an
   in-place resize keeps), with ``resizePolicy: NotRequired`` for CPU and memory;
 * **ports**: the Flight port as the named container port ``flight``; the headless Service of a pool
@@ -41,9 +42,11 @@ from typing import Any
 from kubernetes.client import (
     V1Affinity,
     V1Capabilities,
+    V1ConfigMapEnvSource,
     V1Container,
     V1ContainerPort,
     V1ContainerResizePolicy,
+    V1EnvFromSource,
     V1EnvVar,
     V1EnvVarSource,
     V1NodeAffinity,
@@ -58,6 +61,7 @@ from kubernetes.client import (
     V1ResourceRequirements,
     V1SeccompProfile,
     V1Secret,
+    V1SecretEnvSource,
     V1SecretKeySelector,
     V1SecurityContext,
     V1Service,
@@ -124,6 +128,7 @@ TOKEN_KEY = "token"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _PORT_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _HASH = 8
 
 
@@ -285,7 +290,9 @@ class ContainerTemplate:
     """What every executor container of a pool runs; per-executor values come in as environment
     variables (``$(PRIMUS_EXECUTOR_ID)`` in ``command`` / ``args`` is expanded by Kubernetes).
 
-    ``env`` holds plain values only; secrets go in ``secret_env`` (variable -> :class:`SecretRef`).
+    ``env`` holds plain values only; secrets go in ``secret_env`` (variable -> :class:`SecretRef`);
+    ``env_from_config_maps`` / ``env_from_secrets`` name ConfigMaps / Secrets whose every key becomes a
+    variable (``envFrom``: what the deployment's run pods get, e.g. ``primus-env`` and ``primus-secrets``).
     ``volumes`` / ``volume_mounts`` are ``V1Volume`` / ``V1VolumeMount`` objects (a data root on a
     shared volume, the job spec from a ConfigMap). Containers never escalate privileges, drop every
     capability and use the runtime's seccomp profile; ``run_as_user`` also makes them run as that
@@ -297,6 +304,8 @@ class ContainerTemplate:
     ports: Mapping[str, int] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, SecretRef] = field(default_factory=dict)
+    env_from_config_maps: tuple[str, ...] = ()
+    env_from_secrets: tuple[str, ...] = ()
     image_pull_policy: str | None = None
     working_dir: str | None = None
     service_account: str | None = None
@@ -321,6 +330,9 @@ class ContainerTemplate:
                 raise ValueError(f"env {name!r} is not a valid variable name")
             if name in RESERVED_ENV:
                 raise ValueError(f"env {name} is set by the pool (the token only ever from a Secret reference)")
+        for source in (*self.env_from_config_maps, *self.env_from_secrets):
+            if len(source) > 253 or not _SUBDOMAIN.match(source):
+                raise ValueError(f"envFrom source {source!r} is not a valid ConfigMap / Secret name")
 
 
 @dataclass(frozen=True)
@@ -440,6 +452,9 @@ def executor_pod(
         args=list(template.args) or None,
         working_dir=template.working_dir,
         env=env,
+        env_from=[V1EnvFromSource(config_map_ref=V1ConfigMapEnvSource(name=n)) for n in template.env_from_config_maps]
+        + [V1EnvFromSource(secret_ref=V1SecretEnvSource(name=n)) for n in template.env_from_secrets]
+        or None,
         ports=[V1ContainerPort(name=n, container_port=p, protocol="TCP") for n, p in template.ports.items()] or None,
         resources=resource_requirements(resources),
         resize_policy=[

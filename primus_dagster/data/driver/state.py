@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import heapq
 import json
+import logging
 import os
 import statistics
 import threading
@@ -53,6 +54,7 @@ from primus_dagster.data.driver.task_record import (
 from primus_dagster.data.tasks import BatchId, DataTask, read_location
 from primus_dagster.spec import DataPlaneSpec
 
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 _DURATION_WINDOW = 256  # completed tasks the straggler median looks at
 _MIN_DURATIONS = 5  # completions before any task counts as a straggler
@@ -66,6 +68,12 @@ PUSH_KINDS = ("stream",)
 
 def _count(rows: Any) -> int:
     return 0 if rows is None else len(rows)
+
+
+def _preview(rec: TaskRecord, limit: int = 8) -> str:
+    """The first claimed first rows of a task, for messages."""
+    rows = [] if rec.claimed is None else rec.claimed.to_list()
+    return "none" if not rows else ", ".join(map(str, rows[:limit])) + (" ..." if len(rows) > limit else "")
 
 
 OrderKey = tuple[str, str, str]
@@ -386,21 +394,45 @@ class DataDriver:
         if quality:
             self._quality[task_id] = {str(rule): int(n) for rule, n in quality.items()}
             self._quality_total.update(self._quality[task_id])
-        self._delivery.completed(executor_id, task_id, _count(rec.claimed), rec.batches)
+        self._delivery.completed(executor_id, task_id, _count(rec.claimed), rec.batches, self._clock())
 
     def _reopen_undelivered(self, now: float) -> list[str]:
-        """Completed tasks with unclaimed batches whose executor died: pending again."""
+        """Completed tasks with unclaimed batches, pending again: at once when their executor died (no
+        failure counted), and -- the end-of-run audit -- when every task has finished and no batch was
+        claimed for ``lease_s`` (the unclaimed batches were dropped on the way: a failure is counted, so
+        a task whose batches keep getting lost fails by name after ``max_attempts``)."""
         dead = {eid for eid, (_, seen) in self._executors.items() if seen < now - self.lease_s}
         reopened = self._delivery.orphans(dead) if dead else []
         for task_id in reopened:
             rec = self._tasks[task_id]
-            stats = self._stats
-            stats["rows"], stats["batches"] = stats["rows"] - rec.rows, stats["batches"] - rec.batches
-            rec.error = f"executor {rec.owner} died before all batches were claimed; reopened"
-            self._quality_total.subtract(self._quality.pop(task_id, {}))  # the re-run reports them again
-            self._set_state(rec, PENDING)
-            self._push_pending(rec)
+            self._reopen(rec, f"executor {rec.owner} died before all batches were claimed; reopened", failure=False)
+        if self._busy():
+            return reopened
+        for task_id in self._delivery.stalled(now, self.lease_s):
+            rec = self._tasks[task_id]
+            claimed = _count(rec.claimed)
+            error = (
+                f"{rec.batches - claimed} of {rec.batches} batches (task {task_id}, {rec.task.read.uri}) were served "
+                f"by executor {rec.owner} but never claimed by a trainer: no claim for {self.lease_s:g}s after every "
+                f"task finished (claimed first rows: {_preview(rec)})"
+            )
+            log.warning("delivery audit: %s; serving them again", error)
+            self._reopen(rec, error, failure=True)
+            reopened.append(task_id)
         return reopened
+
+    def _reopen(self, rec: TaskRecord, error: str, *, failure: bool) -> None:
+        """A succeeded task back to pending (or failed, when ``failure`` is its last): its counts leave the
+        totals, the re-run reports them again and skips the claimed batches."""
+        stats = self._stats
+        stats["rows"], stats["batches"] = stats["rows"] - rec.rows, stats["batches"] - rec.batches
+        self._quality_total.subtract(self._quality.pop(rec.task.task_id, {}))
+        if failure:
+            self._retry_or_fail(rec, error)
+            return
+        rec.error = error
+        self._set_state(rec, PENDING)
+        self._push_pending(rec)
 
     @_api
     def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
@@ -462,6 +494,7 @@ class DataDriver:
     def _expire_locked(self) -> list[str]:
         now = self._clock()
         expired: list[str] = []
+        silent: dict[str, list[str]] = {}  # executor -> tasks whose lease it let expire
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, attempt, task_id = heapq.heappop(heap)
@@ -478,6 +511,18 @@ class DataDriver:
                 rec, f"lease expired: executor {rec.owner} sent no heartbeat for {self.lease_s:g}s (attempt {attempt})"
             )
             expired.append(task_id)
+            silent.setdefault(str(rec.owner), []).append(task_id)
+        for owner, task_ids in silent.items():
+            seen = self._executors.get(owner, (None, now))[1]
+            log.warning(
+                "executor %s is silent (no heartbeat for %.1fs, lease %gs): its lease on %d task(s) expired, "
+                "they go to other executors: %s",
+                owner,
+                now - seen,
+                self.lease_s,
+                len(task_ids),
+                ", ".join(task_ids[:5]) + (" ..." if len(task_ids) > 5 else ""),
+            )
         if self._delivery:
             expired += self._reopen_undelivered(now)
         return expired
@@ -490,7 +535,7 @@ class DataDriver:
         first = rec.claim(batch.first_row)
         self._stats["claimed_batches"] += first
         if first and rec.state == SUCCEEDED:
-            self._delivery.claimed(batch.task_id, _count(rec.claimed), rec.batches)
+            self._delivery.claimed(batch.task_id, _count(rec.claimed), rec.batches, self._clock())
         return first
 
     def claim_many(self, trainer_id: str, batches: Iterable[BatchId]) -> list[bool]:
@@ -621,9 +666,13 @@ class DataDriver:
             if self._aborted is None:
                 self._aborted = reason
 
+    def _busy(self) -> int:
+        """Tasks not finished: new, pending or running."""
+        return self._counts[NEW] + self._counts[PENDING] + self._counts[RUNNING]
+
     def _done(self) -> bool:
-        busy = self._counts[NEW] + self._counts[PENDING] + self._counts[RUNNING]
-        return self._planned and busy == 0 and not self._tasks_failed()
+        """Every task finished and every batch of the succeeded ones claimed by a trainer."""
+        return self._planned and not self._busy() and not self._delivery and not self._tasks_failed()
 
     def failure_report(self, limit: int | None = None) -> list[dict[str, Any]]:
         """One row per failed task (the first ``limit``): ``{"task_id", "uri", "attempts", "failures", "error"}``."""
@@ -634,9 +683,11 @@ class DataDriver:
     def status(self) -> dict[str, Any]:
         """``{"counts": {state: n}, "total", "done", "failed", "failed_tasks": [report rows],
         "rows", "batches", "claimed_batches", "consumed_batches", "consumed_done", "barrier_id",
-        "executors", "source_versions"}``; ``done``: every task finished (failures within the
-        threshold tolerated); ``consumed_done``: succeeded tasks whose every batch was consumed;
-        ``failed_tasks``: the first 100 rows of :meth:`failure_report` (``counts["failed"]``: all)."""
+        "executors", "silent_executors", "source_versions"}``; ``done``: every task finished (failures within
+        the threshold tolerated) and every batch of the succeeded ones claimed; ``silent_executors``:
+        executors heard from once but not within ``lease_s`` (frozen, gone, or stopped after the run);
+        ``consumed_done``: succeeded tasks whose every batch was consumed; ``failed_tasks``: the first 100
+        rows of :meth:`failure_report` (``counts["failed"]``: all)."""
         horizon = self._clock() - self.lease_s
         return {
             "counts": dict(self._counts),
@@ -648,6 +699,7 @@ class DataDriver:
             **self._stats,
             "barrier_id": self._barriers.last,
             "executors": sum(seen >= horizon for _, seen in self._executors.values()),
+            "silent_executors": sorted(eid for eid, (_, seen) in self._executors.items() if seen < horizon),
             "serving_rows": self._serving_rows_locked(),
             "running_by_kind": dict(self._running_by_kind),
             "source_versions": dict(self.source_versions),

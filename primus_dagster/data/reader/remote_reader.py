@@ -6,8 +6,9 @@ A :class:`RemoteReader` runs one thread per data executor, each doing ``DoGet`` 
 an executor died), then queued as a :class:`~primus_dagster.data.batch.Batch` by its kind
 (``batch`` or ``stream``); its tensors are views over the received Arrow buffers. :meth:`RemoteReader.next_batch` pops the queue a pluggable ``choose_queue`` picks
 (the mixture prioritisation plugs in there). The reader ends when every executor stream ended
-(and, when executors are discovered through the driver, the driver says the run's tasks are done) and its
-queues are empty.
+(and, when executors are discovered through the driver, the driver says the run's data is done: every
+batch claimed) and its queues are empty; once the data is done, the streams of executors the driver no
+longer hears from (frozen ones) are cancelled rather than waited for.
 
 Executors in this very process (``feeds``: :class:`~primus_dagster.data.executor.DataExecutor`
 objects started with ``serve=False``, located at ``inproc://<id>``) are read by calling them: no
@@ -315,12 +316,17 @@ class RemoteReader:
             if r.address.startswith("grpc") or r.address in self._feeds
         ]
 
-    def _discover(self) -> set[str] | None:
-        """Start fetchers for new locations; the current listing (None when listing failed)."""
+    def _listing(self) -> set[str] | None:
+        """The executors' current locations (None when listing failed)."""
         try:
-            current = {loc for loc in self._list() if loc}
+            return {loc for loc in self._list() if loc}
         except Exception as exc:
             log.warning("reader %s: cannot list executors: %s", self.trainer_id, exc)
+            return None
+
+    def _discover(self) -> set[str] | None:
+        """Start fetchers for new locations; the current listing (None when listing failed)."""
+        if (current := self._listing()) is None:
             return None
         with self._cond:
             for location in sorted(current - set(self._fetchers)):
@@ -344,10 +350,11 @@ class RemoteReader:
             listed = self._discover()
             if listed is not None:
                 self._listed = listed
-            if done:  # every batch was handed to a stream already: no new executor matters
+            if done:  # every batch was claimed already: no new executor matters
                 with self._cond:
                     self._discovery_done = True
                     self._cond.notify_all()
+                self._end_silent_streams()
                 return
             with self._cond:
                 # Woken early when a fetcher's stream ends: the data may have ended with it, and the
@@ -355,9 +362,30 @@ class RemoteReader:
                 self._cond.wait_for(lambda: self._closing or self._ended_unseen, self.refresh_s)
                 self._ended_unseen = False
 
+    def _end_silent_streams(self) -> None:
+        """The data is done (every batch claimed): cancel the streams of executors the driver no longer
+        hears from (frozen, e.g. SIGSTOPped: their stream would never end), until every fetcher ended.
+        Live executors end their streams themselves; a silent one drops out of the listing after a lease."""
+        while not self._closing:
+            with self._cond:
+                if self._alive == 0:
+                    return
+            listed = self._listing()
+            for location, stream in list(self._streams.items()):
+                if listed is not None and location not in listed:
+                    log.warning(
+                        "reader %s: executor %s is silent and the data is done; ending its stream",
+                        self.trainer_id,
+                        location,
+                    )
+                    with contextlib.suppress(Exception):
+                        stream.cancel()
+            with self._cond:
+                self._cond.wait_for(lambda: self._closing or self._alive == 0, self.refresh_s)
+
     def _retry(self, location: str, attempts: int) -> bool:
         """Reconnect to a failed stream? Static list: up to ``max_retries``; discovered: while the
-        driver still lists the executor and the run's tasks are not done (then every batch was handed out)."""
+        driver still lists the executor and the run's data is not done (then every batch was claimed)."""
         if self._static:
             return attempts <= self.max_retries
         return not self._discovery_done and location in self._listed

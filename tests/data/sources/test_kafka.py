@@ -1,14 +1,16 @@
 """KafkaSource against the embedded tansu broker: offset search, readiness, split, read, bad records.
 
-Reads run through both fetchers (the native wire client and kafka-python); the record-batch
-parser and the wire client's fault handling are also tested with crafted batches and injected
-broker errors.
+The key reads and faults run through both clients (confluent-kafka, the default, and kafka-python);
+the broker's ``offsets_for_times`` and its check are also tested against an in-memory partition,
+since tansu ignores timestamps there.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -18,10 +20,16 @@ import pyarrow as pa
 import pytest
 
 from primus_dagster.data.sources.base import ReadTask, SourceContext, SourceReadError, TimeWindow
-from primus_dagster.data.sources.kafka import KafkaConfigError, KafkaSource, json_schema, protocol, records, wire
+from primus_dagster.data.sources.kafka import FETCHERS, KafkaConfigError, KafkaSource, OffsetSearch, json_schema
 from primus_dagster.data.sources.kafka.adapter import Fetcher
+from primus_dagster.data.sources.kafka.clients import (
+    ConfluentClient,
+    ConfluentRangeReader,
+    KafkaClientError,
+    KafkaPythonRangeReader,
+    OffsetOutOfRangeError,
+)
 from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder
-from primus_dagster.data.sources.kafka.records import CorruptBatchError, LegacyFormatError, RecordColumns
 from primus_dagster.devtools.kafka_broker import EmbeddedBroker, create_topic
 from primus_dagster.spec.sources import KafkaSourceSpec
 
@@ -110,10 +118,7 @@ def expected_ranges(rows: list[tuple[int, int, int, int]], start_ms: int, end_ms
     return out
 
 
-FETCHERS = ["native", "kafka-python"]
-
-
-def source(stream: dict[str, Any], fetcher: Fetcher = "native", **extra: Any) -> KafkaSource:
+def source(stream: dict[str, Any], fetcher: Fetcher = "confluent-kafka", **extra: Any) -> KafkaSource:
     context = SourceContext(kafka_bootstrap_servers=stream["bootstrap"])
     return KafkaSource(make_spec(stream["topic"], **extra), context, fetcher=fetcher)
 
@@ -326,168 +331,104 @@ def test_registry_import_name() -> None:
     assert kafka.KafkaSource.__name__ == "KafkaSource"
 
 
-# -- the native read path: both fetchers agree, protocol versions, faults ----------------------------------
+# -- both clients agree; faults on each ---------------------------------------------------------------------
 
 
 def batches_of(src: KafkaSource, tasks: list[ReadTask]) -> list[dict[str, list[Any]]]:
     return [b.to_pydict() for t in tasks for b in src.read(t)]
 
 
-def test_native_and_kafka_python_fetchers_yield_identical_batches(stream: dict[str, Any]) -> None:
-    with source(stream, "native", batch_rows=48) as native, source(stream, "kafka-python", batch_rows=48) as kp:
-        tasks = native.split(native.partition(H0))
+def test_confluent_and_kafka_python_fetchers_yield_identical_batches(stream: dict[str, Any]) -> None:
+    with (
+        source(stream, "confluent-kafka", batch_rows=48) as rd,
+        source(stream, "kafka-python", batch_rows=48) as kp,
+    ):
+        tasks = rd.split(rd.partition(H0))
         assert tasks == kp.split(kp.partition(H0))
-        assert batches_of(native, tasks) == batches_of(kp, tasks)  # same rows, same batch boundaries
+        assert batches_of(rd, tasks) == batches_of(kp, tasks)  # same rows, same batch boundaries
 
 
-@pytest.mark.parametrize(("fetch_version", "metadata_version"), [(4, 1), (7, 4), (10, 7)])
-def test_native_reads_with_each_protocol_version(
-    stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fetch_version: int, metadata_version: int
+def test_the_tansu_broker_ignores_timestamps_and_the_fallback_is_told_once(
+    stream: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(protocol, "FETCH_VERSIONS", (fetch_version, fetch_version))
-    monkeypatch.setattr(protocol, "METADATA_VERSIONS", (metadata_version, metadata_version))
+    """tansu answers ``offsets_for_times`` with its first offset whatever the timestamp: the check of the
+    first answer that disagrees with the records switches to the binary search, with one warning."""
+    caplog.set_level(logging.WARNING, logger="primus_dagster.data.sources.kafka.offsets")
     with source(stream) as src:
-        ids = read_ids(src, src.split(src.partition(H0 + timedelta(hours=1))))
-        assert sorted(ids) == sorted(i for _, _, i, ts in stream["rows"] if H0_MS + HOUR_MS <= ts < H0_MS + 2 * HOUR_MS)
-        (client,) = src._wires
-        assert (client.fetch_version, client.metadata_version) == (fetch_version, metadata_version)
+        parts = src.partitions(TimeWindow.hours_from(H0, 3))
+        assert src.broker_timestamps is False
+        src.partitions(TimeWindow.hours_from(H0 + timedelta(hours=1), 2))
+        assert parts[0].detail["offsets"] == expected_ranges(stream["rows"], H0_MS, H0_MS + HOUR_MS)
+    told = [r.getMessage() for r in caplog.records if "offsets_for_times does not match" in r.getMessage()]
+    assert len(told) == 1 and repr(stream["topic"]) in told[0] and "binary search" in told[0]
 
 
-def test_a_dropped_connection_is_reconnected_without_losing_or_repeating_records(
-    stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    original = wire.PartitionReader.fetch
-    fetches = 0
-
-    def flaky(self: wire.PartitionReader, offset: int) -> wire.Fetched:
-        nonlocal fetches
-        fetches += 1
-        if fetches in (2, 4):  # the socket dies under the client (a request may be in flight)
-            for conn in self.client._conns.values():
-                conn.sock.close()
-        return original(self, offset)
-
-    monkeypatch.setattr(wire.PartitionReader, "fetch", flaky)
-    with source(stream, poll_max_bytes=2048) as src:  # small fetches: many of them per task
-        tasks = src.split(src.partition(H0))
-        ids = read_ids(src, tasks)
-    assert fetches > 4
-    assert sorted(ids) == sorted(i for _, _, i, ts in stream["rows"] if H0_MS <= ts < H0_MS + HOUR_MS)
-
-
-def test_a_moved_leader_is_looked_up_again(stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    original, refresh = wire.WireClient.receive_fetch, wire.WireClient.refresh
-    calls = {"errors": 0, "refresh": 0}
-
-    def not_leader_once(self: wire.WireClient, pending: wire.Pending, topic: str, partition: int) -> Any:
-        answer = original(self, pending, topic, partition)
-        if calls["errors"] == 0:
-            calls["errors"] += 1
-            self.leaders.pop((topic, partition), None)
-            raise wire.WireError("injected: NOT_LEADER_OR_FOLLOWER (6)", code=6, retriable=True)
-        return answer
-
-    def counting_refresh(self: wire.WireClient, topic: str) -> None:
-        calls["refresh"] += 1
-        refresh(self, topic)
-
-    monkeypatch.setattr(wire.WireClient, "receive_fetch", not_leader_once)
-    monkeypatch.setattr(wire.WireClient, "refresh", counting_refresh)
-    with source(stream) as src:
-        (task,) = [t for t in src.split(src.partition(H0)) if t.uri.endswith(":0")]
+@pytest.mark.parametrize("fetcher", FETCHERS)
+def test_records_outside_the_planned_hour_are_kept_and_counted(stream: dict[str, Any], fetcher: Fetcher) -> None:
+    """A record belongs to the hour its offset range was planned for; one whose timestamp lies outside is
+    read with it and counted as ``ts_outside_partition`` (the normaliser's rule, docs/data_plane.md)."""
+    with source(stream, fetcher) as src:
+        hour0 = src.offsets_for(src.partition(H0))[0]
+        hour1 = src.offsets_for(src.partition(H0 + timedelta(hours=1)))[0]
+        task = ReadTask("clicks_stream", H0, f"{stream['topic']}:0", hour0[0], hour1[1])  # planned for hour 0
         ids = read_ids(src, [task])
-    assert calls == {"errors": 1, "refresh": 2}  # the first lookup, then the one after the error
-    assert len(ids) == len(set(ids)) == task.rows
+        assert len(ids) == hour1[1] - hour0[0]
+        assert src.normalize.take().get("ts_outside_partition") == hour1[1] - hour1[0]
 
 
-def test_broker_errors_fail_the_task_clearly(stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    def answer(code: int, retriable: bool, log_start: int = -1) -> Any:
-        def receive_fetch(self: wire.WireClient, pending: wire.Pending, topic: str, partition: int) -> Any:
-            self.receive(pending)
-            raise wire.WireError(f"{topic}:{partition}: injected {code}", code, retriable, log_start)
+@pytest.mark.parametrize("fetcher", FETCHERS)
+def test_broker_errors_fail_the_task_clearly(
+    stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fetcher: Fetcher
+) -> None:
+    reader = ConfluentRangeReader if fetcher == "confluent-kafka" else KafkaPythonRangeReader
 
-        return receive_fetch
+    def failing(error: Exception) -> Any:
+        def fetch(self: Any, offset: int, want: int, timeout_s: float) -> Any:
+            raise error
+
+        return fetch
 
     task = ReadTask("clicks_stream", H0, f"{stream['topic']}:0", 10, 60)
     src = KafkaSource(
-        make_spec(stream["topic"]), SourceContext(kafka_bootstrap_servers=stream["bootstrap"]), stall_timeout_s=0.3
+        make_spec(stream["topic"]),
+        SourceContext(kafka_bootstrap_servers=stream["bootstrap"]),
+        stall_timeout_s=0.3,
+        poll_timeout_s=0.1,
+        fetcher=fetcher,
     )
     with src:
-        monkeypatch.setattr(wire.WireClient, "receive_fetch", answer(protocol.OFFSET_OUT_OF_RANGE, False, 40))
-        with pytest.raises(SourceReadError, match=r"offsets 10\.\.40 were deleted \(retention\)"):
+        monkeypatch.setattr(reader, "fetch", failing(OffsetOutOfRangeError("t:0: injected out of range")))
+        with pytest.raises(SourceReadError, match=r"offset out of range after 0 records .*injected out of range"):
             list(src.read(task))
-        monkeypatch.setattr(wire.WireClient, "receive_fetch", answer(29, False))
-        with pytest.raises(SourceReadError, match="injected 29"):
-            list(src.read(task))
-        monkeypatch.setattr(wire.WireClient, "receive_fetch", answer(5, True))  # retriable, for ever
-        with pytest.raises(SourceReadError, match="injected 5"):
+        monkeypatch.setattr(reader, "fetch", failing(KafkaClientError("t:0: injected broker error")))
+        with pytest.raises(SourceReadError, match="Kafka error after 0 records: t:0: injected broker error"):
             list(src.read(task))
         monkeypatch.undo()
         # past the high watermark: Kafka answers OFFSET_OUT_OF_RANGE, tansu an empty fetch (a stall)
         beyond = ReadTask("clicks_stream", H0, f"{stream['topic']}:0", 10_000, 10_010)
-        with pytest.raises(SourceReadError, match=r"OFFSET_OUT_OF_RANGE|no records after offset 10000"):
+        started = time.monotonic()
+        with pytest.raises(SourceReadError, match=r"offset out of range|no records after offset 10000"):
             list(src.read(beyond))
+        assert time.monotonic() - started < 5  # bounded
         assert read_ids(src, [task]) == [i for p, off, i, _ in sorted(stream["rows"]) if p == 0 and 10 <= off < 60]
 
 
-def test_an_unreadable_response_fails_the_task(stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    def garbled(version: int, payload: Any) -> Any:
-        raise protocol.ProtocolError("injected: response ends early")
-
-    with source(stream) as src:
-        task = src.split(src.partition(H0))[0]
-        monkeypatch.setattr(protocol, "decode_fetch", garbled)
-        with pytest.raises(SourceReadError, match="unreadable Fetch v10 response: injected"):
-            list(src.read(task))
-        monkeypatch.undo()
-        assert len(read_ids(src, [task])) == task.rows  # the connection was dropped, not reused mid-stream
-
-
-def test_a_corrupt_batch_fails_the_task(stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    original = wire.WireClient.receive_fetch
-
-    def flip_a_byte(self: wire.WireClient, pending: wire.Pending, topic: str, partition: int) -> Any:
-        part = original(self, pending, topic, partition)
-        data = bytearray(part.records)
-        data[80] ^= 0xFF  # inside the first record of the first batch
-        part.records = memoryview(bytes(data))
-        return part
-
-    monkeypatch.setattr(wire.WireClient, "receive_fetch", flip_a_byte)
-    with source(stream) as src, pytest.raises(SourceReadError, match="fails its CRC-32C check"):
-        list(src.read(src.split(src.partition(H0))[0]))
-
-
-def test_unsupported_versions_fall_back_to_kafka_python(
+def test_offsets_deleted_by_retention_fail_before_reading(
     stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(protocol, "FETCH_VERSIONS", (90, 99))
-    with source(stream) as src:
-        tasks = src.split(src.partition(H0))
-        ids = read_ids(src, tasks)
-        assert src.fetcher == "kafka-python"
-    assert sorted(ids) == sorted(i for _, _, i, ts in stream["rows"] if H0_MS <= ts < H0_MS + HOUR_MS)
+    import kafka
+
+    task = ReadTask("clicks_stream", H0, f"{stream['topic']}:0", 10, 60)
+    monkeypatch.setattr(ConfluentClient, "watermarks", lambda self, topic, partition, cached=False: (40, 200))
+    monkeypatch.setattr(kafka.KafkaConsumer, "beginning_offsets", lambda self, tps: dict.fromkeys(tps, 40))
+    for fetcher in FETCHERS:
+        with source(stream, fetcher) as src, pytest.raises(SourceReadError, match=r"offsets 10\.\.40 were deleted"):
+            list(src.read(task))
 
 
-def test_legacy_message_format_falls_back_for_the_task(stream: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    original, seen = wire.read_batches, []
-
-    def legacy_after_first(data: Any, start: int, stop: int, out: RecordColumns, check_crcs: bool = True) -> int:
-        seen.append(start)
-        if len(seen) > 1:
-            raise LegacyFormatError("injected: message format v1")
-        return original(data, start, stop, out, check_crcs)
-
-    monkeypatch.setattr(wire, "read_batches", legacy_after_first)
-    with source(stream, poll_max_bytes=2048, batch_rows=16) as src:
-        task = src.split(src.partition(H0))[0]
-        ids = read_ids(src, [task])
-        assert src.fetcher == "native"  # only this task went through kafka-python
-    assert len(ids) == len(set(ids)) == task.rows
-
-
-def test_an_abandoned_read_leaves_no_stale_answer(stream: dict[str, Any]) -> None:
-    with source(stream, batch_rows=8, poll_max_bytes=1024) as src:
+@pytest.mark.parametrize("fetcher", FETCHERS)
+def test_an_abandoned_read_leaves_no_stale_answer(stream: dict[str, Any], fetcher: Fetcher) -> None:
+    with source(stream, fetcher, batch_rows=8, poll_max_bytes=1024) as src:
         t0, t1 = src.split(src.partition(H0))[:2]
         reading = src.read(t0)
         next(reading)  # a fetch ahead is in flight now
@@ -498,121 +439,20 @@ def test_an_abandoned_read_leaves_no_stale_answer(stream: dict[str, Any]) -> Non
         )
 
 
-def test_an_unreachable_broker_fails_a_read() -> None:
+@pytest.mark.parametrize("fetcher", FETCHERS)
+def test_an_unreachable_broker_fails_a_read(fetcher: Fetcher) -> None:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         bootstrap = f"127.0.0.1:{sock.getsockname()[1]}"
-        src = KafkaSource(make_spec("t"), SourceContext(kafka_bootstrap_servers=bootstrap), stall_timeout_s=0.3)
-        with pytest.raises(SourceReadError, match="no bootstrap server accepts connections"):
+        src = KafkaSource(
+            make_spec("t"), SourceContext(kafka_bootstrap_servers=bootstrap), stall_timeout_s=0.3, fetcher=fetcher
+        )
+        started = time.monotonic()
+        with pytest.raises(KafkaConfigError, match=f"no Kafka broker answers at {bootstrap}"):
             list(src.read(ReadTask("clicks_stream", H0, "t:0", 0, 10)))
-
-
-# -- record batches: parsed against kafka-python's own encoder ---------------------------------------------
-
-
-def build_batch(
-    values: list[bytes | None], base: int = 0, ts0: int = H0_MS, compression: int = 0, key: bytes | None = b"k"
-) -> bytearray:
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 24,
-    )
-    for i, value in enumerate(values):
-        builder.append(i, timestamp=ts0 + 1000 * i, key=key, value=value, headers=[("h", b"v")] if i % 2 else [])
-    out = builder.build()
-    out[0:8] = base.to_bytes(8, "big")  # the base offset is outside the CRC
-    return out
-
-
-def set_attributes(batch: bytearray, bits: int) -> bytearray:
-    import crc32c
-
-    attrs = int.from_bytes(batch[21:23], "big") | bits
-    batch[21:23] = attrs.to_bytes(2, "big")
-    batch[17:21] = crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
-    return batch
-
-
-VALUES: list[bytes | None] = [json.dumps({"i": i, "pad": "x" * (i * 37 % 300)}).encode() for i in range(200)]
-VALUES[7] = None
-
-
-@pytest.mark.parametrize("compression", [0, 1])  # none, gzip
-def test_read_batches_returns_values_offsets_and_timestamps(compression: int) -> None:
-    data = bytes(build_batch(VALUES[:120], base=1000, compression=compression)) + bytes(
-        build_batch(VALUES[120:], base=1120, ts0=H0_MS + 120_000, compression=compression)
-    )
-    cols = RecordColumns()
-    assert records.read_batches(data, 1000, 2000, cols) == 1200
-    assert cols.values == VALUES
-    assert cols.offsets == list(range(1000, 1200))
-    assert cols.timestamps == [H0_MS + 1000 * i for i in range(200)]
-    part = RecordColumns()  # a range starting and ending inside batches
-    assert records.read_batches(data, 1050, 1130, part) == 1130
-    assert part.values == VALUES[50:130] and part.offsets == list(range(1050, 1130))
-
-
-def test_read_batches_leaves_a_cut_batch_and_skips_control_batches() -> None:
-    first, second = bytes(build_batch(VALUES[:10], base=0)), bytes(build_batch(VALUES[10:20], base=10))
-    cols = RecordColumns()
-    assert records.read_batches(first + second[:-5], 0, 100, cols) == 10  # the cut batch comes in the next fetch
-    assert cols.offsets == list(range(10))
-    control = bytes(set_attributes(build_batch([b"\x00\x00\x00\x00"], base=10), records.CONTROL))
-    cols = RecordColumns()
-    assert records.read_batches(control + bytes(build_batch(VALUES[:3], base=11)), 10, 100, cols) == 14
-    assert cols.offsets == [11, 12, 13]
-
-
-def test_read_batches_log_append_time() -> None:
-    batch = set_attributes(build_batch(VALUES[:5], ts0=H0_MS), records.LOG_APPEND_TIME)
-    max_ts = int.from_bytes(batch[35:43], "big")
-    cols = RecordColumns()
-    records.read_batches(bytes(batch), 0, 5, cols)
-    assert cols.timestamps == [max_ts] * 5 and max_ts == H0_MS + 4000
-
-
-def test_read_batches_rejects_corrupt_and_legacy_data() -> None:
-    from kafka.record.memory_records import MemoryRecordsBuilder
-
-    batch = build_batch(VALUES[:20])
-    batch[200] ^= 0x01
-    with pytest.raises(CorruptBatchError, match="CRC-32C"):
-        records.read_batches(bytes(batch), 0, 20, RecordColumns())
-    lying = build_batch(VALUES[:3])
-    lying[61] = 0x7E  # the first record claims 63 bytes
-    with pytest.raises(CorruptBatchError):
-        records.read_batches(bytes(lying), 0, 3, RecordColumns(), check_crcs=False)
-    too_many = build_batch(VALUES[:3])
-    too_many[57:61] = (9).to_bytes(4, "big")  # the record count says 9
-    with pytest.raises(CorruptBatchError, match="do not fit"):
-        records.read_batches(bytes(too_many), 0, 9, RecordColumns(), check_crcs=False)
-    legacy = MemoryRecordsBuilder(magic=1, compression_type=0, batch_size=1 << 20)
-    legacy.append(timestamp=5, key=None, value=b"{}")
-    legacy.close()
-    with pytest.raises(LegacyFormatError):
-        records.read_batches(bytes(legacy.buffer()), 0, 1, RecordColumns())
-
-
-def test_protocol_decodes_and_rejects_truncated_responses() -> None:
-    assert protocol.pick_version((0, 17), protocol.FETCH_VERSIONS) == 10
-    assert protocol.pick_version((11, 17), protocol.FETCH_VERSIONS) is None
-    assert protocol.pick_version(None, protocol.FETCH_VERSIONS) is None
-    body = b"\x00\x00\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\x00\x00\x00\x01"
-    body += (3).to_bytes(4, "big") + (0).to_bytes(2, "big") + (42).to_bytes(8, "big") + (42).to_bytes(8, "big")
-    body += (-1).to_bytes(4, "big", signed=True) + (4).to_bytes(4, "big") + b"abcd"
-    fetched = protocol.decode_fetch(4, body).partitions[("t", 3)]
-    assert (fetched.error, fetched.high_watermark, bytes(fetched.records)) == (0, 42, b"abcd")
-    with pytest.raises(protocol.ProtocolError):
-        protocol.decode_fetch(4, body[:-2])
+        assert time.monotonic() - started < 5
 
 
 def test_decoder_fast_and_careful_paths_agree() -> None:
@@ -627,6 +467,22 @@ def test_decoder_fast_and_careful_paths_agree() -> None:
     table, bad = decoder.decode(mixed, [H0_MS] * len(mixed))
     assert [i for i, _ in bad] == [10, 11, 12, 13]
     assert table is not None and table.column("sample_id").to_pylist() == list(range(50))
+
+
+def test_the_record_timestamps_are_only_asked_for_when_a_ts_is_missing() -> None:
+    decoder = JsonRecordDecoder(make_spec("t"))
+    asked: list[int] = []
+
+    def stamps() -> list[int]:
+        asked.append(1)
+        return [H0_MS + 7, H0_MS + 8]
+
+    rows = [sample(0, H0_MS), sample(1, H0_MS)]
+    table, _ = decoder.decode([json.dumps(r).encode() for r in rows], stamps)
+    assert table is not None and not asked
+    del rows[1]["event_time"]
+    table, _ = decoder.decode([json.dumps(r).encode() for r in rows], stamps)
+    assert table is not None and asked == [1] and table.column("event_time").to_pylist() == [H0_MS, H0_MS + 8]
 
 
 def test_a_record_larger_than_a_json_block_is_decoded_not_counted_undecodable() -> None:
@@ -656,16 +512,94 @@ def test_compressed_topic_reads_the_same_through_both_fetchers(kafka_broker: Emb
     context = SourceContext(kafka_bootstrap_servers=kafka_broker.bootstrap_servers)
     task = ReadTask("clicks_stream", H0, f"{topic}:0", 5, 140)  # starts and stops inside compressed batches
     spec = make_spec(topic, batch_rows=32)
-    with KafkaSource(spec, context) as native, KafkaSource(spec, context, fetcher="kafka-python") as kp:
-        got = batches_of(native, [task])
+    with KafkaSource(spec, context) as rd, KafkaSource(spec, context, fetcher="kafka-python") as kp:
+        got = batches_of(rd, [task])
         assert got == batches_of(kp, [task])
     assert [i for b in got for i in b["sample_id"]] == list(range(5, 140))
 
 
 def test_the_spec_chooses_the_fetcher() -> None:
     context = SourceContext(kafka_bootstrap_servers="127.0.0.1:9")
-    assert KafkaSource(make_spec("t"), context).fetcher == "native"
+    assert KafkaSource(make_spec("t"), context).fetcher == "confluent-kafka"
     assert KafkaSource(make_spec("t", fetcher="kafka-python"), context).fetcher == "kafka-python"
-    assert KafkaSource(make_spec("t", fetcher="kafka-python"), context, fetcher="native").fetcher == "native"
+    assert (
+        KafkaSource(make_spec("t", fetcher="kafka-python"), context, fetcher="confluent-kafka").fetcher
+        == "confluent-kafka"
+    )
     with pytest.raises(ValueError, match="fetcher"):
         make_spec("t", fetcher="librdkafka")
+    with pytest.raises(
+        ValueError, match=r"'native' .* was removed: use 'confluent-kafka' \(the default\) or 'kafka-python'"
+    ):
+        make_spec("t", fetcher="native")
+
+
+# -- offsets_for_times, checked: a broker that implements it, one that ignores timestamps -------------------
+
+
+class FakeProbe:
+    """An in-memory partition 0 of ``timestamps`` (any order) and a broker whose ``offsets_for_times`` is
+    Kafka's (the earliest offset with ts >= the asked one) or, with ``ignores``, answers offset 0 always."""
+
+    topic = "fake"
+
+    def __init__(self, timestamps: list[int], ignores: bool = False) -> None:
+        self.ts, self.ignores, self.asked = timestamps, ignores, 0
+
+    def partition_ids(self) -> list[int]:
+        return [0]
+
+    def list_offsets(self, partition: int) -> tuple[int, int]:
+        return 0, len(self.ts)
+
+    def fetch(self, partition: int, offset: int) -> list[tuple[int, int]]:
+        return [(o, self.ts[o]) for o in range(offset, min(offset + 4, len(self.ts)))]
+
+    def highwater(self, partition: int) -> int:
+        return len(self.ts)
+
+    def offsets_for_times(self, partition: int, ts_ms: int) -> int | None:
+        self.asked += 1
+        if self.ignores:
+            return 0
+        return next((o for o, ts in enumerate(self.ts) if ts >= ts_ms), None)
+
+
+def test_hour_boundaries_come_from_the_broker_with_out_of_order_timestamps() -> None:
+    # hour 0: offsets 0-39, with offset 20 an hour-1 record arriving early and offset 45 a late hour-0 one
+    ts = [H0_MS + i * 1000 for i in range(40)] + [H0_MS + HOUR_MS + i * 1000 for i in range(40)]
+    ts[20], ts[45] = H0_MS + HOUR_MS + 5, H0_MS + 5
+    probe, search = FakeProbe(ts), OffsetSearch(poll_timeout_s=1)
+    row, last = search.boundary_offsets(probe, 0, [H0_MS, H0_MS + HOUR_MS, H0_MS + 2 * HOUR_MS])
+    assert row == [0, 20, 80] and last == ts[-1]  # the broker's rule: the earliest offset at or after each bound
+    assert search.broker_timestamps is True and probe.asked == 3
+    assert search.fetches <= 2 + 3  # the tail, then one check per boundary: no binary search
+
+
+def test_a_broker_that_ignores_timestamps_falls_back_to_the_binary_search(caplog: pytest.LogCaptureFixture) -> None:
+    ts = [H0_MS + i * 60_000 for i in range(200)]  # in order: 60 in hour 0, 60 in hour 1, ...
+    probe, search = FakeProbe(ts, ignores=True), OffsetSearch(poll_timeout_s=1)
+    with caplog.at_level(logging.WARNING):
+        row, _ = search.boundary_offsets(probe, 0, [H0_MS + h * HOUR_MS for h in range(4)])
+        search.boundary_offsets(probe, 0, [H0_MS + 5 * HOUR_MS])
+    assert row == [0, 60, 120, 180] and search.broker_timestamps is False
+    assert probe.asked == 2  # the first answer holds (offset 0 is right for hour 0); the second does not
+    assert len([r for r in caplog.records if "'fake'" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fallback_search_finds_each_boundary_in_few_fetches(seed: int) -> None:
+    """The search over record timestamps (in order, at a rate that changes over the day, some equal) finds
+    what a scan finds, in about as many fetches as a binary search at worst."""
+    import random
+
+    rng = random.Random(seed)
+    ts, t = [], H0_MS - rng.randrange(HOUR_MS)
+    for i in range(rng.randrange(2_000, 40_000)):
+        t += rng.choice([0, 1, 2]) * (1 + (i // 3000) % 5) * rng.randrange(1, 400)
+        ts.append(t)
+    bounds = [H0_MS + h * HOUR_MS for h in range(-1, 8)]
+    probe, search = FakeProbe(ts, ignores=True), OffsetSearch(poll_timeout_s=1)
+    row, _ = search.boundary_offsets(probe, 0, bounds)
+    assert row == [next((o for o, x in enumerate(ts) if x >= b), len(ts)) for b in bounds]
+    assert search.fetches <= 2 + 2 + len(bounds) * (math.ceil(math.log2(len(ts))) + 2)

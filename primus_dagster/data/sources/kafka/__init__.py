@@ -1,12 +1,12 @@
 """Kafka source: a topic of JSON samples, partitioned hourly/daily by record timestamp, or read as a live tail.
 
 Modules: :mod:`.adapter` (``KafkaSource``: partitions, split, read, tail, high watermarks, close;
-connection and config errors), :mod:`.offsets` (time boundaries to offset ranges by binary search
-over record timestamps), :mod:`.tail` (committed offsets to fixed ``[start, stop)`` tasks and lag),
-:mod:`.wire`, :mod:`.protocol` and :mod:`.records` (the native fetch path: Kafka wire protocol on
-sockets, PLAINTEXT or TLS, record batches to columns), :mod:`.security` (the source's security keys as
-client settings, the TLS pre-flight) and :mod:`.decoding` (record values to Arrow tables, isolating
-undecodable records).
+connection and config errors), :mod:`.clients` (the two clients it reads through, confluent-kafka by
+default and kafka-python: probes and bounded range reads), :mod:`.offsets` (time boundaries to offset
+ranges: the broker's ``offsets_for_times``, checked, or a binary search over record timestamps on a
+broker that ignores them), :mod:`.tail` (committed offsets to fixed ``[start, stop)`` tasks and lag),
+:mod:`.security` (the source's security keys as client settings, the TLS pre-flight) and
+:mod:`.decoding` (record values to Arrow tables, isolating undecodable records).
 
 Example::
 
@@ -16,12 +16,13 @@ Example::
         plan = src.tail(committed)            # TailPlan: tasks up to the high watermarks, lag, next_offsets
 """
 
-from primus_dagster.data.sources.kafka.adapter import MAX_BAD_EXAMPLES, KafkaConfigError, KafkaSource
+from primus_dagster.data.sources.kafka.adapter import FETCHERS, MAX_BAD_EXAMPLES, KafkaConfigError, KafkaSource
 from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder, json_schema
 from primus_dagster.data.sources.kafka.offsets import OffsetSearch
 from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, plan_tail
 
 __all__ = [
+    "FETCHERS",
     "MAX_BAD_EXAMPLES",
     "JsonRecordDecoder",
     "KafkaConfigError",

@@ -2,15 +2,16 @@
 
 Each record value is one JSON object (one sample) whose fields are named by the spec's column
 mapping; the record timestamp is the event time (epoch ms) and fills ``ts`` when the JSON has
-no such field. Time partitions map to offsets by a binary search over record timestamps
-(:mod:`.offsets`), which assumes timestamps are **non-decreasing within a topic-partition**.
-:meth:`KafkaSource.tail` plans open-ended ranges instead: from committed offsets to the current
-high watermarks (:mod:`.tail`). Reads fetch record batches straight from the partition leaders
-(:mod:`.wire`, no consumer group, no commits), or through kafka-python when the broker speaks
-none of the native client's protocol versions or the source uses SASL, and decode values in bulk
-(:mod:`.decoding`); undecodable records are counted, never fatal. Every client takes the source's
-security keys through :mod:`.security` (one rule; a TLS source shakes hands before a consumer starts,
-so a certificate problem fails at once, naming the broker and the cause).
+no such field. Time partitions map to offsets through the broker's ``offsets_for_times``, each
+answer checked against the records, or by a binary search over record timestamps on a broker
+that ignores them (:mod:`.offsets`; said once in the run log). :meth:`KafkaSource.tail` plans
+open-ended ranges instead: from committed offsets to the current high watermarks (:mod:`.tail`).
+Reads go through confluent-kafka (librdkafka: assign at the planned offset, batched ``consume``)
+or, when the spec's ``fetcher`` says so, kafka-python (:mod:`.clients`; no consumer group, no
+commits), and decode the values of each batch in one ``pyarrow.json`` call (:mod:`.decoding`);
+undecodable records are counted, never fatal. Every client takes the source's security keys
+through :mod:`.security` (one rule; the broker is checked first -- a TCP connect, for a TLS source
+a handshake -- so a wrong address or certificate fails at once, naming the broker and the cause).
 
 Example::
 
@@ -29,9 +30,10 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -45,27 +47,37 @@ from primus_dagster.data.sources.base import (
     SourceReadError,
     TimeWindow,
 )
+from primus_dagster.data.sources.kafka.clients import (
+    KAFKA_PYTHON_PROBE_CONFIG,
+    ConfluentClient,
+    ConfluentProbe,
+    ConfluentRangeReader,
+    KafkaClientError,
+    KafkaPythonProbe,
+    KafkaPythonRangeReader,
+    OffsetOutOfRangeError,
+    Probe,
+    RangeReader,
+)
 from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder
-from primus_dagster.data.sources.kafka.offsets import PROBE_CONSUMER_CONFIG, OffsetSearch
-from primus_dagster.data.sources.kafka.protocol import OFFSET_OUT_OF_RANGE
-from primus_dagster.data.sources.kafka.records import CorruptBatchError, LegacyFormatError, RecordColumns
+from primus_dagster.data.sources.kafka.offsets import OffsetSearch
 from primus_dagster.data.sources.kafka.security import (
     KafkaConfigError,
     client_security_config,
+    librdkafka_security_config,
     split_server,
     tls_problem,
 )
 from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, plan_tail
-from primus_dagster.data.sources.kafka.wire import Fetched, PartitionReader, WireClient, WireError, WireUnsupportedError
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.sources import KafkaSourceSpec
 
 log = logging.getLogger(__name__)
 
 MAX_BAD_EXAMPLES = 10
-Fetcher = Literal["native", "kafka-python"]
-__all__ = ["MAX_BAD_EXAMPLES", "Fetcher", "KafkaConfigError", "KafkaSource"]
-_TOLD_SASL: set[str] = set()  # sources whose switch to kafka-python for SASL was logged (once a process)
+Fetcher = Literal["confluent-kafka", "kafka-python"]
+FETCHERS: tuple[Fetcher, ...] = ("confluent-kafka", "kafka-python")
+__all__ = ["FETCHERS", "MAX_BAD_EXAMPLES", "Fetcher", "KafkaConfigError", "KafkaSource"]
 
 
 def _unreachable(server: str, timeout_s: float, context: ssl.SSLContext | None) -> str | None:
@@ -84,59 +96,46 @@ def _iso(ms: int) -> str:
 
 
 @dataclass
+class _Chunk:
+    """Records fetched but not yet decoded: the client's record objects and their values, in offset order."""
+
+    records: list[Any] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def extend(self, records: list[Any], values: list[bytes | None]) -> None:
+        self.records += records
+        self.values += values
+
+    def take(self, n: int) -> _Chunk:
+        """The first ``n`` records, removed from this chunk."""
+        if n >= len(self.values):
+            head = _Chunk(self.records, self.values)
+            self.records, self.values = [], []
+            return head
+        head = _Chunk(self.records[:n], self.values[:n])
+        del self.records[:n], self.values[:n]
+        return head
+
+
+@dataclass
 class _Progress:
     """Where a task's read has got to: the next offset to fetch and the records fetched but not yet decoded."""
 
     position: int
     stop: int
-    chunk: RecordColumns = field(default_factory=RecordColumns)
-
-
-class _RangeReader(Protocol):
-    def fetch(self, offset: int) -> Fetched: ...
-
-    def close(self) -> None: ...
-
-
-class _PollReader:
-    """The kafka-python read path: ``assign`` + ``seek`` + ``poll``, capped so nothing past ``stop`` is unpacked."""
-
-    def __init__(self, consumer: Any, tp: Any, start: int, stop: int, poll_timeout_s: float, max_records: int):
-        self.consumer, self.tp, self.stop = consumer, tp, stop
-        self.poll_ms, self.max_records = int(poll_timeout_s * 1000), max_records
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        self.position = start
-
-    def fetch(self, offset: int) -> Fetched:
-        if offset != self.position:
-            self.consumer.seek(self.tp, offset)
-        # max_records: kafka-python unpacks records lazily, so none past the stop is turned into an object.
-        limit = max(1, min(self.stop - offset, self.max_records))
-        records = self.consumer.poll(timeout_ms=self.poll_ms, max_records=limit).get(self.tp, [])
-        if records and records[-1].offset >= self.stop:  # offsets can skip (compaction, transaction markers)
-            records = [r for r in records if r.offset < self.stop]
-            next_offset = self.stop
-        elif records:
-            next_offset = records[-1].offset + 1
-        else:
-            next_offset = max(offset, min(self.consumer.position(self.tp), self.stop))
-        self.position = next_offset
-        columns = RecordColumns([r.value for r in records], [r.offset for r in records], [r.timestamp for r in records])
-        return Fetched(columns, next_offset, self.consumer.highwater(self.tp))
-
-    def close(self) -> None:
-        return None
+    chunk: _Chunk = field(default_factory=_Chunk)
 
 
 class KafkaSource(SourceAdapter):
     """Reads a Kafka topic of JSON samples, partitioned hourly/daily by record timestamp, or its live tail.
 
     Not safe for concurrent use from several threads except :meth:`partitions`, :meth:`tail` and
-    :meth:`watermarks` (locked); overlapping :meth:`read` generators get a connection each.
-    ``fetcher`` (default: the spec's ``fetcher``, itself ``native``): ``"native"`` reads with
-    :class:`.wire.WireClient` and falls back to kafka-python when the broker speaks none of its
-    versions; ``"kafka-python"`` forces the fallback.
+    :meth:`watermarks` (locked); overlapping :meth:`read` generators get a consumer each.
+    ``fetcher`` (default: the spec's ``fetcher``, itself ``confluent-kafka``): the client every probe
+    and read of this source goes through, ``"confluent-kafka"`` (librdkafka) or ``"kafka-python"``.
 
     Example::
 
@@ -162,28 +161,18 @@ class KafkaSource(SourceAdapter):
     ):
         super().__init__(spec, context)
         fetcher = fetcher or spec.fetcher
-        if fetcher not in ("native", "kafka-python"):
-            raise ValueError(f"fetcher must be 'native' or 'kafka-python', not {fetcher!r}")
+        if fetcher not in FETCHERS:
+            raise ValueError(f"fetcher must be 'confluent-kafka' (the default) or 'kafka-python', not {fetcher!r}")
         self.poll_timeout_s, self.stall_timeout_s = poll_timeout_s, stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
-        if fetcher == "native" and spec.security_protocol.startswith("SASL_"):
-            if spec.name not in _TOLD_SASL:
-                _TOLD_SASL.add(spec.name)
-                log.info(
-                    "source %r: security_protocol %s: reading through kafka-python (the native fetch client "
-                    "speaks PLAINTEXT and SSL, not SASL)",
-                    spec.name,
-                    spec.security_protocol,
-                )
-            fetcher = "kafka-python"
         self.fetcher: Fetcher = fetcher
         self._security: dict[str, Any] | None = None  # kafka-python security kwargs, built on first connect
         self._decoder = JsonRecordDecoder(spec)
         self.schema = self._decoder.schema
         self._lock = threading.Lock()
-        self._probe: Any = None  # KafkaConsumer for offset search (small fetches)
-        self._readers: list[Any] = []  # idle kafka-python consumers for reads (poll_max_bytes fetches)
-        self._wires: list[WireClient] = []  # idle native clients
+        self._probe: Probe | None = None  # the offset search's client (small fetches)
+        self._probe_client: Any = None  # what it holds: a ConfluentClient or a KafkaConsumer
+        self._readers: list[Any] = []  # idle read clients (poll_max_bytes fetches)
         self._offset_search = OffsetSearch(poll_timeout_s)
         self.stats: dict[str, int] = {"tasks": 0, "records": 0, "rows": 0, "bad_records": 0}
 
@@ -191,6 +180,12 @@ class KafkaSource(SourceAdapter):
     def probe_fetches(self) -> int:
         """Fetches issued by the offset search so far (all :meth:`partitions` calls)."""
         return self._offset_search.fetches
+
+    @property
+    def broker_timestamps(self) -> bool | None:
+        """Whether the broker's ``offsets_for_times`` answers are used (None: not asked yet; False: the
+        binary-search fallback, for a broker that ignores record timestamps)."""
+        return self._offset_search.broker_timestamps
 
     @property
     def bootstrap_servers(self) -> str:
@@ -206,8 +201,8 @@ class KafkaSource(SourceAdapter):
         return servers
 
     def _security_config(self) -> dict[str, Any]:
-        """The source's security keyword arguments (:func:`.security.client_security_config`), built once:
-        every client shares one SSL context."""
+        """The source's kafka-python security keyword arguments (:func:`.security.client_security_config`),
+        built once: every kafka-python client shares one SSL context."""
         if self._security is None:
             self._security = client_security_config(self.spec, self.spec.name)
         return self._security
@@ -216,11 +211,36 @@ class KafkaSource(SourceAdapter):
         context = self._security_config().get("ssl_context")
         return context if isinstance(context, ssl.SSLContext) else None
 
-    def _new_wire(self, timeout_s: float) -> WireClient:
+    def _check_brokers(self) -> None:
+        """A TCP connect (a TLS handshake for a TLS source) to the bootstrap servers; raises when none answers.
+
+        Before any client starts: a kafka-python consumer that fails to bootstrap leaves its IO thread
+        running and retries a failed handshake until it times out, librdkafka retries in the background.
+        """
         servers = self.bootstrap_servers.split(",")
-        return WireClient(servers, f"primus-{self.spec.name}", timeout_s=timeout_s, ssl_context=self._ssl_context())
+        problems = [_unreachable(s, self.connect_timeout_s, self._ssl_context()) for s in servers]
+        if all(problems):
+            tls = [p for p in problems if p and p.startswith("TLS handshake")]
+            raise KafkaConfigError(
+                f"source {self.spec.name!r}: "
+                + ("; ".join(tls) if tls else f"no Kafka broker answers at {self.bootstrap_servers} ({problems[0]})")
+            )
+
+    def _unanswered(self, cause: object) -> KafkaConfigError:
+        """The error of a broker that accepted the connection but answered nothing (a refused login, a timeout)."""
+        spec = self.spec
+        sasl = (
+            f"; the SASL {spec.sasl_mechanism} login as {spec.sasl_username!r} may have been refused: check the "
+            f"user and the password in ${spec.sasl_password_env}"
+            if spec.security_protocol.startswith("SASL_")
+            else ""
+        )
+        return KafkaConfigError(
+            f"source {spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({cause}{sasl})"
+        )
 
     def _consumer(self, **overrides: Any) -> Any:
+        """A kafka-python consumer of the source (no group, no commits)."""
         from kafka import KafkaConsumer, errors
 
         config: dict[str, Any] = dict(
@@ -236,51 +256,73 @@ class KafkaSource(SourceAdapter):
         if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG:  # kafka-python >= 3
             config["bootstrap_timeout_ms"] = int(self.connect_timeout_s * 1000)
         config.update(overrides)
-        security = self._security_config()
-        config.update(security)
+        config.update(self._security_config())
         unreachable = tuple(e for e in (getattr(errors, "NoBrokersAvailable", None), errors.KafkaTimeoutError) if e)
-        # A TCP check first (a TLS handshake for a TLS source): a KafkaConsumer that fails to bootstrap
-        # leaves its IO thread running, and kafka-python retries a failed handshake until it times out.
-        problems = [_unreachable(s, self.connect_timeout_s, self._ssl_context()) for s in config["bootstrap_servers"]]
-        if all(problems):
-            tls = [p for p in problems if p and p.startswith("TLS handshake")]
-            raise KafkaConfigError(
-                f"source {self.spec.name!r}: "
-                + ("; ".join(tls) if tls else f"no Kafka broker answers at {self.bootstrap_servers} ({problems[0]})")
-            )
+        self._check_brokers()
         try:
             return KafkaConsumer(**config)
         except unreachable as exc:
-            spec = self.spec
-            sasl = (
-                f"; the SASL {spec.sasl_mechanism} login as {spec.sasl_username!r} may have been refused: check the "
-                f"user and the password in ${spec.sasl_password_env}"
-                if spec.security_protocol.startswith("SASL_")
-                else ""
-            )
-            raise KafkaConfigError(
-                f"source {spec.name!r}: no Kafka broker answers at {self.bootstrap_servers} ({exc}{sasl})"
-            ) from exc
+            raise self._unanswered(exc) from exc
 
-    def _probe_consumer(self) -> Any:
-        """The offset-search consumer (call with the lock held)."""
+    def _confluent(self, overrides: dict[str, Any] | None = None) -> ConfluentClient:
+        """A librdkafka consumer of the source (assign only: no group joined, no commits)."""
+        security = librdkafka_security_config(self.spec, self.spec.name)
+        self._check_brokers()
+        # librdkafka's ranges: fetch.max.bytes >= message.max.bytes (1 MB) and <= 2^31 - 1 - 512 (a response
+        # must fit receive.message.max.bytes), max.partition.fetch.bytes <= 1e9.
+        fetch_bytes = min(max(self.spec.poll_max_bytes, 1_000_000), 2**31 - 1 - 512)
+        config: dict[str, Any] = {
+            "max.partition.fetch.bytes": min(self.spec.poll_max_bytes, 1_000_000_000),
+            "fetch.max.bytes": fetch_bytes,
+            "receive.message.max.bytes": max(fetch_bytes + 512, 100_000_000),
+            **(overrides or {}),
+        }
+        try:
+            return ConfluentClient.connect(
+                self.bootstrap_servers, f"primus-{self.spec.name}", security, self.connect_timeout_s, config
+            )
+        except KafkaClientError as exc:
+            raise KafkaConfigError(f"source {self.spec.name!r}: {exc}") from exc
+
+    def _probe_client_locked(self) -> Probe:
+        """The offset search's client (call with the lock held)."""
         if self._probe is None:
-            self._probe = self._consumer(**PROBE_CONSUMER_CONFIG)
-            if self.fetcher == "native" and self._offset_search.wire is None:
-                self._offset_search.wire = self._new_wire(timeout_s=30.0)
+            topic = self.spec.topic
+            if self.fetcher == "confluent-kafka":
+                client = self._confluent(dict(ConfluentProbe.PROBE_CONFIG))
+                self._probe, self._probe_client = ConfluentProbe(client, topic, self.poll_timeout_s), client
+            else:
+                consumer = self._consumer(**KAFKA_PYTHON_PROBE_CONFIG)
+                self._probe, self._probe_client = KafkaPythonProbe(consumer, topic, self.poll_timeout_s), consumer
         return self._probe
 
-    def partitions(self, window: TimeWindow) -> list[Partition]:
-        """Offset ranges of each hour/day partition overlapping ``window`` (O(log N) fetches each)."""
-        from kafka import TopicPartition
+    @contextmanager
+    def _probing(self) -> Iterator[Probe]:
+        """The offset search's client, under the lock; a broker error while probing names the topic and the cause."""
+        with self._lock:
+            probe = self._probe_client_locked()
+            try:
+                yield probe
+            except KafkaClientError as exc:
+                raise SourceReadError(
+                    self.spec.topic, f"listing the offsets of topic {self.spec.topic!r}: {exc}"
+                ) from exc
 
+    def _partition_ids(self, probe: Probe) -> list[int] | None:
+        """The topic's partition ids (None: no such topic); a broker that answers nothing is a config error."""
+        try:
+            return probe.partition_ids()
+        except KafkaClientError as exc:
+            raise self._unanswered(exc) from exc
+
+    def partitions(self, window: TimeWindow) -> list[Partition]:
+        """Offset ranges of each hour/day partition overlapping ``window`` (:mod:`.offsets`)."""
         step = granularity_step(self.spec.granularity)
         starts = window.partition_starts(self.spec.granularity)
         bounds = [int(t.timestamp() * 1000) for t in [*starts, starts[-1] + step]]
         topic = self.spec.topic
-        with self._lock:
-            self._probe_consumer()
-            ids = self._probe.partitions_for_topic(topic)
+        with self._probing() as probe:
+            ids = self._partition_ids(probe)
             if not ids:
                 return [
                     Partition(self.spec.name, s, s + step, False, topic, reason=f"topic {topic!r} does not exist")
@@ -288,10 +330,8 @@ class KafkaSource(SourceAdapter):
                 ]
             offsets: dict[int, list[int]] = {}
             last_ts: dict[int, int | None] = {}
-            for tp in (TopicPartition(topic, p) for p in sorted(ids)):
-                offsets[tp.partition], last_ts[tp.partition] = self._offset_search.boundary_offsets(
-                    self._probe, tp, bounds
-                )
+            for p in ids:
+                offsets[p], last_ts[p] = self._offset_search.boundary_offsets(probe, p, bounds)
         out = []
         for i, start in enumerate(starts):
             end_ms = bounds[i + 1]
@@ -344,19 +384,16 @@ class KafkaSource(SourceAdapter):
     def watermarks(self) -> dict[int, tuple[int, int]]:
         """``{kafka partition: (first retained offset, high watermark)}`` now; the watermark comes from a fetch.
 
-        ``end_offsets`` is not used for the watermark: some brokers (tansu) under-report it by up to a batch.
+        The listed end offset is not used for the watermark: some brokers (tansu) under-report it by up to a batch.
         """
-        from kafka import TopicPartition
-
         topic = self.spec.topic
-        with self._lock:
-            probe = self._probe_consumer()
-            ids = probe.partitions_for_topic(topic)
+        with self._probing() as probe:
+            ids = self._partition_ids(probe)
             if not ids:
                 raise SourceReadError(topic, f"topic {topic!r} does not exist")
             out = {}
-            for p in sorted(ids):
-                begin, high, _ = self._offset_search.tail(probe, TopicPartition(topic, p))
+            for p in ids:
+                begin, high, _ = self._offset_search.tail(probe, p)
                 out[p] = (begin, high)
         return out
 
@@ -368,18 +405,12 @@ class KafkaSource(SourceAdapter):
         """``{kafka partition: first offset whose record timestamp is at or after moment}`` (the high
         watermark where every record is older): where a reader that has everything before ``moment``
         continues."""
-        from kafka import TopicPartition
-
         bound = int(moment.timestamp() * 1000)
-        with self._lock:
-            probe = self._probe_consumer()
-            ids = probe.partitions_for_topic(self.spec.topic)
+        with self._probing() as probe:
+            ids = self._partition_ids(probe)
             if not ids:
                 raise SourceReadError(self.spec.topic, f"topic {self.spec.topic!r} does not exist")
-            return {
-                p: self._offset_search.boundary_offsets(probe, TopicPartition(self.spec.topic, p), [bound])[0][0]
-                for p in sorted(ids)
-            }
+            return {p: self._offset_search.boundary_offsets(probe, p, [bound])[0][0] for p in ids}
 
     def tail(
         self,
@@ -430,41 +461,39 @@ class KafkaSource(SourceAdapter):
 
     # -- reads -----------------------------------------------------------------------------------------
 
-    def _wire(self) -> WireClient:
-        with self._lock:
-            if self._wires:
-                return self._wires.pop()
-        return self._new_wire(timeout_s=30.0)
-
-    def _kafka_python(self) -> Any:
+    def _read_client(self) -> Any:
+        """An idle read client from the pool, or a new one (a ConfluentClient or a kafka-python consumer)."""
         with self._lock:
             if self._readers:
                 return self._readers.pop()
+        if self.fetcher == "confluent-kafka":
+            return self._confluent()
         return self._consumer(max_poll_records=min(self.spec.batch_rows, 65536))
 
-    def _range_reader(self, task: ReadTask, tp: Any, start: int, stop: int, native: bool) -> tuple[_RangeReader, Any]:
-        """A reader of ``[start, stop)`` and the pooled connection it holds (returned by :meth:`_release`)."""
-        if native:
-            wire = self._wire()
-            reader = PartitionReader(
-                wire, tp.topic, tp.partition, stop, self.spec.poll_max_bytes, retry_s=self.stall_timeout_s
-            )
-            return reader, wire
-        consumer = self._kafka_python()
-        consumer.assign([tp])
-        begin = consumer.beginning_offsets([tp])[tp]
+    def _range_reader(self, task: ReadTask, client: Any, topic: str, partition: int) -> RangeReader:
+        """A reader of ``[task.start, task.stop)`` on ``client``; offsets deleted by retention raise at once."""
+        start, stop = task.start, int(task.stop or 0)
+        if isinstance(client, ConfluentClient):
+            begin = client.watermarks(topic, partition)[0]
+        else:
+            from kafka import TopicPartition
+
+            tp = TopicPartition(topic, partition)
+            client.assign([tp])
+            begin = client.beginning_offsets([tp])[tp]
         if start < begin:
-            self._release(consumer, ok=True)
             raise SourceReadError(
                 task.uri, f"offsets {start}..{begin} were deleted (retention); the range cannot be read exactly once"
             )
-        return _PollReader(consumer, tp, start, stop, self.poll_timeout_s, self.spec.batch_rows), consumer
+        if isinstance(client, ConfluentClient):
+            return ConfluentRangeReader(client, topic, partition, start, stop)
+        return KafkaPythonRangeReader(client, topic, partition, start, stop)
 
     def _release(self, held: Any, ok: bool) -> None:
         """Back to the pool when healthy, else closed."""
         if ok:
             with self._lock:
-                (self._wires if isinstance(held, WireClient) else self._readers).append(held)
+                self._readers.append(held)
         else:
             held.close()
 
@@ -482,10 +511,12 @@ class KafkaSource(SourceAdapter):
         self.stats["tasks"] += 1
         try:
             yield from self._read(task, stats)
-        except (KafkaError, WireError) as exc:
+        except OffsetOutOfRangeError as exc:
+            raise SourceReadError(
+                task.uri, f"offset out of range after {stats['records']} records (retention, or past the end): {exc}"
+            ) from exc
+        except (KafkaError, KafkaClientError) as exc:
             raise SourceReadError(task.uri, f"Kafka error after {stats['records']} records: {exc}") from exc
-        except CorruptBatchError as exc:
-            raise SourceReadError(task.uri, f"corrupt record batch after {stats['records']} records: {exc}") from exc
         except SchemaMismatchError as exc:
             raise SourceReadError(task.uri, str(exc)) from exc
         if stats["bad_records"]:
@@ -498,76 +529,66 @@ class KafkaSource(SourceAdapter):
             )
 
     def _read(self, task: ReadTask, stats: dict[str, Any]) -> Iterator[pa.RecordBatch]:
-        from kafka import TopicPartition
-
         topic, _, p = task.uri.rpartition(":")
-        tp, stop = TopicPartition(topic, int(p)), task.stop
-        if stop is None:
+        if task.stop is None:
             raise SourceReadError(task.uri, "a Kafka read task needs a stop offset")
-        native = self.fetcher == "native"
-        progress = _Progress(task.start, stop)
-        while progress.position < stop:
-            reader, held = self._range_reader(task, tp, progress.position, stop, native)
-            ok = False
-            try:
-                yield from self._read_range(task, reader, progress, stats)
-                ok = True
-            except WireUnsupportedError as exc:
-                log.info("%s: %s; reading through kafka-python", task.uri, exc)
-                self.fetcher, native = "kafka-python", False
-            except LegacyFormatError as exc:
-                log.info("%s: %s; reading this task through kafka-python", task.uri, exc)
-                native = False
-            except WireError as exc:
-                if exc.code == OFFSET_OUT_OF_RANGE and 0 <= progress.position < exc.log_start:
-                    raise SourceReadError(
-                        task.uri,
-                        f"offsets {progress.position}..{exc.log_start} were deleted (retention); "
-                        "the range cannot be read exactly once",
-                    ) from exc
-                raise
-            finally:
-                reader.close()
-                self._release(held, ok)
-        while progress.chunk:
-            yield from self._decode(task, progress.chunk.take(self.spec.batch_rows), stats)
+        progress = _Progress(task.start, task.stop)
+        if progress.position >= progress.stop:
+            return
+        client = self._read_client()
+        ok = False
+        try:
+            reader = self._range_reader(task, client, topic, int(p))
+            yield from self._read_range(task, reader, progress, stats)
+            reader.close()
+            ok = True
+        finally:
+            self._release(client, ok)
 
     def _read_range(
-        self, task: ReadTask, reader: _RangeReader, progress: _Progress, stats: dict[str, Any]
+        self, task: ReadTask, reader: RangeReader, progress: _Progress, stats: dict[str, Any]
     ) -> Iterator[pa.RecordBatch]:
-        """Fetch from ``progress.position`` to the stop into ``progress.chunk``, decoding every full ``batch_rows``.
+        """Fetch from ``progress.position`` to the stop, decoding every ``batch_rows`` records (and the rest).
 
-        ``progress`` survives an exception, so another reader can continue where this one stopped.
+        Every wait is bounded: each fetch by ``poll_timeout_s``, a task without progress by ``stall_timeout_s``.
         """
-        batch_rows, last_progress, stop = self.spec.batch_rows, time.monotonic(), progress.stop
+        batch_rows, stop = self.spec.batch_rows, progress.stop
+        deadline = time.monotonic() + self.stall_timeout_s
         while progress.position < stop:
-            fetched = reader.fetch(progress.position)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceReadError(
+                    task.uri,
+                    f"no records after offset {progress.position} in {self.stall_timeout_s:.0f}s "
+                    f"(stop {stop}, high watermark {reader.high_watermark()})",
+                )
+            want = batch_rows - len(progress.chunk)  # a fetch fills the batch being built, never more
+            fetched = reader.fetch(progress.position, want, min(self.poll_timeout_s, left))
             if fetched.next_offset <= progress.position:
-                if time.monotonic() - last_progress > self.stall_timeout_s:
-                    raise SourceReadError(
-                        task.uri,
-                        f"no records after offset {progress.position} in {self.stall_timeout_s:.0f}s "
-                        f"(stop {stop}, high watermark {fetched.high_watermark})",
-                    )
                 continue
-            progress.chunk.extend(fetched.columns)
-            progress.position, last_progress = fetched.next_offset, time.monotonic()
+            progress.chunk.extend(fetched.records, fetched.values)
+            progress.position, deadline = fetched.next_offset, time.monotonic() + self.stall_timeout_s
             while len(progress.chunk) >= batch_rows:
-                yield from self._decode(task, progress.chunk.take(batch_rows), stats)
+                yield from self._decode(task, reader, progress.chunk.take(batch_rows), stats)
+        if progress.chunk:
+            yield from self._decode(task, reader, progress.chunk.take(len(progress.chunk)), stats)
 
-    def _decode(self, task: ReadTask, records: RecordColumns, stats: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    def _decode(
+        self, task: ReadTask, reader: RangeReader, chunk: _Chunk, stats: dict[str, Any]
+    ) -> Iterator[pa.RecordBatch]:
         """Bulk-decode one chunk of records, count the undecodable ones, and yield the rest normalised."""
-        table, bad = self._decoder.decode(records.values, records.timestamps)
+        records, offset_of = chunk.records, reader.offset_of
+        table, bad = self._decoder.decode(chunk.values, lambda: [reader.timestamp_of(r) for r in records])
         for counter in (stats, self.stats):
-            counter["records"] += len(records)
+            counter["records"] += len(chunk)
             counter["bad_records"] += len(bad)
         if bad:  # skipped whatever the policy; counted beside the quality rules
             self.normalize.counts["undecodable_record"] += len(bad)
         room = max(MAX_BAD_EXAMPLES - len(stats["bad_examples"]), 0)
-        stats["bad_examples"] += [{"offset": records.offsets[i], "error": err} for i, err in bad[:room]]
+        stats["bad_examples"] += [{"offset": offset_of(records[i]), "error": err} for i, err in bad[:room]]
         if table is None:
             return
-        where = f"{task.uri}@{records.offsets[0]}-{records.offsets[-1]}"
+        where = f"{task.uri}@{offset_of(records[0])}-{offset_of(records[-1])}"
         for batch in table.to_batches():
             out = self.normalize(batch, where=where, partition=task.event_partition)
             stats["rows"] += out.num_rows
@@ -575,10 +596,10 @@ class KafkaSource(SourceAdapter):
             yield out
 
     def close(self) -> None:
-        """Close the cached consumers and connections."""
+        """Close the cached consumers."""
         with self._lock:
-            held = [self._probe, self._offset_search.wire, *self._readers, *self._wires]
-            self._probe, self._offset_search.wire, self._readers, self._wires = None, None, [], []
+            held = [self._probe_client, *self._readers]
+            self._probe, self._probe_client, self._readers = None, None, []
         for item in held:
             if item is not None:
                 item.close()

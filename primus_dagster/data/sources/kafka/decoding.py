@@ -45,7 +45,7 @@ import io
 import json
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -360,11 +360,12 @@ class JsonRecordDecoder:
         return table, broken
 
     def decode(
-        self, values: Sequence[bytes | None], timestamps: Sequence[int]
+        self, values: Sequence[bytes | None], timestamps: Sequence[int] | Callable[[], Sequence[int]]
     ) -> tuple[pa.Table | None, list[tuple[int, str]]]:
         """The decoded values as one table (``None`` when none decodes) and the sorted ``(index, error)`` of the rest.
 
-        ``timestamps`` (the record timestamps, epoch ms) fill ``ts`` where the JSON has none.
+        ``timestamps`` (the record timestamps, epoch ms; or a function giving them, called only when some
+        JSON value has no ``ts``) fill ``ts`` where the JSON has none.
         """
         bad: list[tuple[int, str]] = []
         good: list[tuple[int, int, pa.Table]] = []
@@ -393,6 +394,7 @@ class JsonRecordDecoder:
         ts = table.schema.get_field_index(self.ts_column)  # the record timestamp fills a missing ts
         if table.column(ts).null_count:
             rows = _indices(keep, good) if rows is None else rows
-            record_ts = pa.array(np.asarray(timestamps, dtype=np.int64)[rows])
+            stamps = timestamps() if callable(timestamps) else timestamps
+            record_ts = pa.array(np.asarray(stamps, dtype=np.int64)[rows])
             table = table.set_column(ts, self.ts_column, pc.coalesce(table.column(ts), record_ts))
         return table, sorted(bad)

@@ -1,16 +1,19 @@
 """The one rule from a Kafka source's security keys to its clients' settings, and the TLS pre-flight check.
 
-Every Kafka client of a source (the kafka-python consumers of :mod:`.adapter`, the offset-search probe,
-the native :class:`.wire.WireClient`) takes its security settings from :func:`client_security_config`
-(kafka-python keyword arguments) and :func:`ssl_context` (one ``ssl.SSLContext``, the same object for
-every client, and for :func:`tls_problem`, which shakes hands before a client starts so that a wrong CA
-fails at once, naming the broker and the TLS cause). The SASL password is read from the environment
-variable the spec names, here and nowhere else; it never enters a message.
+Every Kafka client of a source takes its security settings from here: the confluent-kafka
+(librdkafka) consumers of :mod:`.adapter` from :func:`librdkafka_security_config` (librdkafka
+configuration names), the kafka-python ones from :func:`client_security_config` (kafka-python keyword
+arguments) and :func:`ssl_context` (one ``ssl.SSLContext``, the same object for every kafka-python
+client, and for :func:`tls_problem`, which shakes hands before any client starts so that a wrong CA
+fails at once, naming the broker and the TLS cause). Both maps read the same keys the same way. The
+SASL password is read from the environment variable the spec names, here and nowhere else; it never
+enters a message.
 
 Example::
 
     config = client_security_config(spec)   # {} for PLAINTEXT; else security_protocol, ssl_context, sasl_*
     KafkaConsumer(bootstrap_servers=servers, **config)
+    Consumer({"bootstrap.servers": servers, **librdkafka_security_config(spec)})  # security.protocol, ssl.*, sasl.*
     tls_problem("broker:9093", ssl_context(spec), timeout_s=10)   # None, or "TLS handshake with ... failed: ..."
 """
 
@@ -99,6 +102,35 @@ def client_security_config(
         config["sasl_mechanism"] = spec.sasl_mechanism
         config["sasl_plain_username"] = spec.sasl_username
         config["sasl_plain_password"] = sasl_password(spec, name, environ)
+    return config
+
+
+def librdkafka_security_config(
+    spec: KafkaSecuritySpec, name: str = "?", environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """librdkafka (confluent-kafka) settings of ``spec``'s security keys, the same rule as
+    :func:`client_security_config`: ``{}`` for ``PLAINTEXT``; else ``security.protocol``, for TLS
+    ``ssl.ca.location`` / ``ssl.certificate.location`` / ``ssl.key.location`` and
+    ``ssl.endpoint.identification.algorithm`` (``https``: the host name is checked; ``none`` when
+    ``ssl_check_hostname`` is false), for SASL ``sasl.mechanism`` / ``sasl.username`` / ``sasl.password``
+    (from ``sasl_password_env``). Never log the result: it holds the password."""
+    if spec.security_protocol == "PLAINTEXT":
+        return {}
+    config: dict[str, str] = {"security.protocol": spec.security_protocol}
+    if uses_tls(spec):
+        ssl_context(spec, name)  # the same checks: files readable, certificates loadable
+        for key, option in (
+            ("ssl_cafile", "ssl.ca.location"),
+            ("ssl_certfile", "ssl.certificate.location"),
+            ("ssl_keyfile", "ssl.key.location"),
+        ):
+            if (path := getattr(spec, key)) is not None:
+                config[option] = str(path)
+        config["ssl.endpoint.identification.algorithm"] = "https" if spec.ssl_check_hostname else "none"
+    if spec.security_protocol.startswith("SASL_"):
+        config["sasl.mechanism"] = str(spec.sasl_mechanism)
+        config["sasl.username"] = str(spec.sasl_username)
+        config["sasl.password"] = sasl_password(spec, name, environ)
     return config
 
 
