@@ -4,6 +4,7 @@ column schemas (``dagster/column_schema``) of the source and training assets.
 Example::
 
     TrainingRequest(..., tags=dagster_run_tags(context))   # MLflow tags dagster.run_id, dagster.asset, ...
+    tag_run_with_mlflow(context, result.run_id)            # the Dagster run's tag mlflow/run_id
     {"dagster/column_schema": source_column_schema(source, scan.schema)}   # canonical columns <- native ones
 """
 
@@ -41,6 +42,16 @@ def dagster_run_tags(context: AssetExecutionContext) -> dict[str, str]:
     if context.has_partition_key:
         tags["dagster.partition"] = context.partition_key
     return tags
+
+
+MLFLOW_RUN_TAG = "mlflow/run_id"  # on the Dagster run: the MLflow run it trained (filter runs by it in the UI)
+
+
+def tag_run_with_mlflow(context: AssetExecutionContext, mlflow_run_id: str | None) -> None:
+    """Tag the Dagster run with the MLflow run it trained (``mlflow/run_id``), the way back from Dagster to
+    MLflow beside the asset's ``mlflow_run_url`` metadata (the MLflow run carries ``dagster.run_id``)."""
+    if mlflow_run_id:
+        context.instance.add_run_tags(context.run.run_id, {MLFLOW_RUN_TAG: mlflow_run_id})
 
 
 def _native_names(source: SourceSpec) -> dict[str, str]:

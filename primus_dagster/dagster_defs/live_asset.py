@@ -32,7 +32,7 @@ from dagster import (
     define_asset_job,
 )
 
-from primus_dagster.dagster_defs.lineage import dagster_run_tags
+from primus_dagster.dagster_defs.lineage import dagster_run_tags, tag_run_with_mlflow
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.dagster_defs.schedules import AssetJob
@@ -86,6 +86,8 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         deps=[AssetDep(training_key), *(AssetDep(k) for k in kafka_keys)],
         group_name="training",
         kinds={"pytorch", "mlflow", "kafka"},
+        owners=job.owners or None,  # the spec's owners and tags (JobSpec.owners / tags)
+        tags=job.tags or None,
         description=(
             f"{job.training.model.type} model of job `{job.name}`: the newest trained partition's model, "
             f"then every record of {topics} since its window, published to MLflow at each materialisation "
@@ -128,6 +130,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         if result.training is None:  # nothing new since the model: the live model is unchanged
             context.log.info("no new records: nothing trained, no materialisation (the live model is unchanged)")
             return
+        tag_run_with_mlflow(context, result.training.run_id)
         values = result.metadata()
         metadata = typed_metadata(values)
         if result.training.model_uri:
@@ -137,7 +140,7 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
                 result.training.model_uri,
                 version_tags(
                     values,
-                    run_tags,
+                    {**job.tags, **run_tags},  # the spec's tags, then the Dagster run's
                     **{"primus.run_kind": "live", "primus.live_run_key": result.run_key},
                     **{"primus.live_base": result.start.base_key or "", "primus.new_records": result.records},
                 ),

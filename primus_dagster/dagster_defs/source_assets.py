@@ -107,6 +107,8 @@ def build_source_asset(
         key=asset_key,
         partitions_def=partitions,
         group_name=stream.name,
+        owners=job.owners or None,  # the spec's owners and tags (JobSpec.owners / tags)
+        tags=job.tags or None,
         kinds={source.type},
         description=description,
         metadata={

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue, PartitionsDefinition
 
+from primus_dagster.dagster_defs.partitions import partitioned_check_spec
 from primus_dagster.data import PartitionFindings, PartitionScan, RuleFinding, schema_hash
 from primus_dagster.spec.durations import format_duration
 from primus_dagster.spec.sources import SourceChecks
@@ -70,7 +71,7 @@ def source_check_specs(asset_key: AssetKey, partitions: PartitionsDefinition | N
     """The blocking checks of the source asset ``asset_key``, partitioned as it is (each evaluation is
     recorded against the partition it scanned)."""
     return [
-        AssetCheckSpec(name, asset=asset_key, description=description, blocking=True, partitions_def=partitions)
+        partitioned_check_spec(name, partitions, asset=asset_key, description=description, blocking=True)
         for name, description in SOURCE_CHECK_DESCRIPTIONS.items()
     ]
 

@@ -51,7 +51,6 @@ from dagster import (
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
-    AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
     AssetKey,
@@ -67,8 +66,13 @@ from dagster import (
     asset_check,
 )
 
-from primus_dagster.dagster_defs.lineage import COLUMN_SCHEMA, dagster_run_tags, training_column_schema
-from primus_dagster.dagster_defs.partitions import time_partitions
+from primus_dagster.dagster_defs.lineage import (
+    COLUMN_SCHEMA,
+    dagster_run_tags,
+    tag_run_with_mlflow,
+    training_column_schema,
+)
+from primus_dagster.dagster_defs.partitions import partitioned_check_spec, time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.data import TimeWindow
@@ -310,12 +314,15 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         deps=[*source_deps(job, key_prefix), previous_partition_dep(key)],
         group_name="training",
         kinds={"pytorch", "mlflow"},
+        owners=job.owners or None,  # the spec's owners and tags (JobSpec.owners / tags)
+        tags=job.tags or None,
         # Dagster's concurrency pool of the job's training: with a limit of 1 (README: "One run per
         # window"), two materialisations never train at once; without a limit the run lock refuses the second.
         pool=f"primus-training-{job.name}",
         check_specs=[
-            AssetCheckSpec(
+            partitioned_check_spec(  # each evaluation recorded against its training partition
                 AUC_CHECK_NAME,
+                partitions,
                 asset=key,
                 description=(
                     "next-hour AUC not below the previous partition's minus the tolerance, above chance "
@@ -323,7 +330,6 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                     f"the `{CHAMPION_ALIAS}` alias moves to the partition's model version only when it passes"
                 ),
                 blocking=True,
-                partitions_def=partitions,  # each evaluation recorded against its training partition
             )
         ],
         description=(
@@ -375,6 +381,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 ),
                 RunHooks(data_plane=executor_pool.data_plane_factory(job)),
             )
+        tag_run_with_mlflow(context, result.run_id)
         result_metadata = result.metadata()
         previous_partition_auc = previous_auc(context.instance, key, partitions, context.partition_key)
         metadata = typed_metadata(result_metadata)
@@ -398,7 +405,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
                 result.model_uri,
                 version_tags(
                     result_metadata,
-                    run_tags,
+                    {**job.tags, **run_tags},  # the spec's tags, then the Dagster run's
                     **{"primus.run_kind": "window", "primus.partition": context.partition_key},
                     **{"primus.check": "passed" if auc_result.passed else "failed"},
                 ),

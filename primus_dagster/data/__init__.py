@@ -27,6 +27,7 @@ from primus_dagster.data.batch import (
     sparse_feature_names,
 )
 from primus_dagster.data.canonical import (
+    QUALITY_RULES,
     Normalizer,
     PermanentDataError,
     SchemaMismatchError,
@@ -70,6 +71,7 @@ from primus_dagster.data.versions import source_versions
 
 __all__ = [
     "GATED_RULES",
+    "QUALITY_RULES",
     "Batch",
     "BatchId",
     "BatchMeta",

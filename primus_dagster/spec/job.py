@@ -506,6 +506,10 @@ class TrackingSpec(StrictModel):
     experiment: str = "primus"
 
 
+_OWNER = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+|team:[A-Za-z0-9_.-]+")
+_TAG = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+
+
 class JobSpec(StrictModel):
     """The whole training job: resources, data, training, tracking and automation."""
 
@@ -521,6 +525,32 @@ class JobSpec(StrictModel):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     automation: AutomationSpec = Field(default_factory=AutomationSpec)
+    owners: list[str] = Field(
+        default_factory=list,
+        description="Who owns the job's assets: e-mail addresses or team:<name> (Dagster asset owners; the "
+        "MLflow runs' primus.owners tag).",
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tags of the job's Dagster assets and of its MLflow runs and model versions (key: letters, "
+        "digits, _ - . up to 63; value: the same, may be empty).",
+    )
+
+    @field_validator("owners")
+    @classmethod
+    def _owners_are_dagster_owners(cls, value: list[str]) -> list[str]:
+        bad = [o for o in value if not _OWNER.fullmatch(o)]
+        if bad:
+            raise ValueError(f"owners {bad}: each must be an e-mail address or team:<name>")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_are_dagster_tags(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [f"{k}: {v}" for k, v in value.items() if not _TAG.fullmatch(k) or (v and not _TAG.fullmatch(v))]
+        if bad:
+            raise ValueError(f"tags {bad}: keys and values are letters, digits, _ - . (up to 63 characters)")
+        return value
 
     @field_validator("scaling")
     @classmethod

@@ -87,7 +87,7 @@ def _segment(part: Any, first: bool) -> str:
     if isinstance(part, int) and not isinstance(part, bool):
         return f"[{part}]"
     text = str(part)
-    if _PLAIN_KEY.match(text):
+    if _PLAIN_KEY.fullmatch(text):  # fullmatch: "$" would let a trailing newline through
         return text if first else f".{text}"
     shown = text if len(text) <= 40 else text[:40] + "..."
     return f"[{shown!r}]"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from primus_dagster.data import DataDriver, quality_summary
+from primus_dagster.data import QUALITY_RULES, DataDriver, quality_summary
 from primus_dagster.training.modes import Phase
 from primus_dagster.training.run_state import TrainingRun
 
@@ -67,7 +67,8 @@ def quality_places_text(places: dict[str, dict[str, Any]], limit: int) -> dict[s
 def record_quality(run: TrainingRun, phase: Phase, driver: DataDriver, step: int) -> None:
     """The phase's data-quality counts (rows repaired or dropped per source and rule): added to the run's,
     logged (one warning line per source, naming the files / Kafka offset ranges) and sent to MLflow as
-    ``data_quality.<source>.<rule>`` metrics at ``step``."""
+    ``data_quality.<source>.<rule>`` metrics at ``step`` -- every rule of every source the phase read,
+    zeros included."""
     dataset = run.job.dataset
     kafka = {source.name for _, source in dataset.all_sources() if source.type == "kafka"}
     quality = driver.quality_counts(offset_sources=kafka)
@@ -88,6 +89,12 @@ def record_quality(run: TrainingRun, phase: Phase, driver: DataDriver, step: int
             quality_summary(dataset.source(name), counts),
             f" -- {where}" if where else "",
         )
-    metrics = {f"data_quality.{n}.{rule}": float(v) for n, c in run.data_quality.items() for rule, v in c.items()}
+    # every rule of every source the phase read, zeros included: "0 repaired" is a measurement, not a gap
+    read: dict[str, dict[str, int]] = {s.name: {} for _, s in dataset.all_sources() if s.kind in phase.kinds}
+    metrics = {
+        f"data_quality.{name}.{rule}": float(counts.get(rule, 0))
+        for name, counts in {**read, **run.data_quality}.items()
+        for rule in dict.fromkeys([*QUALITY_RULES, *counts])
+    }
     if metrics:
         run.tracker.log_metrics(metrics, step)

@@ -197,7 +197,9 @@ def _train(
     beat.stage(planned_line(job, tasks, skipped))
     executors = request.executors or job.pools.data.replicas or 1
     extra_params, extra_tags = trainer.describe()
-    tags = {"primus.job": job.name, RUN_KIND_TAG: "window", **extra_tags, **request.tags}
+    tags = {**job.tags, "primus.job": job.name, RUN_KIND_TAG: "window", **extra_tags, **request.tags}
+    if job.owners:
+        tags["primus.owners"] = ", ".join(job.owners)
     if skipped:
         tags["primus.skipped_partitions"] = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in skipped)[
             :5000

@@ -101,6 +101,8 @@ def test_a_live_increment_is_a_registered_version_under_the_live_alias(tmp_path:
     )
     assert isinstance(meta["tail"], type(MetadataValue.json({})))
     assert meta["mlflow_run_url"] == MetadataValue.text(meta["mlflow_run_url"].value)  # sqlite: text, not a url
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.tags["mlflow/run_id"] == meta["mlflow_run_id"].value  # Dagster -> MLflow
 
     tracker = MlflowTracker(job.tracking.tracking_uri, job.tracking.experiment)
     assert tracker.alias_version("train-test", LIVE_ALIAS) == "1"

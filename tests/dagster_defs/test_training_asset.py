@@ -211,7 +211,8 @@ def test_a_model_without_evaluation_is_not_registered_and_the_asset_asks_for_the
     """The training asset with the training faked: a run with no held-out rows after its window (no
     evaluation) is materialised with its MLflow model, but no version is registered (nothing checked
     it); the asset asks the engine for the whole window (``complete_window``)."""
-    job = make_job(tmp_path, hours=0)["job"]
+    spec = make_job(tmp_path, hours=0)["job"]
+    job = spec.model_copy(update={"owners": ["team:recsys"], "tags": {"domain": "ads"}})
     requests = []
 
     def fake_train_window(request, hooks) -> TrainingResult:
@@ -229,17 +230,22 @@ def test_a_model_without_evaluation_is_not_registered_and_the_asset_asks_for_the
         "mlflow": MlflowResource(),
         "executor_pool": ExecutorPoolResource(data_executors=1),
     }
+    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     result = materialize(
         [build_training_asset(job, tmp_path / "job.yaml")],
         partition_key=training_partitions_def(job).get_first_partition_key(),
-        instance=DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster")),
+        instance=instance,
         resources=resources,
         run_config=QUIET,
         raise_on_error=False,
     )
     assert result.success  # the missing evaluation is a WARN: the partition is trained
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.tags["mlflow/run_id"] == "run-1"  # the way from the Dagster run to MLflow
     (request,) = requests
     assert request.complete_window
+    asset = build_training_asset(job, tmp_path / "job.yaml")
+    assert asset.owners_by_key[asset.key] == ["team:recsys"] and asset.tags_by_key[asset.key]["domain"] == "ads"
     (check,) = result.get_asset_check_evaluations()
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
     assert check.partition == training_partitions_def(job).get_first_partition_key()  # recorded per partition

@@ -222,3 +222,12 @@ def test_json_schema_export_validates_keys() -> None:
 @pytest.mark.parametrize("text,seconds", [("30m", 1800), ("1h", 3600), ("2d", 172800), ("1.5h", 5400), (90, 90)])
 def test_parse_duration(text: object, seconds: int) -> None:
     assert parse_duration(text).total_seconds() == seconds
+
+
+def test_owners_and_tags_are_checked_as_dagster_takes_them() -> None:
+    job = parse_job_spec(MINIMAL + "owners: [ml@example.com, 'team:recsys']\ntags: {domain: ads, tier: ''}\n")
+    assert job.owners == ["ml@example.com", "team:recsys"] and job.tags == {"domain": "ads", "tier": ""}
+    with pytest.raises(SpecError, match=r"owners \['recsys'\]: each must be an e-mail address or team:<name>"):
+        parse_job_spec(MINIMAL + "owners: [recsys]\n")
+    with pytest.raises(SpecError, match=r"tags \['a b: x'\]"):
+        parse_job_spec(MINIMAL + "tags: {'a b': x}\n")

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from jobkit import make_job
 
-from primus_dagster.data import Batch
+from primus_dagster.data import QUALITY_RULES, Batch
 from primus_dagster.training.run_state import RunHooks, TrainingRequest
 from primus_dagster.training.window import train_window
 
@@ -40,9 +40,10 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
     env = make_job(tmp_path, mode="batch", model="single", hours=1, rows_per_hour=300)
     bad = sorted((tmp_path / "parquet" / "impressions").rglob("hour=00/*.parquet"))[0]
     spoil(bad)
+    job = env["job"].model_copy(update={"owners": ["team:recsys"], "tags": {"domain": "ads"}})
     with caplog.at_level(logging.WARNING, logger="primus_dagster"):
         result = train_window(
-            TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
+            TrainingRequest(job, env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
         )
     expected = {"dense_invalid": 2, "null_label": 3, "ts_outside_partition": 1}
     assert result.data_quality == {"imp": expected}
@@ -50,9 +51,12 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
     assert meta["data_quality"] == {"imp": expected} and meta["data_quality_rows"] == 6
     rows = sum(pq.read_metadata(f).num_rows for f in bad.parent.glob("*.parquet"))
     assert result.stats["samples"] == rows - 3  # the batch source's null labels are dropped
-    metrics = mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_run(result.run_id).data.metrics
+    run = mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_run(result.run_id)
+    assert run.data.tags["domain"] == "ads" and run.data.tags["primus.owners"] == "team:recsys"  # the spec's
+    metrics = run.data.metrics
+    # every rule of the source the batch phase read, zeros included ("0 repaired" is measured, not missing)
     assert {k: v for k, v in metrics.items() if k.startswith("data_quality.")} == {
-        f"data_quality.imp.{rule}": float(n) for rule, n in expected.items()
+        f"data_quality.imp.{rule}": float(expected.get(rule, 0)) for rule in QUALITY_RULES
     }
     line = next(r.getMessage() for r in caplog.records if "data quality" in r.getMessage())
     assert "imp: 2 rows dense_invalid (repaired: NaN, +-inf or null dense values -> missing, the feature's fill" in line
