@@ -369,6 +369,8 @@ class _Group:
         what = f"{info['samples']} samples over {info['trainers']} trainers"
         self.group.step = step
         self.run.log_checkpoint(directory, step, phase.name, phase_done=bool(info["phase_done"]), what=what)
+        if info["phase_done"]:  # the phase's final counts, as one trainer logs them (progress is every 2 s)
+            self._publish(phase, step, int(info["samples"]))
         if previous is not None and previous.path != directory:
             shutil.rmtree(previous.path, ignore_errors=True)
 
@@ -380,15 +382,20 @@ class _Group:
             return
         state.last_report = now
         seen = list(state.progress.values())
-        step = max(int(s["rounds"]) for s in seen)
+        self._publish(phase, max(int(s["rounds"]) for s in seen), sum(int(s["samples"]) for s in seen))
+
+    def _publish(self, phase: Phase, step: int, samples: int) -> None:
+        """A progress point of the group: the ranks' latest loss, speed and train AUC, and ``samples``."""
+        state = self.group
+        seen = list(state.progress.values())
         losses = [float(s["loss"]) for s in seen if s["loss"] == s["loss"]]
         metrics = {
             "loss": sum(losses) / len(losses) if losses else float("nan"),
             "samples_per_s": sum(float(s["samples_per_s"]) for s in seen),
-            "samples": sum(int(s["samples"]) for s in seen),
-            "train_auc": float(state.progress.get(0, seen[0])["train_auc"]),
+            "samples": samples,
+            "train_auc": float(state.progress.get(0, seen[0])["train_auc"]) if seen else float("nan"),
         }
-        self.run.publish_progress(phase.name, step, metrics, {"trainers": len(seen)})
+        self.run.publish_progress(phase.name, step, metrics, {"trainers": self.world})
 
     def _check_memory(self, procs: list[Any]) -> None:
         for rank, proc in enumerate(procs):

@@ -87,6 +87,8 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(
     assert sorted(d.dataset.name for d in run.inputs.dataset_inputs) == sorted(result.consumed) == ["events", "imp"]
     assert result.data_quality == {"imp": {"dense_invalid": 2}}
     assert run.data.metrics["data_quality.imp.dense_invalid"] == 2.0
+    assert run.data.metrics["samples"] == result.stats["samples"]  # the final count, as one trainer logs it
+    assert "data_replicas" in run.data.metrics  # the data pool's timeline
 
 
 def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path: Path) -> None:
