@@ -8,6 +8,7 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import mlflow.pytorch
@@ -157,6 +158,25 @@ class _Tracker:
         return None
 
 
+def _materialise_first_partition(job, tmp_path: Path) -> tuple[DagsterInstance, Any]:
+    """The training asset's first partition materialised in process (its training faked by the caller)."""
+    resources = {
+        "storage": PrimusStorageResource(data_root=str(tmp_path)),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(data_executors=1),
+    }
+    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    result = materialize(
+        [build_training_asset(job, tmp_path / "job.yaml")],
+        partition_key=training_partitions_def(job).get_first_partition_key(),
+        instance=instance,
+        resources=resources,
+        run_config=QUIET,
+        raise_on_error=False,
+    )
+    return instance, result
+
+
 @pytest.mark.parametrize(("prior_auc", "promoted"), [(0.72, False), (0.69, True)])
 def test_the_asset_never_moves_the_champion_to_a_model_below_the_popularity_prior(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prior_auc: float, promoted: bool
@@ -177,20 +197,7 @@ def test_the_asset_never_moves_the_champion_to_a_model_below_the_popularity_prio
     monkeypatch.setattr(window_module, "train_window", fake_train_window)
     monkeypatch.setattr(MlflowResource, "tracker", lambda self, job: tracker)
     monkeypatch.setattr(training_asset_module, "register_version", lambda *args: ("7", {}))
-    resources = {
-        "storage": PrimusStorageResource(data_root=str(tmp_path)),
-        "mlflow": MlflowResource(),
-        "executor_pool": ExecutorPoolResource(data_executors=1),
-    }
-    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    result = materialize(
-        [build_training_asset(job, tmp_path / "job.yaml")],
-        partition_key=training_partitions_def(job).get_first_partition_key(),
-        instance=instance,
-        resources=resources,
-        run_config=QUIET,
-        raise_on_error=False,
-    )
+    _, result = _materialise_first_partition(job, tmp_path)
     assert result.success == promoted  # a failed blocking check fails the step
     (check,) = result.get_asset_check_evaluations()
     assert check.passed == promoted and check.blocking
@@ -225,20 +232,7 @@ def test_a_model_without_evaluation_is_not_registered_and_the_asset_asks_for_the
     monkeypatch.setattr(window_module, "train_window", fake_train_window)
     monkeypatch.setattr(MlflowResource, "tracker", lambda self, job: _Tracker())
     monkeypatch.setattr(training_asset_module, "register_version", no_registration)
-    resources = {
-        "storage": PrimusStorageResource(data_root=str(tmp_path)),
-        "mlflow": MlflowResource(),
-        "executor_pool": ExecutorPoolResource(data_executors=1),
-    }
-    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    result = materialize(
-        [build_training_asset(job, tmp_path / "job.yaml")],
-        partition_key=training_partitions_def(job).get_first_partition_key(),
-        instance=instance,
-        resources=resources,
-        run_config=QUIET,
-        raise_on_error=False,
-    )
+    instance, result = _materialise_first_partition(job, tmp_path)
     assert result.success  # the missing evaluation is a WARN: the partition is trained
     run = instance.get_run_by_id(result.run_id)
     assert run is not None and run.tags["mlflow/run_id"] == "run-1"  # the way from the Dagster run to MLflow
