@@ -4,7 +4,8 @@ through ``validate`` (valid and invalid), ``plan``, a small ``train`` and a Dags
 its source and training assets; stdout/stderr, the Dagster event log and metadata, and every MLflow
 param, tag and text artifact are scanned for the planted values. A Kafka SASL password is only ever named
 (``sasl_password_env``): written inline it is refused, and the client settings read from the variable are
-masked by ``redact``."""
+masked by ``redact``. So is a schema registry password (``schema_registry_password_env``, ``format: avro``):
+refused inline, and sent only in the registry request's basic-auth header, never in an error."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ AWS = "AWSs3cr3tPLANTED0a1b2c3d4e5f"
 TOKEN = "tok3nPLANTED9z8y7x6w"
 CATALOG_PASSWORD = "catPWPLANTED42"
 SASL = "saslPWPLANTED77"
-PLANTED = (AWS, TOKEN, CATALOG_PASSWORD, SASL)
+REGISTRY_PASSWORD = "regPWPLANTED55"
+PLANTED = (AWS, TOKEN, CATALOG_PASSWORD, SASL, REGISTRY_PASSWORD)
 PRIMUS = [sys.executable, "-m", "primus_dagster.cli"]
 COLUMNS = "{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2], sparse: [user_id, item_id]}"
 
@@ -214,3 +216,67 @@ def test_kafka_client_settings_hold_the_password_only_where_a_client_needs_it() 
     assert config["sasl_plain_password"] == SASL
     assert_clean("redacted client settings", repr(redact(config)))
     assert_clean("the spec", repr(spec) + repr(redact(spec)) + spec.model_dump_json())
+
+
+REGISTRY_INLINE = f"""
+        - name: events
+          type: kafka
+          kind: stream
+          topic: t
+          format: avro
+          schema_registry_url: http://127.0.0.1:1
+          schema_registry_user: trainer
+          schema_registry_password: {REGISTRY_PASSWORD}
+          columns: {COLUMNS}
+"""
+
+
+def test_a_schema_registry_password_is_only_named_and_sent_only_to_the_registry(tmp_path: Path) -> None:
+    """Inline, it is refused naming ``schema_registry_password_env`` and not shown; read from the variable,
+    it reaches the registry (basic auth) and no error: a refused login names the variable, not the value."""
+    import importlib.util
+
+    kit_path = Path(__file__).parent / "data" / "sources" / "registry_testkit.py"
+    kit_spec = importlib.util.spec_from_file_location("registry_testkit", kit_path)
+    assert kit_spec is not None and kit_spec.loader is not None
+    kit = importlib.util.module_from_spec(kit_spec)
+    kit_spec.loader.exec_module(kit)
+    TestRegistry, framed = kit.TestRegistry, kit.framed
+
+    from primus_dagster.data.sources.kafka import AvroRecordDecoder, SchemaRegistryError
+    from primus_dagster.spec import redact
+    from primus_dagster.spec.sources import KafkaSourceSpec
+
+    inline = tmp_path / "registry.yaml"
+    text = SPEC.replace("{root}", str(tmp_path))
+    inline.write_text(text.replace("      sources:\n", "      sources:\n" + REGISTRY_INLINE.lstrip("\n"), 1))
+    out = primus("validate", str(inline), check_rc=2)
+    assert "schema_registry_password: a password is never written in the spec" in out
+    assert "`schema_registry_password_env`" in out
+    assert_clean("validate (inline registry password)", out)
+
+    fields = [{"name": "event_time", "type": "long"}, {"name": "d0", "type": "float"}]
+    schema = {"type": "record", "name": "E", "fields": fields}
+    with TestRegistry(user="trainer", password=REGISTRY_PASSWORD) as registry:
+        sid = registry.register("t-value", schema)
+        spec = KafkaSourceSpec.model_validate(
+            {
+                "name": "events",
+                "type": "kafka",
+                "topic": "t",
+                "format": "avro",
+                "schema_registry_url": registry.url,
+                "schema_registry_user": "trainer",
+                "schema_registry_password_env": "EVENTS_REGISTRY_PASSWORD",
+                "columns": {"ts": "event_time", "dense": ["d0"]},
+            }
+        )
+        assert_clean("the spec", repr(spec) + repr(redact(spec)) + spec.model_dump_json())
+        good = AvroRecordDecoder(spec, environ={"EVENTS_REGISTRY_PASSWORD": REGISTRY_PASSWORD})
+        table, bad = good.decode([framed(sid, schema, {"event_time": 5, "d0": 1.0})], [0])
+        assert bad == [] and table is not None and table.num_rows == 1
+        wrong = AvroRecordDecoder(spec, environ={"EVENTS_REGISTRY_PASSWORD": REGISTRY_PASSWORD[::-1]})
+        with pytest.raises(SchemaRegistryError, match="HTTP 401") as refused:
+            wrong.decode([framed(sid, schema, {"event_time": 5, "d0": 1.0})], [0])
+        assert_clean("a refused registry login", str(refused.value))
+        assert REGISTRY_PASSWORD[::-1] not in str(refused.value)

@@ -31,12 +31,13 @@ the explicit opt-out: used as it is, its listed files must stay inside it. Objec
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlparse
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -535,9 +536,55 @@ class KafkaSecuritySpec(StrictModel):
         return self
 
 
+#: The Avro keys of a Kafka source (used only with ``format: avro``).
+_AVRO_KEYS = (
+    "avro_schema",
+    "avro_reader_schema",
+    "schema_registry_url",
+    "schema_registry_user",
+    "schema_registry_password_env",
+)
+
+
+def _avro_schema(value: object, key: str, source: object) -> object:
+    """An Avro schema key's value: a mapping, or its JSON text parsed; checked by fastavro (a record)."""
+    if value is None:
+        return None
+    key = f"source {source!r}: {key}"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{key}: not a JSON Avro schema ({exc})") from exc
+    if not isinstance(value, dict) or value.get("type") != "record":
+        raise ValueError(
+            f'{key}: an Avro record schema is expected ({{"type": "record", "name": ..., "fields": [...]}})'
+        )
+    import fastavro
+
+    try:
+        fastavro.parse_schema(value)
+    except Exception as exc:  # fastavro raises SchemaParseException, ValueError, KeyError, TypeError
+        raise ValueError(f"{key}: not a valid Avro schema ({type(exc).__name__}: {exc})") from exc
+    return value
+
+
 class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
-    """A Kafka topic of JSON records; partitions are per topic-partition offset ranges. The security keys
-    (``security_protocol``, ``sasl_*``, ``ssl_*``) are those of :class:`KafkaSecuritySpec`."""
+    """A Kafka topic of JSON (default) or Avro records; partitions are per topic-partition offset ranges. The
+    security keys (``security_protocol``, ``sasl_*``, ``ssl_*``) are those of :class:`KafkaSecuritySpec`.
+
+    ``format: avro`` takes the writer schema either inline (``avro_schema``: each value is the bare Avro
+    body) or from a Confluent Schema Registry (``schema_registry_url``: each value is the wire format,
+    magic byte 0, a 4-byte schema id, the body); ``avro_reader_schema`` resolves every record to one
+    schema (evolution). Registry credentials: ``schema_registry_user`` and ``schema_registry_password_env``,
+    the *name* of the variable holding the password (HTTP basic auth).
+
+    Example (YAML)::
+
+        format: avro
+        schema_registry_url: https://registry.example.com:8081
+        avro_reader_schema: {type: record, name: Event, fields: [{name: event_time, type: long}, ...]}
+    """
 
     type: Literal["kafka"]
     topic: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
@@ -558,6 +605,31 @@ class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
         description="confluent-kafka: librdkafka (batched consume, offsets_for_times from the broker; the fast "
         "path); kafka-python: the reference client, the fallback a source can choose.",
     )
+    format: Literal["json", "avro"] = Field(
+        default="json",
+        description="Record values: json (one JSON object each) or avro (avro_schema or schema_registry_url).",
+    )
+    avro_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="format avro: the writer schema (a record; a mapping or its JSON text) of values without a header.",
+    )
+    avro_reader_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="format avro: the schema every record is resolved to (evolution); default: the writer's.",
+    )
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="format avro: Confluent Schema Registry; values in its wire format, schemas fetched by id.",
+    )
+    schema_registry_user: str | None = Field(
+        default=None, min_length=1, max_length=1024, description="Schema registry user (HTTP basic auth)."
+    )
+    schema_registry_password_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=256,
+        description="Name of the environment variable holding the registry password (never the password).",
+    )
 
     @field_validator("fetcher", mode="before")
     @classmethod
@@ -568,6 +640,59 @@ class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
                 "(the default) or 'kafka-python'"
             )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_registry_password(cls, data: object) -> object:
+        if isinstance(data, dict) and "schema_registry_password" in data:
+            raise ValueError(
+                "schema_registry_password: a password is never written in the spec; put it in an environment "
+                "variable and name that variable in `schema_registry_password_env`"
+            )
+        return data
+
+    @field_validator("avro_schema", "avro_reader_schema", mode="before")
+    @classmethod
+    def _parsed_avro_schema(cls, value: object, info: ValidationInfo) -> object:
+        return _avro_schema(value, str(info.field_name), info.data.get("name", "?"))
+
+    @field_validator("schema_registry_url")
+    @classmethod
+    def _registry_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = urlparse(value)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("schema_registry_url: an http:// or https:// URL is expected")
+        if url.username is not None or url.password is not None:
+            raise ValueError(
+                "schema_registry_url: no credentials in the URL; use `schema_registry_user` and "
+                "`schema_registry_password_env` (the environment variable holding the password)"
+            )
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _avro_keys(self) -> KafkaSourceSpec:
+        if self.format == "json":
+            stray = [key for key in _AVRO_KEYS if getattr(self, key) is not None]
+            if stray:
+                raise ValueError(f"{', '.join(stray)}: only used with format: avro (source {self.name!r}: json)")
+            return self
+        if (self.avro_schema is None) == (self.schema_registry_url is None):
+            raise ValueError(
+                f"source {self.name!r}: format avro needs exactly one of `avro_schema` (the writer schema, values "
+                "without a header) or `schema_registry_url` (Confluent wire format, schemas fetched by id)"
+            )
+        if self.schema_registry_url is None:
+            stray = [k for k in ("schema_registry_user", "schema_registry_password_env") if getattr(self, k)]
+            if stray:
+                raise ValueError(f"{', '.join(stray)}: only used with schema_registry_url (source {self.name!r})")
+        elif (self.schema_registry_user is None) != (self.schema_registry_password_env is None):
+            raise ValueError(
+                f"source {self.name!r}: schema_registry_user and schema_registry_password_env go together "
+                "(HTTP basic auth)"
+            )
+        return self
 
 
 SourceSpec = Annotated[

@@ -1,4 +1,4 @@
-"""Kafka source: a topic of JSON samples, partitioned hourly/daily by record timestamp, or read as a live tail.
+"""Kafka source: a topic of JSON (or Avro) samples, partitioned hourly/daily by record timestamp, or read as a live tail.
 
 Modules: :mod:`.adapter` (``KafkaSource``: partitions, split, read, tail, high watermarks, close;
 connection and config errors), :mod:`.clients` (the two clients it reads through, confluent-kafka by
@@ -6,7 +6,8 @@ default and kafka-python: probes and bounded range reads), :mod:`.offsets` (time
 ranges: the broker's ``offsets_for_times``, checked, or a binary search over record timestamps on a
 broker that ignores them), :mod:`.tail` (committed offsets to fixed ``[start, stop)`` tasks and lag),
 :mod:`.security` (the source's security keys as client settings, the TLS pre-flight) and
-:mod:`.decoding` (record values to Arrow tables, isolating undecodable records).
+:mod:`.decoding` (record values to Arrow tables, isolating undecodable records), :mod:`.avro` (Avro
+values, ``format: avro``: an inline schema or a Confluent schema registry).
 
 Example::
 
@@ -17,6 +18,7 @@ Example::
 """
 
 from primus_dagster.data.sources.kafka.adapter import FETCHERS, MAX_BAD_EXAMPLES, KafkaConfigError, KafkaSource
+from primus_dagster.data.sources.kafka.avro import AvroRecordDecoder, SchemaRegistryError
 from primus_dagster.data.sources.kafka.decoding import JsonRecordDecoder, json_schema
 from primus_dagster.data.sources.kafka.offsets import OffsetSearch
 from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, plan_tail
@@ -24,10 +26,12 @@ from primus_dagster.data.sources.kafka.tail import TailOffsetError, TailPlan, pl
 __all__ = [
     "FETCHERS",
     "MAX_BAD_EXAMPLES",
+    "AvroRecordDecoder",
     "JsonRecordDecoder",
     "KafkaConfigError",
     "KafkaSource",
     "OffsetSearch",
+    "SchemaRegistryError",
     "TailOffsetError",
     "TailPlan",
     "json_schema",

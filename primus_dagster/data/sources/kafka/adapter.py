@@ -8,10 +8,12 @@ that ignores them (:mod:`.offsets`; said once in the run log). :meth:`KafkaSourc
 open-ended ranges instead: from committed offsets to the current high watermarks (:mod:`.tail`).
 Reads go through confluent-kafka (librdkafka: assign at the planned offset, batched ``consume``)
 or, when the spec's ``fetcher`` says so, kafka-python (:mod:`.clients`; no consumer group, no
-commits), and decode the values of each batch in one ``pyarrow.json`` call (:mod:`.decoding`);
-undecodable records are counted, never fatal. Every client takes the source's security keys
-through :mod:`.security` (one rule; the broker is checked first -- a TCP connect, for a TLS source
-a handshake -- so a wrong address or certificate fails at once, naming the broker and the cause).
+commits), and decode the values of each batch in one ``pyarrow.json`` call (:mod:`.decoding`), or,
+with ``format: avro``, with fastavro (:mod:`.avro`: an inline schema or a schema registry); undecodable
+records are counted, never fatal (a schema registry that does not answer fails the read task). Every
+client takes the source's security keys through :mod:`.security` (one rule; the broker is checked
+first -- a TCP connect, for a TLS source a handshake -- so a wrong address or certificate fails at
+once, naming the broker and the cause).
 
 Example::
 
@@ -47,6 +49,7 @@ from primus_dagster.data.sources.base import (
     SourceReadError,
     TimeWindow,
 )
+from primus_dagster.data.sources.kafka.avro import AvroRecordDecoder, SchemaRegistryError
 from primus_dagster.data.sources.kafka.clients import (
     KAFKA_PYTHON_PROBE_CONFIG,
     ConfluentClient,
@@ -167,7 +170,10 @@ class KafkaSource(SourceAdapter):
         self.connect_timeout_s = connect_timeout_s
         self.fetcher: Fetcher = fetcher
         self._security: dict[str, Any] | None = None  # kafka-python security kwargs, built on first connect
-        self._decoder = JsonRecordDecoder(spec)
+        # format avro: Avro values (a registry's lookups bounded by connect_timeout_s), else JSON objects
+        self._decoder: JsonRecordDecoder | AvroRecordDecoder = (
+            AvroRecordDecoder(spec, timeout_s=connect_timeout_s) if spec.format == "avro" else JsonRecordDecoder(spec)
+        )
         self.schema = self._decoder.schema
         self._lock = threading.Lock()
         self._probe: Probe | None = None  # the offset search's client (small fetches)
@@ -517,7 +523,7 @@ class KafkaSource(SourceAdapter):
             ) from exc
         except (KafkaError, KafkaClientError) as exc:
             raise SourceReadError(task.uri, f"Kafka error after {stats['records']} records: {exc}") from exc
-        except SchemaMismatchError as exc:
+        except (SchemaMismatchError, SchemaRegistryError) as exc:
             raise SourceReadError(task.uri, str(exc)) from exc
         if stats["bad_records"]:
             log.warning(

@@ -122,7 +122,7 @@ def _is_strings(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or (pa.types.is_list(kind) and pa.types.is_string(kind.value_type))
 
 
-def _hashed(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+def hashed_ids(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """A ``string`` or ``list<string>`` column as ``int64`` / ``list<int64>`` ids (stable_hash64; nulls stay)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -165,6 +165,38 @@ def _shadow_rewrite(name: str, is_list: bool) -> tuple[re.Pattern[bytes], bytes]
     pattern = re.compile(re.escape(key) + rb"\s*:\s*" + opening)
     replacement = shadow + (b':["' if is_list else b':"')
     return pattern, replacement.replace(b"\\", b"\\\\")  # a template: backslashes doubled
+
+
+def check_weights(table: pa.Table, weights: Sequence[tuple[str, str]]) -> tuple[pa.Table, np.ndarray | None]:
+    """``table`` with missing weights lists of present ids lists filled with 1.0 per id, and the rows whose
+    weights and ids lists differ in length (None: none); ``weights``: ``(ids column, weights column)`` pairs."""
+    broken: np.ndarray | None = None
+    for ids_name, weights_name in weights:
+        ids, weights_column = table.column(ids_name).combine_chunks(), table.column(weights_name).combine_chunks()
+        ids_len = pc.fill_null(pc.list_value_length(ids), 0).to_numpy().astype(np.int64)
+        if weights_column.null_count:
+            missing = _mask(pc.and_(weights_column.is_null(), ids.is_valid()))
+            if missing.any():  # weight 1 per id, as the normaliser repairs a missing weight
+                offsets = np.concatenate([[0], np.cumsum(np.where(missing, ids_len, 0))]).astype(np.int32)
+                ones = pa.array(np.ones(int(offsets[-1]), np.float32))
+                filled = pa.ListArray.from_arrays(pa.array(offsets), ones, mask=pa.array(~missing))
+                weights_column = pc.coalesce(weights_column, filled)
+                table = table.set_column(table.schema.get_field_index(weights_name), weights_name, weights_column)
+        differ = pc.fill_null(pc.list_value_length(weights_column), 0).to_numpy().astype(np.int64) != ids_len
+        if differ.any():
+            broken = differ if broken is None else broken | differ
+    return table, broken
+
+
+def fill_ts(
+    table: pa.Table, ts_column: str, rows: np.ndarray, timestamps: Sequence[int] | Callable[[], Sequence[int]]
+) -> pa.Table:
+    """``table`` with its null ``ts_column`` values filled from the record timestamps (``rows``: each table
+    row's index in the records; ``timestamps``: theirs, epoch ms, or a function giving them)."""
+    ts = table.schema.get_field_index(ts_column)
+    stamps = timestamps() if callable(timestamps) else timestamps
+    record_ts = pa.array(np.asarray(stamps, dtype=np.int64)[rows])
+    return table.set_column(ts, ts_column, pc.coalesce(table.column(ts), record_ts))
 
 
 #: The largest JSON block pyarrow reads (an int32 count of bytes): records up to this size decode.
@@ -246,7 +278,7 @@ class JsonRecordDecoder:
         table = pj.read_json(io.BytesIO(text), read_options=options, parse_options=plan.parse_options)
         for name in plan.mixed:
             ints, strings = table.column(name), table.column(name + SHADOW)
-            merged = pc.coalesce(ints.combine_chunks(), _hashed(strings))
+            merged = pc.coalesce(ints.combine_chunks(), hashed_ids(strings))
             table = table.set_column(table.schema.get_field_index(name), name, merged)
             table = table.drop_columns([name + SHADOW])
         return table
@@ -332,32 +364,12 @@ class JsonRecordDecoder:
             for i in range(tables[0].num_columns):
                 if len({t.schema.field(i).type for t in tables}) > 1:
                     tables = [
-                        t.set_column(i, t.schema.field(i).name, _hashed(t.column(i)))
+                        t.set_column(i, t.schema.field(i).name, hashed_ids(t.column(i)))
                         if _is_strings(t.schema.field(i).type)
                         else t
                         for t in tables
                     ]
         return pa.concat_tables(tables).combine_chunks()
-
-    def _check_weights(self, table: pa.Table) -> tuple[pa.Table, np.ndarray | None]:
-        """``table`` with missing weights lists of present ids lists filled with 1.0 per id, and the rows whose
-        weights and ids lists differ in length (None: none)."""
-        broken: np.ndarray | None = None
-        for ids_name, weights_name in self._weights:
-            ids, weights = table.column(ids_name).combine_chunks(), table.column(weights_name).combine_chunks()
-            ids_len = pc.fill_null(pc.list_value_length(ids), 0).to_numpy().astype(np.int64)
-            if weights.null_count:
-                missing = _mask(pc.and_(weights.is_null(), ids.is_valid()))
-                if missing.any():  # weight 1 per id, as the normaliser repairs a missing weight
-                    offsets = np.concatenate([[0], np.cumsum(np.where(missing, ids_len, 0))]).astype(np.int32)
-                    ones = pa.array(np.ones(int(offsets[-1]), np.float32))
-                    filled = pa.ListArray.from_arrays(pa.array(offsets), ones, mask=pa.array(~missing))
-                    weights = pc.coalesce(weights, filled)
-                    table = table.set_column(table.schema.get_field_index(weights_name), weights_name, weights)
-            differ = pc.fill_null(pc.list_value_length(weights), 0).to_numpy().astype(np.int64) != ids_len
-            if differ.any():
-                broken = differ if broken is None else broken | differ
-        return table, broken
 
     def decode(
         self, values: Sequence[bytes | None], timestamps: Sequence[int] | Callable[[], Sequence[int]]
@@ -384,17 +396,14 @@ class JsonRecordDecoder:
         table = self._concat([t for _, _, t in good])
         rows: np.ndarray | None = None  # the table's rows' indices in values, once needed
         if self._weights:
-            table, broken = self._check_weights(table)
+            table, broken = check_weights(table, self._weights)
             if broken is not None:
                 rows = _indices(keep, good)
                 bad += [(int(i), "weights and ids lists differ in length") for i in rows[broken]]
                 table, rows = table.filter(pa.array(~broken)), rows[~broken]
                 if not table.num_rows:
                     return None, sorted(bad)
-        ts = table.schema.get_field_index(self.ts_column)  # the record timestamp fills a missing ts
-        if table.column(ts).null_count:
+        if table.column(self.ts_column).null_count:  # the record timestamp fills a missing ts
             rows = _indices(keep, good) if rows is None else rows
-            stamps = timestamps() if callable(timestamps) else timestamps
-            record_ts = pa.array(np.asarray(stamps, dtype=np.int64)[rows])
-            table = table.set_column(ts, self.ts_column, pc.coalesce(table.column(ts), record_ts))
+            table = fill_ts(table, self.ts_column, rows, timestamps)
         return table, sorted(bad)
