@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
+from primus_dagster.run_queue import run_queue_config
+
 
 def primus_home() -> Path:
     """``$PRIMUS_HOME`` or ``./.primus``: data, Dagster home, MLflow store, broker state."""
@@ -23,11 +27,21 @@ def broker_state_file() -> Path:
     return primus_home() / "broker.json"
 
 
+#: What ``dagster_home`` wrote into a new instance's ``dagster.yaml`` before the run queue: such a file is
+#: upgraded in place (any other file is a team's own and left as it is).
+_TELEMETRY_ONLY = "telemetry:\n  enabled: false\n"
+
+
 def dagster_home() -> Path:
-    """``$DAGSTER_HOME`` or ``<home>/dagster_home``, created with telemetry disabled."""
+    """``$DAGSTER_HOME`` or ``<home>/dagster_home``, created with telemetry disabled and a run queue sized
+    to the machine (:func:`primus_dagster.run_queue.run_queue_config`)."""
     home = Path(os.environ.get("DAGSTER_HOME") or primus_home() / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+    if not config.exists() or config.read_text() == _TELEMETRY_ONLY:
+        settings = {"telemetry": {"enabled": False}, "run_queue": run_queue_config()}
+        config.write_text(
+            "# Written by primus_dagster (paths.dagster_home): edit freely, it is not rewritten.\n"
+            + yaml.safe_dump(settings, sort_keys=False)
+        )
     return home

@@ -43,6 +43,7 @@ from primus_dagster.dagster_defs.training_asset import (
     typed_metadata,
     version_tags,
 )
+from primus_dagster.run_queue import RUN_KIND_TAG
 from primus_dagster.spec import JobSpec
 
 LIVE_TAG = "primus/live"  # on the runs the stream sensor asks for
@@ -65,6 +66,7 @@ def live_asset_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJo
             name,
             selection=AssetSelection.assets(key),
             description=f"A live increment of job `{job.name}`: its newest model trained on the stream since.",
+            run_tags={RUN_KIND_TAG: "live"},  # one after another in the local run queue (run_queue.py)
         )
     return _LIVE_JOBS[(name, key)]
 

@@ -53,6 +53,7 @@ from primus_dagster.dagster_defs.training_asset import (
     training_asset_name,
     training_partitions_def,
 )
+from primus_dagster.run_queue import RUN_KIND_TAG
 from primus_dagster.spec import JobSpec, granularity_step
 from primus_dagster.training.final_eval import labels_complete_at
 
@@ -82,6 +83,7 @@ def training_asset_job(job: JobSpec, key_prefix: list[str] | None = None) -> Ass
             # Its blocking check runs with it; auc_final waits for complete labels and has its own job.
             selection=AssetSelection.assets(key) - AssetSelection.checks(AssetCheckKey(key, AUC_FINAL_CHECK_NAME)),
             description=f"The training partitions of job `{job.name}`, one per {job.training.partition}.",
+            run_tags={RUN_KIND_TAG: "training"},  # one at a time in the local run queue (run_queue.py)
         )
     return _TRAINING_JOBS[cache_key]
 
@@ -96,6 +98,7 @@ def auc_final_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJob
             name,
             selection=AssetSelection.checks(AssetCheckKey(key, AUC_FINAL_CHECK_NAME)),
             description=f"The final AUC of a training partition of job `{job.name}`, on complete labels.",
+            run_tags={RUN_KIND_TAG: "check"},
         )
     return _TRAINING_JOBS[cache_key]
 

@@ -90,6 +90,7 @@ from primus_dagster.dagster_defs.resources import PrimusStorageResource
 from primus_dagster.dagster_defs.schedules import AssetJob, training_asset_job
 from primus_dagster.dagster_defs.training_asset import training_asset_name, training_partitions_def
 from primus_dagster.data import KafkaSource, Partition, SourceAdapter, SourceContext, TimeWindow, make_adapter
+from primus_dagster.run_queue import RUN_KIND_TAG
 from primus_dagster.spec import (
     JobSpec,
     KafkaSourceSpec,
@@ -480,7 +481,9 @@ def source_asset_jobs(
         by_granularity.setdefault(source.granularity, []).append(AssetKey([*(key_prefix or []), source.name]))
     return {
         granularity: define_asset_job(
-            f"{_ident(job)}_{label}_{granularity}_job", selection=AssetSelection.assets(*keys)
+            f"{_ident(job)}_{label}_{granularity}_job",
+            selection=AssetSelection.assets(*keys),
+            run_tags={RUN_KIND_TAG: "source"},
         )
         for granularity, keys in by_granularity.items()
     }

@@ -24,6 +24,7 @@ from primus_dagster.dagster_defs import (
     default_resources,
 )
 from primus_dagster.dagster_defs.schedules import auc_final_request, schedule_offset
+from primus_dagster.run_queue import RUN_KIND_TAG
 from primus_dagster.spec import JobSpec, parse_job_spec
 
 
@@ -138,6 +139,21 @@ def test_schedules_and_sensors_load_with_the_job(tmp_path) -> None:
         "sched_auc_final_job",
         "sched_files_hour_job",
         "sched_ev_hour_job",
+    }
+
+
+def test_every_job_tags_its_runs_with_their_kind_for_the_run_queue(tmp_path) -> None:
+    job = job_for("hour", "15m")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(job.model_dump_json())
+    repo = build_definitions(spec, sensors=build_sensors(job), schedules=build_schedules(job)).get_repository_def()
+    kinds = {j.name: j.run_tags.get(RUN_KIND_TAG) for j in repo.get_all_jobs() if not j.name.startswith("__")}
+    assert kinds == {
+        "sched_training_job": "training",  # one at a time (run_queue.py's tag limits)
+        "sched_auc_final_job": "check",
+        "sched_files_hour_job": "source",
+        "sched_ev_hour_job": "source",
+        "sched_live_job": "live",
     }
 
 

@@ -70,7 +70,9 @@ def test_dagster_yaml_runs_runs_as_kubernetes_jobs_configured_from_the_environme
     launcher_config["config"].update(
         load_incluster_config=False, kubeconfig_file=str(dummy_kubeconfig(tmp_path / "kc"))
     )
-    with instance_for_test(overrides={"run_launcher": launcher_config}) as instance:
+    monkeypatch.setenv("PRIMUS_MAX_CONCURRENT_RUNS", "16")
+    with instance_for_test(overrides={"run_launcher": launcher_config, "run_queue": config["run_queue"]}) as instance:
+        assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == 16  # the run queue's limit
         launcher = instance.run_launcher
         assert isinstance(launcher, K8sRunLauncher)
         assert launcher.job_namespace == "ml" and launcher.job_image == "registry.example/primus:1.0"
