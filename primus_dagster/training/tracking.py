@@ -70,6 +70,27 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
+class _PickleChoiceFilter(logging.Filter):
+    """Drops MLflow's "Saving pytorch model by Pickle or CloudPickle format requires exercising caution"
+    warning, printed on every ``log_model`` of a pickled model. Pickle is this suite's deliberate choice
+    (:meth:`MlflowTracker.log_model`: MLflow's ``pt2`` format cannot take the models' ``kind`` input), so
+    the line tells a user nothing they can act on; any other record of the logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Saving pytorch model by Pickle or CloudPickle")
+
+
+@contextmanager
+def _without_pickle_warning() -> Iterator[None]:
+    logger, quiet = logging.getLogger("mlflow.pytorch"), _PickleChoiceFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 RUN_KEY_TAG = "primus.run_key"
 RUN_KIND_TAG = "primus.run_kind"  # "window": a planned window (a training partition); "live": a stream increment
 # The MLflow UI opens an experiment on its GenAI traces page unless it is marked as model development.
@@ -445,7 +466,8 @@ class MlflowTracker:
         """Log ``model`` with ``mlflow.pytorch`` into the current run; its ``models:/<id>`` URI.
 
         Saved as a (cloud)pickle -- MLflow's ``pt2`` format needs tensor-only inputs and our
-        models take ``(dense, sparse, kind)`` -- with the pip requirements of
+        models take ``(dense, sparse, kind)``; MLflow's warning about that choice is not printed --
+        with the pip requirements of
         :func:`model_requirements` (``torch`` and ``primus_dagster==<version>``: no slow environment
         inference). ``signature`` None: :func:`model_signature` from the model's ``n_dense`` /
         ``n_sparse`` when it has them (the project's models do), else none; False: none; or a
@@ -481,7 +503,7 @@ class MlflowTracker:
         for module in by_value:
             cloudpickle.register_pickle_by_value(module)
         try:
-            with use_tracking_uri(self.tracking_uri):
+            with use_tracking_uri(self.tracking_uri), _without_pickle_warning():
                 info = mlflow.pytorch.log_model(
                     model,
                     name=name,
