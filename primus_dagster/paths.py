@@ -32,6 +32,11 @@ def broker_state_file() -> Path:
 _TELEMETRY_ONLY = "telemetry:\n  enabled: false\n"
 
 
+def broker_records_dir() -> Path:
+    """Where a detached embedded broker saves its records when stopped and replays them from when started."""
+    return primus_home() / "broker_records"
+
+
 def dagster_home() -> Path:
     """``$DAGSTER_HOME`` or ``<home>/dagster_home``, created with telemetry disabled and a run queue sized
     to the machine (:func:`primus_dagster.run_queue.run_queue_config`)."""

