@@ -240,16 +240,20 @@ class BatchCursor:
 class StreamCursor:
     """The stream sensor's cursor: per topic-partition the high watermark at its last request
     (``requested``) and at its last observation (``observed``), when the first record it has not asked
-    for was seen (``pending_since``), and the start of the next hour to ask for (``next_start``)."""
+    for was seen (``pending_since``), the start of the next hour to ask for (``next_start``) and why the
+    topic could not be read at the last tick (``kafka_error``: warned once per change, not every tick)."""
 
     requested: dict[str, int] = field(default_factory=dict)
     observed: dict[str, int] = field(default_factory=dict)
     pending_since: datetime | None = None
     next_start: datetime | None = None
+    kafka_error: str | None = None
 
     @classmethod
     def parse(cls, text: str | None, sensor_name: str) -> StreamCursor:
-        value = _parse_cursor(text, sensor_name, ("requested", "observed", "pending_since", "next_start"))
+        value = _parse_cursor(
+            text, sensor_name, ("requested", "observed", "pending_since", "next_start", "kafka_error")
+        )
         when = {
             k: datetime.fromisoformat(v) if v else None for k, v in value.items() if k.endswith(("_since", "_start"))
         }
@@ -258,6 +262,7 @@ class StreamCursor:
             observed={str(k): int(v) for k, v in value.get("observed", {}).items()},
             pending_since=when.get("pending_since"),
             next_start=when.get("next_start"),
+            kafka_error=value.get("kafka_error"),
         )
 
     def dumps(self) -> str:
@@ -267,6 +272,7 @@ class StreamCursor:
                 "observed": self.observed,
                 "pending_since": self.pending_since.isoformat() if self.pending_since else None,
                 "next_start": self.next_start.isoformat() if self.next_start else None,
+                "kafka_error": self.kafka_error,
             },
             sort_keys=True,
         )
@@ -672,10 +678,15 @@ def build_stream_sensor(
         observations = []
         try:
             marks = kafka_watermarks(source, storage.source_context([source]))
-        except Exception as exc:  # Kafka down or unconfigured: say so, keep the cursor
+        except Exception as exc:  # Kafka down or unconfigured: say so (every tick's skip reason), keep the cursor
             marks = None
             notes.append(f"{source.name}: cannot read the offsets of topic {source.topic!r}: {exc}")
-            context.log.warning(notes[-1])
+            if notes[-1] != cursor.kafka_error:  # the log says it once per change, not every tick
+                context.log.warning(notes[-1])
+            cursor.kafka_error = notes[-1]
+        if marks is not None and cursor.kafka_error is not None:
+            context.log.info(f"{source.name}: topic {source.topic!r} readable again")
+            cursor.kafka_error = None
         if marks is not None:
             trained = plan.trained_offsets(source.name)
             progress = stream_progress(cursor, marks, trained, now, automation.min_new_records, automation.max_wait)
