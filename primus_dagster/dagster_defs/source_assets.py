@@ -8,7 +8,9 @@ there is nothing to record. A readable partition is materialised, and its proble
 blocking checks of :mod:`~primus_dagster.dagster_defs.source_checks` (``no_unreadable_files``,
 ``schema_matches_spec``, ``not_empty``, ``event_times_in_partition``, ``label_rate_in_range``,
 ``freshness``), which keep the training
-asset from running on it in the same run.
+asset from running on it in the same run. Each asset has a freshness policy (:func:`source_freshness_policy`):
+its newest materialisation is expected within two partitions plus the source's label delay. Its definition
+metadata holds the column lineage (``dagster/column_lineage``: :func:`source_column_lineage`), known from the spec.
 
 Example::
 
@@ -23,8 +25,11 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     Failure,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
+    TableColumnDep,
+    TableColumnLineage,
     asset,
 )
 
@@ -33,8 +38,47 @@ from primus_dagster.dagster_defs.partitions import time_partitions
 from primus_dagster.dagster_defs.resources import PrimusStorageResource
 from primus_dagster.dagster_defs.source_checks import source_check_results, source_check_specs
 from primus_dagster.data import PartitionScan, ReadTask, make_adapter, scan_with_findings, schema_hash
-from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec, redact
+from primus_dagster.spec import JobSpec, SourceSpec, StreamSpec, granularity_step, redact
 from primus_dagster.spec.durations import format_duration
+
+COLUMN_LINEAGE = "dagster/column_lineage"
+_WEIGHTS_SUFFIX = ".weights"  # a list column's weights column, as the canonical schema names it
+
+
+def source_column_lineage(source: SourceSpec, asset_key: AssetKey) -> TableColumnLineage:
+    """Each canonical column a partition of ``source`` reads as, from the native column(s) of the source the
+    spec's ``columns:`` maps onto it (``dense``: every dense column; ``<list>.weights``: its weights column).
+    The dependencies name the source asset itself (``asset_key``): it stands for the native table, which has no asset of its own. The
+    constants ``source`` and ``kind`` come from no column and have no entry."""
+    mapping = source.columns
+    natives: dict[str, list[str]] = {
+        "sample_id": [mapping.id] if mapping.id else [],
+        "ts": [mapping.ts],
+        "label": [mapping.label] if mapping.label else [],
+        "dense": [mapping.dense] if isinstance(mapping.dense, str) else list(mapping.dense),
+    }
+    natives.update((name, [native]) for name, native in mapping.sparse_pairs())
+    for name, native in mapping.list_pairs():
+        natives[name] = [native]
+        if name in mapping.weights:
+            natives[name + _WEIGHTS_SUFFIX] = [mapping.weights[name]]
+    return TableColumnLineage(
+        deps_by_column={
+            name: [TableColumnDep(asset_key=asset_key, column_name=column) for column in columns]
+            for name, columns in natives.items()
+            if columns
+        }
+    )
+
+
+def source_freshness_policy(source: SourceSpec) -> FreshnessPolicy:
+    """Dagster's freshness policy of a source asset: partitions land one per ``granularity`` once their labels
+    are complete (end + ``label_delay``), so its newest materialisation warns when older than one and a half
+    partitions plus the label delay, and fails when older than two plus the label delay (a partition missed)."""
+    step = granularity_step(source.granularity)
+    return FreshnessPolicy.time_window(
+        fail_window=2 * step + source.label_delay, warn_window=step + step / 2 + source.label_delay
+    )
 
 
 def _preview_markdown(scan: PartitionScan) -> str:
@@ -115,8 +159,10 @@ def build_source_asset(
             "source_type": source.type,
             "kind": source.kind,
             "spec": MetadataValue.json(redact(source)),  # secrets (storage_options, tokens) masked
+            COLUMN_LINEAGE: MetadataValue.column_lineage(source_column_lineage(source, asset_key)),
         },
         check_specs=source_check_specs(asset_key, partitions),
+        freshness_policy=source_freshness_policy(source),
     )
     def _source_asset(context: AssetExecutionContext, storage: PrimusStorageResource) -> MaterializeResult:
         with make_adapter(source, storage.source_context([source])) as adapter:

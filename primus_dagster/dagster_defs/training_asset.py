@@ -8,7 +8,8 @@ MLflow run if an earlier attempt died, continues from the previous partition's m
 training: the asset depends on its own previous partition, so backfills run partitions in order, and
 a partition whose predecessor has no model fails unless ``automation.cold_start: allow``), and
 returns AUC, samples, samples/s, the MLflow run,
-the data window and the source versions as typed metadata (:func:`typed_metadata`). Each trained
+the data window and the source versions as typed metadata (:func:`typed_metadata`); its definition
+metadata holds each column's lineage from the source assets (:func:`training_column_lineage`). Each trained
 partition registers its model as a version of the registered model named after the job
 (``models:/<job>/<version>``, tagged with the partition, window, source versions, MLflow run and
 Dagster run) -- unless it could not be evaluated (no held-out rows after the window yet): an unchecked
@@ -61,6 +62,8 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     PartitionsDefinition,
+    TableColumnDep,
+    TableColumnLineage,
     TimeWindowPartitionMapping,
     asset,
     asset_check,
@@ -75,6 +78,7 @@ from primus_dagster.dagster_defs.lineage import (
 from primus_dagster.dagster_defs.partitions import partitioned_check_spec, time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.run_log import engine_logs_to
+from primus_dagster.dagster_defs.source_assets import COLUMN_LINEAGE, source_column_lineage
 from primus_dagster.data import TimeWindow
 from primus_dagster.spec import JobSpec, dependency_offsets, first_training_start
 from primus_dagster.spec.durations import format_duration
@@ -298,6 +302,18 @@ def auc_check(
     )
 
 
+def training_column_lineage(job: JobSpec, key_prefix: list[str] | None = None) -> TableColumnLineage:
+    """Each canonical sample column the training asset consumes, from the same column of every source asset
+    that produces it (``dagster/column_lineage`` of its definition; each source's own lineage goes on to its
+    native columns, :func:`~primus_dagster.dagster_defs.source_assets.source_column_lineage`)."""
+    deps: dict[str, list[TableColumnDep]] = {}
+    for _, source in job.dataset.all_sources():
+        source_key = AssetKey([*(key_prefix or []), source.name])
+        for name in source_column_lineage(source, source_key).deps_by_column:
+            deps.setdefault(name, []).append(TableColumnDep(asset_key=source_key, column_name=name))
+    return TableColumnLineage(deps_by_column=deps)
+
+
 def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] | None = None) -> AssetsDefinition:
     """The training asset of ``job`` (see module docstring); ``job_path`` is the spec file the
     executor processes load."""
@@ -319,6 +335,7 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         # Dagster's concurrency pool of the job's training: with a limit of 1 (README: "One run per
         # window"), two materialisations never train at once; without a limit the run lock refuses the second.
         pool=f"primus-training-{job.name}",
+        metadata={COLUMN_LINEAGE: MetadataValue.column_lineage(training_column_lineage(job, key_prefix))},
         check_specs=[
             partitioned_check_spec(  # each evaluation recorded against its training partition
                 AUC_CHECK_NAME,
