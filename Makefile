@@ -41,13 +41,11 @@ TEST_WORKERS ?= 2
 test: setup lint
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
 
-# The reference deployment in `dagster dev` (UI + daemon: its sensors run) on the project's DAGSTER_HOME, with
-# the embedded broker started again when `make demo` (or `broker --stop`) saved its records (it keeps running
-# after `dagster dev` stops: `primus-dagster-dev broker --stop` saves and stops it).
+# The reference deployment in `dagster dev` (UI + daemon: its sensors run) on the project's DAGSTER_HOME, an MLflow
+# server on the project's store (the UI's MLflow links lead there) and the embedded broker started again with the
+# records `make demo` saved (it keeps running after Ctrl-C: `primus-dagster-dev broker --stop` saves and stops it).
 dev: setup
-	$(PY) -c "from primus_dagster.paths import dagster_home; print('DAGSTER_HOME', dagster_home())"
-	$(VENV)/bin/primus-dagster-dev broker --detach --if-saved
-	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 $(DEV_ARGS)
+	$(VENV)/bin/primus-dagster-dev dev -- $(DEV_ARGS)
 
 bench: setup
 	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -174,7 +174,7 @@ def register_version(
 ) -> tuple[str, dict[str, MetadataValue]]:
     """Register ``model_uri`` as a new version of the job's registered model with ``tags``; the version
     and its metadata (``registered_model``, ``model_version``, ``model_version_uri`` and, for an MLflow
-    server, ``model_version_url``)."""
+    server, the links ``model_version_url`` and ``registered_model_url``)."""
     name = registered_model_name(job)
     version = tracker.register_model(model_uri, name, tags)
     metadata: dict[str, MetadataValue] = {
@@ -185,6 +185,7 @@ def register_version(
     url = tracker.model_version_url(name, version)
     if url.startswith(("http://", "https://")):
         metadata["model_version_url"] = MetadataValue.url(url)
+        metadata["registered_model_url"] = MetadataValue.url(url.rsplit("/versions/", 1)[0])  # every version
     return version, metadata
 
 

@@ -3,6 +3,7 @@
 primus-dagster-dev broker --detach [--if-saved] | --status | --stop [--discard]
                                                            # the embedded broker; --stop saves its records, --detach replays them
 primus-dagster-dev demo                                    # `make demo`
+primus-dagster-dev dev [--port 3000] [--mlflow-port 5000]   # `make dev`: dagster dev, a served MLflow, the saved stream
 primus-dagster-dev train SPEC ... --record-samples F --slow-executors-ms MS
                                                            # train with test hooks (audit log, slow executors)
 primus-dagster-dev train SPEC ... --slow-pool-executors-ms MS --slow-trainer-ms MS
@@ -61,6 +62,12 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             broker.wait()
     return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from primus_dagster.devtools.dev import run_dev
+
+    return run_dev(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -167,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--discard", action="store_true", help="neither save (--stop) nor replay (--detach) records")
     p.add_argument("--if-saved", action="store_true", help="--detach only when a saved set of records exists")
     p.set_defaults(func=_cmd_broker)
+
+    p = sub.add_parser("dev", help="`make dev`: dagster dev with a served MLflow and the demo's saved stream")
+    p.add_argument("--port", type=int, default=3000, help="the Dagster UI's port (default: %(default)s)")
+    p.add_argument("--mlflow-port", type=int, default=5000, help="the MLflow server's port, if free (%(default)s)")
+    p.add_argument("--workspace", type=Path, default=Path("workspace.yaml"), help="(default: %(default)s)")
+    p.add_argument("--startup-timeout-s", type=float, default=120.0, help="how long MLflow may take to answer")
+    p.add_argument("dagster_args", nargs="*", help="more arguments for `dagster dev` (after --)")
+    p.set_defaults(func=_cmd_dev)
 
     p = sub.add_parser("demo", help="the reference job on embedded defaults, end to end (see README)")
     p.add_argument("--spec", default="examples/job.yaml")

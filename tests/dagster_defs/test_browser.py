@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,8 +32,8 @@ from primus_dagster.broker_discovery import KAFKA_ENV
 from primus_dagster.dagster_defs.schedules import auc_final_request
 from primus_dagster.data import SourceContext
 from primus_dagster.devtools.demo import REPO, LaunchedRun, ReferenceLocation, materialize_hours, train_day
+from primus_dagster.devtools.dev import serve_mlflow, wait_http
 from primus_dagster.devtools.processes import stop_process_tree
-from primus_dagster.ports import free_port
 from primus_dagster.spec import JobSpec, load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
@@ -150,28 +149,6 @@ class Page:
                 time.sleep(0.5)
 
 
-def _serve_mlflow(tracking_uri: str, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    mlflow = str(Path(sys.executable).with_name("mlflow"))
-    command = [mlflow, "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1", "--port", str(port)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [*command, "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer within {timeout_s:g}s")
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     stop_process_tree(proc)
 
@@ -210,10 +187,10 @@ def test_dagster_and_mlflow_uis_show_the_demo(
         assert not failed, failed
         _, failed = train_day(job, location, console)
         assert not failed, failed
-        mlflow_proc, mlflow_url = _serve_mlflow(tracking_uri, tmp_path / "mlflow.log", env)
+        mlflow_proc, mlflow_url = serve_mlflow(tracking_uri, tmp_path / "mlflow.log", env)
         try:
             _browse_dagster(page, location, job)
-            _wait_http(f"{mlflow_url}/health", 120)
+            wait_http(f"{mlflow_url}/health", 120)
             _browse_mlflow(page, location, mlflow_url)
         finally:
             _stop(mlflow_proc)

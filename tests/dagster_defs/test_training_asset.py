@@ -37,6 +37,7 @@ from primus_dagster.dagster_defs.training_asset import (
     auc_check,
     build_auc_final_check,
     promotes,
+    register_version,
     source_deps,
     training_partitions_def,
     typed_metadata,
@@ -48,7 +49,7 @@ from primus_dagster.training.baseline import BaselineVerdict, verdict
 from primus_dagster.training.evaluation import NextHourEvaluation
 from primus_dagster.training.metrics import EvalResult
 from primus_dagster.training.result import TrainingResult
-from primus_dagster.training.tracking import use_tracking_uri
+from primus_dagster.training.tracking import MlflowTracker, use_tracking_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from jobkit import make_job
@@ -81,6 +82,27 @@ def test_auc_check_passes_within_tolerance_and_fails_past_it(tmp_path: Path) -> 
     failed = auc_check(job, 0.685, 0.70)
     assert not failed.passed and failed.metadata["drop"].value == pytest.approx(0.015)
     assert not auc_check(job, None, 0.7).passed
+
+
+def test_a_version_registered_through_an_mlflow_server_links_to_its_page_and_the_registry(tmp_path: Path) -> None:
+    """The tracker here is a stand-in for its two calls (an MLflow server's answers are not what is tested:
+    tests/devtools/test_dev.py serves one): the metadata a version gets from them."""
+
+    class ServerTracker:
+        tracking_uri = "http://127.0.0.1:5000"
+
+        def register_model(self, model_uri: str, name: str, tags: dict) -> str:
+            return "4"
+
+        def model_version_url(self, name: str, version: str) -> str:
+            return MlflowTracker.model_version_url(self, name, version)  # type: ignore[arg-type]
+
+    job = make_job(tmp_path, hours=0)["job"]
+    version, metadata = register_version(ServerTracker(), job, "models:/m-1", {})  # type: ignore[arg-type]
+    name = metadata["registered_model"].value
+    assert version == "4" and metadata["model_version_uri"].value == f"models:/{name}/4"
+    assert metadata["model_version_url"] == MetadataValue.url(f"http://127.0.0.1:5000/#/models/{name}/versions/4")
+    assert metadata["registered_model_url"] == MetadataValue.url(f"http://127.0.0.1:5000/#/models/{name}")
 
 
 def test_only_a_passed_check_promotes_and_metadata_is_typed(tmp_path: Path) -> None:
