@@ -7,8 +7,10 @@ and daemon) on the instance, runs of its defined jobs. The deployment starts wit
 so that its sensors do not launch runs of the 50 hours written while the test looks around. The test opens
 the asset graph, the training partition (AUC, consumed Kafka offsets, model version), its checks, runs the
 delayed ``auc_final`` check (the check-only job its schedule launches) and finds its result, opens the
-automation page and the daemons (all running), re-executes a run from its page, then opens ``mlflow ui``
-on the demo's store: the run (AUC), its loss curve, the model version. Screenshots go to
+automation page and the daemons (all running), re-executes a file source run and a Kafka source run from
+their pages. As ``make dev`` does, an MLflow server on the demo's store serves the code location's
+tracking, so the training partition's ``mlflow_run_url`` is a link: the test clicks it and lands on that
+run's page, then opens the run's loss curve and the model version. Screenshots go to
 ``$PRIMUS_BROWSER_ARTIFACTS`` (default: a temp dir, printed). The test fails, not skips, when the browser
 is missing.
 """
@@ -132,6 +134,29 @@ class Page:
             except WebDriverException:
                 pass
 
+    def follow_link(self, href: str, shot: str, *needles: str, timeout_s: float = 90) -> str:
+        """Click the link to ``href`` on the page (Dagster opens metadata links in a new tab: switch to it),
+        wait for ``needles`` there, save ``<shot>.png``; the page's text."""
+        from selenium.webdriver.common.by import By
+
+        before = set(self.driver.window_handles)  # type: ignore[attr-defined]
+        self.dismiss_dialog()
+        self.driver.find_element(By.XPATH, f"//a[@href='{href}']").click()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            opened = set(self.driver.window_handles) - before  # type: ignore[attr-defined]
+            if opened:
+                self.driver.switch_to.window(opened.pop())  # type: ignore[attr-defined]
+            if self.driver.current_url.startswith(href.split("#")[0]):  # type: ignore[attr-defined]
+                text = self.text()
+                if all(needle in text for needle in needles):
+                    time.sleep(1)
+                    self.driver.save_screenshot(str(self.artifacts / f"{shot}.png"))  # type: ignore[attr-defined]
+                    return self.text()
+            time.sleep(0.5)
+        self.driver.save_screenshot(str(self.artifacts / f"{shot}-timeout.png"))  # type: ignore[attr-defined]
+        raise AssertionError(f"the link to {href} did not lead to a page with {needles} within {timeout_s:g}s")
+
     def click_button(self, label: str, timeout_s: float = 20) -> None:
         """Click the button whose text contains ``label`` (once no dialog covers it)."""
         from selenium.common.exceptions import ElementClickInterceptedException
@@ -182,18 +207,22 @@ def test_dagster_and_mlflow_uis_show_the_demo(
     page = Page(browser, artifacts)
     console = Console(file=sys.stdout, width=160)
 
-    with ReferenceLocation(dagster_home, env, tmp_path / "dagster-dev.log", daemon=True) as location:
-        _, failed = materialize_hours(job, location, 2, console)
-        assert not failed, failed
-        _, failed = train_day(job, location, console)
-        assert not failed, failed
-        mlflow_proc, mlflow_url = serve_mlflow(tracking_uri, tmp_path / "mlflow.log", env)
-        try:
+    # As `make dev` serves it (devtools/dev.py): an MLflow server on the project's store, the code location
+    # tracking through it, so the training partition's mlflow_run_url is a link to a page that answers.
+    artifacts_root = home / "mlflow" / "artifacts"
+    mlflow_proc, mlflow_url = serve_mlflow(tracking_uri, tmp_path / "mlflow.log", env, artifact_root=artifacts_root)
+    try:
+        wait_http(f"{mlflow_url}/health", 120, mlflow_proc, tmp_path / "mlflow.log")
+        env["MLFLOW_TRACKING_URI"] = mlflow_url
+        with ReferenceLocation(dagster_home, env, tmp_path / "dagster-dev.log", daemon=True) as location:
+            _, failed = materialize_hours(job, location, 2, console)
+            assert not failed, failed
+            _, failed = train_day(job, location, console)
+            assert not failed, failed
             _browse_dagster(page, location, job)
-            wait_http(f"{mlflow_url}/health", 120)
             _browse_mlflow(page, location, mlflow_url)
-        finally:
-            _stop(mlflow_proc)
+    finally:
+        _stop(mlflow_proc)
     shots = sorted(p.name for p in artifacts.glob("*.png"))
     assert len(shots) >= 8, shots
 
@@ -220,6 +249,11 @@ def _browse_dagster(page: Page, location: ReferenceLocation, job: JobSpec) -> No
         "source_versions",
         "ctr-events:0",
     )
+    run_link = metadata["mlflow_run_url"]
+    assert run_link.value.startswith("http://127.0.0.1:"), run_link  # a link (MetadataValue.url), not text
+    page.follow_link(run_link.value, "03b-mlflow-run-from-dagster", "eval_auc", TRAINING_PARTITION)
+    page.driver.switch_to.window(page.driver.window_handles[0])  # type: ignore[attr-defined]
+    page.open(f"{url}/assets/ctr_demo_model?view=partitions&partition={TRAINING_PARTITION}", "03c-back", "eval_auc")
     (topic_partition, (first, last)) = next(iter(offsets.items()))
     assert re.search(rf"{re.escape(topic_partition)}\D+{first}\D+{last}", text), "consumed offsets not shown"
     assert re.search(rf"model_version\s+{version}\b", text), "model version not shown"
@@ -244,9 +278,16 @@ def _browse_dagster(page: Page, location: ReferenceLocation, job: JobSpec) -> No
     page.open(f"{url}/automation", "05-automation", f"{name}_batch_sensor", f"{name}_training_schedule")
     page.open(f"{url}/deployment/daemons", "05b-daemons", "Sensors", "Scheduler", "Backfill", "Running")
 
-    # Re-execute a source run from its page: the run belongs to the code location, the UI launches a new one.
-    (parent,) = [r for r in location.instance.get_runs() if r.job_name == f"{name}_files_hour_job"][:1]
-    page.open(f"{url}/runs/{parent.run_id}", "06-source-run", "Re-execute all", "Success")
+    # Re-execute source runs from their pages -- a file one and a Kafka one (the stream is still there): the
+    # runs belong to the code location, the UI launches new ones.
+    _re_execute(page, location, f"{name}_files_hour_job", "06-source-run")
+    _re_execute(page, location, f"{name}_events_kafka_hour_job", "06b-kafka-run")
+
+
+def _re_execute(page: Page, location: ReferenceLocation, job_name: str, shot: str) -> None:
+    url = location.url
+    (parent,) = [r for r in location.instance.get_runs() if r.job_name == job_name][:1]
+    page.open(f"{url}/runs/{parent.run_id}", shot, "Re-execute all", "Success")
     page.click_button("Re-execute all")
     deadline = time.monotonic() + 120
     child = None
@@ -256,10 +297,10 @@ def _browse_dagster(page: Page, location: ReferenceLocation, job: JobSpec) -> No
         if child is not None and child.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
             break
         time.sleep(1)
-    assert child is not None, "the UI did not re-execute the run"
+    assert child is not None, f"the UI did not re-execute the {job_name} run"
     assert child.status == DagsterRunStatus.SUCCESS and child.job_name == parent.job_name
     assert child.tags["dagster/partition"] == parent.tags["dagster/partition"]
-    page.open(f"{url}/runs/{child.run_id}", "07-re-executed-run", "Success", parent.run_id[:8])
+    page.open(f"{url}/runs/{child.run_id}", f"{shot}-re-executed", "Success", parent.run_id[:8])
 
 
 def _browse_mlflow(page: Page, location: ReferenceLocation, url: str) -> None:
