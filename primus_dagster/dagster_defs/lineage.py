@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 from dagster import AssetExecutionContext, MetadataValue, TableColumn, TableColumnConstraints, TableSchema
 
-from primus_dagster.data import canonical_schema
+from primus_dagster.data import declared_schema
 from primus_dagster.spec import JobSpec, SourceSpec
 
 COLUMN_SCHEMA = "dagster/column_schema"
@@ -33,11 +33,14 @@ def location_value(location: str) -> MetadataValue:
 
 
 def dagster_run_tags(context: AssetExecutionContext) -> dict[str, str]:
-    """MLflow run tags naming the Dagster run, asset and (if any) partition that trained a model."""
+    """MLflow run tags naming the Dagster run, asset and (if any) partition that trained a model; the run's
+    *Source* in MLflow is the Dagster job (type ``JOB``), not the step process's script."""
     tags = {
         "dagster.run_id": context.run.run_id,
         "dagster.job": context.job_name,
         "dagster.asset": context.asset_key.to_user_string(),
+        "mlflow.source.name": f"dagster job {context.job_name}",
+        "mlflow.source.type": "JOB",
     }
     if context.has_partition_key:
         tags["dagster.partition"] = context.partition_key
@@ -67,21 +70,16 @@ def _native_names(source: SourceSpec) -> dict[str, str]:
     return names
 
 
-def _spec_schema(source: SourceSpec) -> pa.Schema:
-    dense = source.columns.dense
-    return canonical_schema(source.columns, len(dense) if isinstance(dense, list) else -1)
-
-
 def source_column_schema(source: SourceSpec, schema: pa.Schema | None = None) -> TableSchema:
     """The canonical columns a partition of ``source`` reads as (``schema``: what a scan found; default:
     what the spec's column mapping gives), each described by the native column(s) it comes from."""
-    return _table_schema([(source, schema if schema is not None else _spec_schema(source))])
+    return _table_schema([(source, schema if schema is not None else declared_schema(source.columns))])
 
 
 def training_column_schema(job: JobSpec) -> TableSchema:
     """The canonical sample columns the training asset consumes: the union over the job's sources, each
     described by the native columns it comes from per source."""
-    return _table_schema((source, _spec_schema(source)) for _, source in job.dataset.all_sources())
+    return _table_schema((source, declared_schema(source.columns)) for _, source in job.dataset.all_sources())
 
 
 def _table_schema(parts: Iterable[tuple[SourceSpec, pa.Schema]]) -> TableSchema:

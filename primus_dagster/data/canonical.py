@@ -132,6 +132,14 @@ def canonical_schema(
     return pa.schema(out)
 
 
+def declared_schema(mapping: ColumnMapping) -> pa.Schema:
+    """The canonical schema a source with column mapping ``mapping`` reads as, from the spec alone: the
+    dense width is the number of dense columns (a single list column's width is only known from its data:
+    a variable-size list here)."""
+    dense = mapping.dense
+    return canonical_schema(mapping, len(dense) if isinstance(dense, list) else -1)
+
+
 def schema_hash(schema: pa.Schema) -> str:
     """Short stable hash of a schema's field names and types (for asset metadata)."""
     text = ";".join(f"{f.name}:{f.type}" for f in schema)

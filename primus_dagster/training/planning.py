@@ -146,8 +146,8 @@ def consumed_sources(
     job: JobSpec, tasks: list[DataTask], failed: Collection[str] = frozenset()
 ) -> dict[str, dict[str, Any]]:
     """What a run reads, per source: its ``type``, ``kind``, ``location`` (path, table URI or topic),
-    the partitions (ISO times), the number of tasks and, from :func:`source_versions`, the table
-    ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata.
+    the partitions (ISO times), the number of tasks, their ``bytes`` (as listed: file sizes, 0 for
+    Kafka ranges) and, from :func:`source_versions`, the table ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata.
 
     ``failed``: ids of tasks given up (read in part or not at all): a source they read gets
     ``incomplete: True``, ``failed_tasks`` (how many) and ``incomplete_partitions`` (those partitions,
@@ -162,9 +162,10 @@ def consumed_sources(
                 spec = job.dataset.source(read.source)
                 location = next((getattr(spec, a) for a in ("path", "uri", "table", "topic") if hasattr(spec, a)), "")
                 out[read.source] = {"type": spec.type, "kind": spec.kind, "location": str(location)}
-                out[read.source].update(partitions=set(), tasks=0)
+                out[read.source].update(partitions=set(), tasks=0, bytes=0)
             out[read.source]["partitions"].add(read.partition.isoformat())
             out[read.source]["tasks"] += 1
+            out[read.source]["bytes"] += read.size_bytes
             if given_up:
                 incomplete.setdefault(read.source, set()).add(read.partition.isoformat())
                 out[read.source]["failed_tasks"] = out[read.source].get("failed_tasks", 0) + 1

@@ -40,12 +40,14 @@ import cloudpickle
 import mlflow
 import mlflow.pytorch
 import numpy as np
+import pyarrow as pa
 import torch
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.models.signature import ModelSignature
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.types import Schema, TensorSpec
+from mlflow.types.schema import Array, ColSpec, DataType
 
 from primus_dagster.paths import primus_home
 from primus_dagster.spec.job import ModelSpec
@@ -178,6 +180,67 @@ def model_requirements() -> list[str]:
         return ["torch"]
 
 
+def dataset_profile(entry: Mapping[str, Any]) -> dict[str, int]:
+    """The counts of a :func:`~primus_dagster.training.planning.consumed_sources` entry an MLflow dataset's
+    *profile* shows: partitions, tasks, bytes, Kafka ``records`` (the offset ranges' sizes) and
+    ``incomplete_partitions`` (read in part: tasks given up).
+
+    >>> dataset_profile({"partitions": ["a", "b"], "tasks": 3, "bytes": 10, "offsets": {"t:0": [5, 9]}})
+    {'partitions': 2, 'tasks': 3, 'bytes': 10, 'records': 4, 'incomplete_partitions': 0}
+    """
+    out = {"partitions": len(entry.get("partitions", ())), "tasks": int(entry.get("tasks", 0))}
+    out["bytes"] = int(entry.get("bytes", 0))
+    if "offsets" in entry:
+        out["records"] = sum(int(stop) - int(first) for first, stop in entry["offsets"].values())
+    out["incomplete_partitions"] = len(entry.get("incomplete_partitions", ()))
+    return out
+
+
+def arrow_colspec(schema: pa.Schema) -> Schema:
+    """``schema`` as MLflow column specs (the dataset's *Schema* tab): integers ``long`` / ``integer``,
+    floats ``float`` / ``double``, timestamps ``datetime``, strings (also dictionary-encoded) ``string``,
+    lists ``array`` of their items; another type is named ``string`` (MLflow has no name for it)."""
+    return Schema([ColSpec(_mlflow_type(field.type), field.name, required=not field.nullable) for field in schema])
+
+
+def _mlflow_type(arrow: pa.DataType) -> DataType | Array:
+    if pa.types.is_list(arrow) or pa.types.is_large_list(arrow) or pa.types.is_fixed_size_list(arrow):
+        return Array(_mlflow_type(arrow.value_type))
+    if pa.types.is_dictionary(arrow):
+        return _mlflow_type(arrow.value_type)
+    for test, kind in _ARROW_TO_MLFLOW:
+        if test(arrow):
+            return kind
+    return DataType.string
+
+
+_ARROW_TO_MLFLOW = (
+    (pa.types.is_int64, DataType.long),
+    (pa.types.is_uint64, DataType.long),
+    (pa.types.is_integer, DataType.integer),
+    (pa.types.is_float32, DataType.float),
+    (pa.types.is_floating, DataType.double),
+    (pa.types.is_boolean, DataType.boolean),
+    (pa.types.is_timestamp, DataType.datetime),
+    (pa.types.is_binary, DataType.binary),
+    (pa.types.is_large_binary, DataType.binary),
+)
+
+
+def source_tags() -> dict[str, str]:
+    """The tags ``mlflow.start_run`` sets on a run and ``MlflowClient.create_run`` does not: who ran it
+    (``mlflow.user``) and from what (``mlflow.source.name`` / ``mlflow.source.type``, the command's
+    script; the Dagster glue names its job instead), from MLflow's own context providers -- the runs
+    table's *User* and *Source* columns."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    return {k: str(v) for k, v in resolve_tags().items() if k in _SOURCE_TAGS}
+
+
+_SOURCE_TAGS = ("mlflow.user", "mlflow.source.name", "mlflow.source.type", "mlflow.source.git.commit")
+_MAX_ATTEMPTS_NAMED = 1000  # runs of one key counted for its next run's name (more: the name repeats)
+
+
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -245,16 +308,22 @@ class MlflowTracker:
             raise RuntimeError("no MLflow run: call MlflowTracker.start() first")
         return self.run_id
 
-    def unfinished_run(self, run_key: str) -> Any:
-        """The most recent run with ``run_key`` when it is not FINISHED (else None)."""
+    def runs_of(self, run_key: str, max_results: int = 1) -> list[Any]:
+        """The runs tagged ``primus.run_key == run_key``, newest first (at most ``max_results``)."""
         if "'" in run_key:
             raise ValueError(f"run_key must not contain a single quote: {run_key!r}")
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
+        return list(
+            self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=max_results,
+            )
         )
+
+    def unfinished_run(self, run_key: str) -> Any:
+        """The most recent run with ``run_key`` when it is not FINISHED (else None)."""
+        runs = self.runs_of(run_key)
         return runs[0] if runs and runs[0].info.status != "FINISHED" else None
 
     def start(
@@ -265,11 +334,15 @@ class MlflowTracker:
         With ``resume``, the most recent run tagged ``primus.run_key == run_key`` is reused when
         it is not FINISHED (RUNNING after a killed process, FAILED or KILLED): it is set RUNNING
         again and only its missing params are logged (MLflow params are immutable; a differing
-        value is kept and a warning logged). Otherwise a new run named ``run_key`` is created.
-        Params are stringified (cut at 6000 characters); ``tags`` are set in both cases.
+        value is kept and a warning logged). Otherwise a new run is created, named ``run_key`` -- or
+        ``run_key #n`` for the n-th run of that key (a re-run of a trained window): every attempt has
+        its own name in the runs table. Params are stringified (cut at 6000 characters); ``tags`` are
+        set in both cases, over the source and user tags ``mlflow.start_run`` sets
+        (:func:`source_tags`).
         """
         values = {str(k): str(v)[:_MAX_PARAM_LEN] for k, v in params.items()}
-        found = self.unfinished_run(run_key) if resume else None
+        earlier = self.runs_of(run_key, max_results=_MAX_ATTEMPTS_NAMED)
+        found = earlier[0] if resume and earlier and earlier[0].info.status != "FINISHED" else None
         if found is not None:
             self.run_id, self.resumed = found.info.run_id, True
             self.client.update_run(self.run_id, status="RUNNING")
@@ -284,12 +357,12 @@ class MlflowTracker:
                 )
             values = {k: v for k, v in values.items() if k not in old}
         else:
-            run = self.client.create_run(self.experiment_id, run_name=run_key, tags={RUN_KEY_TAG: run_key})
+            name = f"{run_key} #{len(earlier) + 1}" if earlier else run_key
+            run = self.client.create_run(self.experiment_id, run_name=name, tags={RUN_KEY_TAG: run_key})
             self.run_id, self.resumed = run.info.run_id, False
         for chunk in _chunks([Param(k, v) for k, v in values.items()], 100):
             self.client.log_batch(self.run_id, params=chunk)
-        if tags:
-            self.set_tags(tags)
+        self.set_tags({**source_tags(), **(tags or {})})
         return self.run_id
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -318,14 +391,22 @@ class MlflowTracker:
         """``data`` as a JSON artifact of the run (e.g. ``features.json``: the model's feature layout)."""
         self.client.log_dict(self.require_run_id(), dict(data), artifact_file)
 
-    def log_source_inputs(self, sources: Mapping[str, Mapping[str, Any]], context: str = "training") -> int:
+    def log_source_inputs(
+        self,
+        sources: Mapping[str, Mapping[str, Any]],
+        context: str = "training",
+        schemas: Mapping[str, pa.Schema] | None = None,
+    ) -> int:
         """Record the data the run consumed as MLflow dataset inputs (``mlflow.log_input``; the run's
         *Datasets used* in the UI): one dataset per source, named after it, with ``source_type`` from
         ``sources[name]["type"]``, the whole entry (location, partitions, table versions, Kafka offset
         ranges) as the dataset's source JSON, and a digest of it -- the same data gives the same digest,
         so runs that read the same versions and offsets show the same dataset. Tags: ``mlflow.data.context``
         (``context``) and ``primus.kind``, and ``primus.incomplete`` (``true``) for an entry marked
-        ``incomplete`` (tasks given up, see ``consumed_sources``). The number of datasets logged.
+        ``incomplete`` (tasks given up, see ``consumed_sources``). Each dataset's *profile* counts what the
+        run was handed (partitions, tasks, bytes, Kafka records of its offset ranges, partitions read in
+        part) and its *schema* is ``schemas[name]`` (the columns the trainer reads, as MLflow column specs)
+        where given. The number of datasets logged.
 
         Example::
 
@@ -336,11 +417,14 @@ class MlflowTracker:
         inputs = []
         for name, entry in sorted(sources.items()):
             text = json.dumps(entry, sort_keys=True, default=str)
+            schema = (schemas or {}).get(name)
             dataset = Dataset(
                 name=str(name),
                 digest=hashlib.sha256(text.encode()).hexdigest()[:20],
                 source_type=str(entry.get("type", "unknown"))[:36],
                 source=text,
+                schema=None if schema is None else json.dumps({"mlflow_colspec": arrow_colspec(schema).to_dict()}),
+                profile=json.dumps(dataset_profile(entry)),
             )
             tags = [InputTag("mlflow.data.context", context), InputTag("primus.kind", str(entry.get("kind", "")))]
             if entry.get("incomplete"):  # tasks given up: its partitions were not consumed in full

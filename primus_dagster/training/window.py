@@ -54,6 +54,7 @@ from primus_dagster.data import (
     PermanentDataError,
     SourceContext,
     TimeWindow,
+    declared_schema,
     read_batches,
     read_location,
 )
@@ -211,7 +212,8 @@ def _train(
     status = "FAILED"
     try:
         log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
-        inputs = tracker.log_source_inputs(run.consumed)
+        schemas = {name: declared_schema(job.dataset.source(name).columns) for name in run.consumed}
+        inputs = tracker.log_source_inputs(run.consumed, schemas=schemas)
         log.info("MLflow: %d source dataset(s) recorded as the run's inputs (partitions, versions, offsets)", inputs)
         resume = load_resume(tracker, run)
         warm_from, cold_start = load_warm_start(tracker, run) if resume is None and request.warm_start else (None, None)

@@ -328,6 +328,11 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     run = client.get_run(meta["mlflow_run_id"])
     assert run.data.tags["dagster.run_id"] == result.run_id and run.data.tags["dagster.asset"] == "train_test_model"
     assert run.data.tags["dagster.partition"] == "2026-11-01-02:00"
+    assert (
+        run.data.tags["mlflow.source.type"] == "JOB"
+        and result.dagster_run.job_name in run.data.tags["mlflow.source.name"]
+    )
+    assert run.data.tags["mlflow.user"]  # MLflow's User column
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert check.metadata["previous_auc"].value == pytest.approx(

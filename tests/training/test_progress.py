@@ -93,3 +93,11 @@ def test_the_cli_run_log_has_a_line_every_5_s_and_mlflow_a_loss_per_step(tmp_pat
     assert len(losses) >= steps / 10  # criterion: >= 1 loss point per 10 steps (we log every step)
     inputs = client.get_run(run_id).inputs.dataset_inputs
     assert sorted(i.dataset.name for i in inputs) == ["events", "imp"]
+    # each dataset says what it holds without opening its raw JSON: the canonical columns, partitions, bytes
+    for item in inputs:
+        columns = {c["name"]: c["type"] for c in json.loads(item.dataset.schema)["mlflow_colspec"]}
+        assert columns["ts"] == "datetime" and columns["label"] == "float", columns
+        profile = json.loads(item.dataset.profile)
+        assert profile["partitions"] >= 1 and profile["tasks"] >= 1, profile
+    run = client.get_run(run_id)
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL", run.data.tags

@@ -13,6 +13,7 @@ from pathlib import Path
 import mlflow
 import mlflow.pytorch
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -91,6 +92,57 @@ def test_start_log_finish(uri: str, exp: str) -> None:
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
     with pytest.raises(ValueError, match="status"):
         tracker.finish("DONE")
+
+
+def test_every_attempt_of_a_key_has_its_own_name_and_a_source(uri: str, exp: str) -> None:
+    """A key trained again after it finished gets a new run named ``key #n``; each run carries the user and
+    source tags ``mlflow.start_run`` would set (the runs table's User and Source columns)."""
+    names = []
+    for _ in range(3):
+        tracker = MlflowTracker(uri, exp)
+        run_id = tracker.start("job-again", {})
+        tracker.finish()
+        run = tracker.client.get_run(run_id)
+        names.append(run.info.run_name)
+        assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.name"], run.data.tags
+    assert names == ["job-again", "job-again #2", "job-again #3"]
+    tracker = MlflowTracker(uri, exp)
+    run_id = tracker.start("job-again", {}, tags={"mlflow.source.name": "dagster job j", "mlflow.source.type": "JOB"})
+    tags = tracker.client.get_run(run_id).data.tags
+    assert (tags["mlflow.source.name"], tags["mlflow.source.type"]) == ("dagster job j", "JOB")  # the caller's win
+
+
+def test_source_inputs_carry_a_schema_and_a_profile(uri: str, exp: str) -> None:
+    tracker = MlflowTracker(uri, exp)
+    run_id = tracker.start("inputs", {})
+    entry = {"type": "kafka", "kind": "stream", "partitions": ["2026-11-01T00:00"], "tasks": 2, "bytes": 0}
+    entry["offsets"] = {"clicks:0": [10, 40], "clicks:1": [0, 5]}
+    schema = pa.schema(
+        [
+            pa.field("ts", pa.timestamp("ms", tz="UTC"), nullable=False),
+            pa.field("label", pa.float32()),
+            pa.field("dense", pa.list_(pa.float32(), 3)),
+            pa.field("genres", pa.list_(pa.int64()), nullable=False),
+            pa.field("source", pa.dictionary(pa.int32(), pa.string())),
+        ]
+    )
+    assert tracker.log_source_inputs({"clicks": entry}, schemas={"clicks": schema}) == 1
+    (item,) = tracker.client.get_run(run_id).inputs.dataset_inputs
+    assert json.loads(item.dataset.profile) == {
+        "partitions": 1,
+        "tasks": 2,
+        "bytes": 0,
+        "records": 35,
+        "incomplete_partitions": 0,
+    }
+    assert json.loads(item.dataset.schema)["mlflow_colspec"] == [
+        {"type": "datetime", "name": "ts", "required": True},
+        {"type": "float", "name": "label", "required": False},
+        {"type": "array", "items": {"type": "float"}, "name": "dense", "required": False},
+        {"type": "array", "items": {"type": "long"}, "name": "genres", "required": True},
+        {"type": "string", "name": "source", "required": False},
+    ]
+    tracker.finish()
 
 
 def test_methods_need_a_started_run(uri: str, exp: str) -> None:
