@@ -8,7 +8,8 @@ so that its sensors do not launch runs of the 50 hours written while the test lo
 the asset graph, the training partition (AUC, consumed Kafka offsets, model version), its checks, runs the
 delayed ``auc_final`` check (the check-only job its schedule launches) and finds its result, opens the
 automation page and the daemons (all running), re-executes a file source run and a Kafka source run from
-their pages. As ``make dev`` does, an MLflow server on the demo's store serves the code location's
+their pages, backfills two training partitions from the asset's Materialize dialog (both runs succeed) and
+re-executes a training run. As ``make dev`` does, an MLflow server on the demo's store serves the code location's
 tracking, so the training partition's ``mlflow_run_url`` is a link: the test clicks it and lands on that
 run's page, then opens the run's loss curve and the model version. Screenshots go to
 ``$PRIMUS_BROWSER_ARTIFACTS`` (default: a temp dir, printed). The test fails, not skips, when the browser
@@ -30,6 +31,7 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus
 from rich.console import Console
 
+from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV
 from primus_dagster.dagster_defs.schedules import auc_final_request
 from primus_dagster.data import SourceContext
@@ -46,6 +48,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS_ENV = "PRIMUS_BROWSER_ARTIFACTS"
 SPEC = REPO / "examples" / "job.yaml"
 TRAINING_PARTITION = "2026-11-02"
+NEXT_PARTITION = "2026-11-03"
 
 
 @pytest.fixture
@@ -122,6 +125,18 @@ class Page:
         missing = [needle for needle in needles if needle not in text]
         raise AssertionError(f"{url}: {missing} not on the page within {timeout_s:g}s; page text:\n{text[-3000:]}")
 
+    def wait_for(self, *needles: str, timeout_s: float = 60) -> str:
+        """Wait until every one of ``needles`` is on the current page; its text."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self.text()
+            if all(needle in text for needle in needles):
+                return text
+            if time.monotonic() > deadline:
+                missing = [needle for needle in needles if needle not in text]
+                raise AssertionError(f"{missing} not on the page within {timeout_s:g}s; page text:\n{text[-3000:]}")
+            time.sleep(0.5)
+
     def dismiss_dialog(self) -> None:
         """Skip Dagster's "join the community" dialog if it is up (it comes some time after a page opens)."""
         from selenium.common.exceptions import WebDriverException
@@ -186,13 +201,13 @@ def test_dagster_and_mlflow_uis_show_the_demo(
     for name in ("DAGSTER_HOME", "PRIMUS_DATA_ROOT", "MLFLOW_TRACKING_URI", "PRIMUS_DEPLOYMENT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PRIMUS_HOME", str(home))
-    dagster_home = home / "dagster_home"
-    dagster_home.mkdir(parents=True)
-    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    dagster_home = paths.dagster_home()  # as `make demo` writes it: telemetry off, a run queue for the machine
     job = load_job_spec(SPEC)
     bootstrap = own_kafka_broker.bootstrap_servers
     world = SyntheticWorld(WorldConfig(rows_per_hour=200), job.dataset.start)
-    write_world(job, SourceContext(str(home / "data"), bootstrap), world, range(50))
+    # Two days and the first hours of a third: the training partitions 2026-11-02 and -03 (their windows, the
+    # lagged batch day before each, the evaluation hours after) have their data.
+    write_world(job, SourceContext(str(home / "data"), bootstrap), world, range(74))
     env = {
         **os.environ,
         "PRIMUS_HOME": str(home),
@@ -282,14 +297,58 @@ def _browse_dagster(page: Page, location: ReferenceLocation, job: JobSpec) -> No
     # runs belong to the code location, the UI launches new ones.
     _re_execute(page, location, f"{name}_files_hour_job", "06-source-run")
     _re_execute(page, location, f"{name}_events_kafka_hour_job", "06b-kafka-run")
+    # A backfill of two training partitions from the asset's Materialize dialog, then a training run re-executed.
+    _backfill(page, location, (TRAINING_PARTITION, NEXT_PARTITION), "07-training-backfill")
+    _re_execute(page, location, f"{name}_training_job", "07b-training-run", bound_s=300)
 
 
-def _re_execute(page: Page, location: ReferenceLocation, job_name: str, shot: str) -> None:
+def _backfill(page: Page, location: ReferenceLocation, partitions: tuple[str, ...], shot: str) -> None:
+    """Launch a backfill of the training asset's ``partitions`` from its Materialize dialog; every run of
+    it must succeed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    url = location.url
+    page.open(f"{url}/assets/ctr_demo_model?view=partitions", shot, "Materialize")
+    page.click_button("Materialize")
+    page.wait_for("Launch runs to materialize", "Partition selection")
+    # The dialog's own partition box (the page behind it has one too), a range in Dagster's syntax.
+    box = page.driver.find_element(By.XPATH, "//div[contains(@class, 'bp5-dialog')]//input[@type='text']")  # type: ignore[attr-defined]
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(f"[{partitions[0]}...{partitions[-1]}]", Keys.ENTER)
+    deadline = time.monotonic() + 30
+    while not re.search(rf"(?<!\d){len(partitions)} partitions", page.text()):
+        assert time.monotonic() < deadline, f"the dialog did not select {partitions}: {page.text()[-1500:]}"
+        time.sleep(0.5)
+    page.driver.save_screenshot(str(page.artifacts / f"{shot}-dialog.png"))  # type: ignore[attr-defined]
+    page.click_button("Launch backfill")
+    deadline = time.monotonic() + 300 * _load_factor()
+    while True:
+        runs = [r for r in location.instance.get_runs() if "dagster/backfill" in r.tags]
+        done = [r for r in runs if r.is_finished]
+        if len(done) == len(partitions) and len(runs) == len(partitions):
+            break
+        assert time.monotonic() < deadline, (
+            f"the backfill's runs did not finish: {[(r.run_id, r.status) for r in runs]}"
+        )
+        time.sleep(1)
+    assert sorted(r.tags["dagster/partition"] for r in runs) == sorted(partitions)
+    assert all(r.status == DagsterRunStatus.SUCCESS for r in runs), [(r.run_id, r.status) for r in runs]
+    backfill_id = runs[0].tags["dagster/backfill"]
+    page.open(f"{url}/runs/b/{backfill_id}", f"{shot}-done", *partitions)
+
+
+def _load_factor() -> float:
+    """Bounds scale with the machine's load (>= 1): a loaded CI machine trains slower, never wrongly."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def _re_execute(page: Page, location: ReferenceLocation, job_name: str, shot: str, bound_s: float = 120) -> None:
     url = location.url
     (parent,) = [r for r in location.instance.get_runs() if r.job_name == job_name][:1]
     page.open(f"{url}/runs/{parent.run_id}", shot, "Re-execute all", "Success")
     page.click_button("Re-execute all")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + bound_s * _load_factor()
     child = None
     while time.monotonic() < deadline:
         children = [r for r in location.instance.get_runs() if r.parent_run_id == parent.run_id]
