@@ -147,7 +147,8 @@ def consumed_sources(
 ) -> dict[str, dict[str, Any]]:
     """What a run reads, per source: its ``type``, ``kind``, ``location`` (path, table URI or topic),
     the partitions (ISO times), the number of tasks, their ``bytes`` (as listed: file sizes, 0 for
-    Kafka ranges) and, from :func:`source_versions`, the table ``versions`` and Kafka ``offsets`` ranges. Lineage for MLflow's dataset inputs and the asset's metadata.
+    Kafka ranges) and, from :func:`source_versions`, the table ``versions`` and Kafka ``offsets`` ranges.
+    Lineage for MLflow's dataset inputs and the asset's metadata.
 
     ``failed``: ids of tasks given up (read in part or not at all): a source they read gets
     ``incomplete: True``, ``failed_tasks`` (how many) and ``incomplete_partitions`` (those partitions,
