@@ -41,6 +41,7 @@ from primus_dagster.devtools.dev import serve_mlflow, wait_http
 from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.spec import JobSpec, load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+from tests.bounds import load_scaled
 
 pytestmark = pytest.mark.integration
 
@@ -336,7 +337,7 @@ def _backfill(page: Page, location: ReferenceLocation, partitions: tuple[str, ..
         time.sleep(0.5)
     page.driver.save_screenshot(str(page.artifacts / f"{shot}-dialog.png"))  # type: ignore[attr-defined]
     page.click_button("Launch backfill")
-    deadline = time.monotonic() + 300 * _load_factor()
+    deadline = time.monotonic() + load_scaled(300)
     while True:
         runs = [r for r in location.instance.get_runs() if "dagster/backfill" in r.tags]
         done = [r for r in runs if r.is_finished]
@@ -353,11 +354,6 @@ def _backfill(page: Page, location: ReferenceLocation, partitions: tuple[str, ..
     return runs
 
 
-def _load_factor() -> float:
-    """Bounds scale with the machine's load (>= 1): a loaded CI machine trains slower, never wrongly."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-
-
 def _re_execute(page: Page, location: ReferenceLocation, parent: DagsterRun, shot: str, bound_s: float = 120) -> None:
     url, job_name = location.url, parent.job_name
     page.open(f"{url}/runs/{parent.run_id}", shot, "Re-execute all", "Success")
@@ -366,7 +362,7 @@ def _re_execute(page: Page, location: ReferenceLocation, parent: DagsterRun, sho
         page.wait_for("part of a completed backfill", "Confirm")
         page.driver.save_screenshot(str(page.artifacts / f"{shot}-confirm.png"))  # type: ignore[attr-defined]
         page.click_button("Confirm")
-    deadline = time.monotonic() + bound_s * _load_factor()
+    deadline = time.monotonic() + load_scaled(bound_s)
     child = None
     while time.monotonic() < deadline:
         children = [r for r in location.instance.get_runs() if r.parent_run_id == parent.run_id]

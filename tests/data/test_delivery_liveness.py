@@ -28,6 +28,7 @@ from primus_dagster.data.flight_auth import bearer_options
 from primus_dagster.data.flight_protocol import encode_ticket, split_meta
 from primus_dagster.data.reader.remote_reader import RemoteReader
 from primus_dagster.spec import parse_job_spec
+from tests.bounds import load_scaled
 from tests.data.executor.datakit import job_text, plan, write_tree
 
 pytestmark = pytest.mark.integration
@@ -38,8 +39,7 @@ LEASE_S = 2.0
 
 def bound(seconds: float) -> float:
     """``seconds`` on an idle machine, longer on a loaded one (load per core above 1), at most 240 s."""
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    return min(240.0, seconds * max(1.0, load))
+    return load_scaled(seconds, cap=240.0)
 
 
 def wait_for(predicate: Callable[[], bool], seconds: float, what: str) -> None:
