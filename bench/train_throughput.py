@@ -73,6 +73,12 @@ its 1-rank figure is below part 1's.
    ``float(loss)`` -- the ``KeyedJaggedTensor`` of every batch is built before (like our tensors).
    After 5 warm-up steps each, ``--torchrec-repeats`` (7) timed passes over the batches per side,
    interleaved (the order rotated each repeat); samples per CPU-second of this process; medians.
+   **Ours, before that, trains on until its kernels are the compiled ones** (``steady_state``: the
+   spec's ``training.compile: auto`` compiles the tables' backward and Adam step in the background
+   after ``compile_after_steps`` = 1000 steps and switches when ready; training/kernels.py): its timed
+   figure is the steady state of every run past 1000 steps with the shipped defaults. **Beside it an
+   eager twin** (the same model and seed, ``compile: off``: every run's first 1000 steps) is timed in the
+   same rotation: ``ratio_vs_torchrec_eager``, ``single_dlrm_shape_eager_samples_per_s``.
    ``ratio_vs_torchrec`` = ours / the fastest TorchRec configuration (``torchrec_mode``;
    ``paired_ratios`` in "detail" are the per-repeat ratios). ``--only-torchrec`` runs only this part.
    Without TorchRec the keys are ``ratio_vs_torchrec: null`` and ``torchrec_note``. Install it (the
@@ -87,14 +93,18 @@ its 1-rank figure is below part 1's.
    2048-row batches. TorchRec: DLRM over an ``EmbeddingBagCollection`` of 8 tables of 10 000 x 16 (sum
    pooling) on the ``KeyedJaggedTensor`` of each batch, the same three configurations; ours
    (``multihot_spec``): the single tower with each list in a declared table of its own (10 000 x 16,
-   ``pooling: sum``), the jagged ids pooled by ``embedding_bag`` (``Batch.lists``, no padding). Runs with
-   part 4 (``--only-torchrec`` included); "detail.vs_torchrec.multihot" has the runs.
+   ``pooling: sum``), the jagged ids pooled by ``embedding_bag`` (``Batch.lists``, no padding); warmed to
+   its compiled kernels as in part 4, with its eager twin beside it (``ratio_vs_torchrec_multihot_eager``,
+   ``single_multihot_eager_samples_per_s``). Runs with part 4 (``--only-torchrec`` included);
+   "detail.vs_torchrec.multihot" has the runs.
 
 Last line: {"bench": "train_throughput", "mtrm_samples_per_s", "single_samples_per_s",
 "mtrm_overhead_ratio", "pipeline_samples_per_s", "in_memory_samples_per_s", "pipeline_ratio",
 "ddp_speedup", "ddp_exchange_bytes_per_step", "ddp_speedup_dense_allreduce", "ratio_vs_torchrec",
-"torchrec_samples_per_s", "torchrec_mode", "single_dlrm_shape_samples_per_s", "ratio_vs_torchrec_multihot",
-"torchrec_multihot_samples_per_s", "torchrec_multihot_mode", "single_multihot_samples_per_s", ...details}
+"ratio_vs_torchrec_eager", "torchrec_samples_per_s", "torchrec_mode", "single_dlrm_shape_samples_per_s",
+"single_dlrm_shape_eager_samples_per_s", "ratio_vs_torchrec_multihot", "ratio_vs_torchrec_multihot_eager",
+"torchrec_multihot_samples_per_s", "torchrec_multihot_mode", "single_multihot_samples_per_s",
+"single_multihot_eager_samples_per_s", ...details}
 """
 
 from __future__ import annotations
@@ -402,6 +412,31 @@ def _timed(step: Callable[[Any], float], batches: list[Any]) -> tuple[float, flo
     return cpu_self() - cpu0, time.perf_counter() - wall0, loss
 
 
+STEADY_MAX_STEPS = 20_000  # bound of the warm-up to the compiled kernels (training.compile auto)
+
+
+def steady_state(trainer: Trainer, batches: list[Any]) -> dict[str, Any]:
+    """Train ``trainer`` (the spec's defaults) over ``batches``, round and round, until its kernels are the
+    compiled ones -- ``training.compile: auto`` switches once the background compile that starts at
+    ``compile_after_steps`` is ready: what every step of a long run trains on after that -- at most
+    :data:`STEADY_MAX_STEPS` steps; the steps and seconds it took, and the kernels' line."""
+    started, steps = time.perf_counter(), 0
+    while trainer.kernels.switched_at is None and steps < STEADY_MAX_STEPS:
+        trainer.train_step(batches[steps % len(batches)])
+        steps += 1
+    return {
+        "warmup_steps": steps,
+        "warmup_s": round(time.perf_counter() - started, 1),
+        "kernels": trainer.kernels.describe(),
+    }
+
+
+def eager_twin(spec: TrainingSpec, build: Callable[[], Any]) -> Trainer:
+    """A trainer of the same model (``build``: from the same seed) with ``training.compile: off``: the
+    kernels of every run's first ``compile_after_steps`` steps."""
+    return Trainer(build(), spec.model_copy(update={"compile": "off"}))
+
+
 def run_vs_torchrec(batch_size: int, n_batches: int, repeats: int, warmup: int = 5) -> tuple[dict, dict]:
     """Part 4: (result keys, detail) of our single tower vs TorchRec's DLRM on the same rows."""
     rows = dlrm_shape_batches(n_batches, batch_size)
@@ -413,8 +448,10 @@ def run_vs_torchrec(batch_size: int, n_batches: int, repeats: int, warmup: int =
     summary = model_summary(model)
     emb = sum(m.table.weight.numel() for m in model.modules() if isinstance(m, HashedEmbedding))
     trainer = Trainer(model, spec)
-    steps: dict[str, Callable[[Any], float]] = {"ours": trainer.train_step}
-    inputs: dict[str, list[Any]] = {"ours": ours_batches}
+    steady = steady_state(trainer, ours_batches)
+    eager = eager_twin(spec, lambda: build_model(spec.model, DLRM_DENSE, DLRM_FEATURES, seed=0))
+    steps: dict[str, Callable[[Any], float]] = {"ours": trainer.train_step, "ours_eager": eager.train_step}
+    inputs: dict[str, list[Any]] = {"ours": ours_batches, "ours_eager": ours_batches}
     detail: dict = {
         "shape": {
             "sparse_features": DLRM_FEATURES,
@@ -434,6 +471,7 @@ def run_vs_torchrec(batch_size: int, n_batches: int, repeats: int, warmup: int =
             "optimizer": "SparseAdam (touched rows) + Adam, lr 1e-3 (Trainer / RecOptimizer)",
             "timed": "Trainer.train_step per batch: NaN checks, zero_grad, hashing, lookup, MLPs, BCE, backward, "
             "SparseAdam + Adam steps, counters, float(loss); tensors converted before",
+            "steady_state": steady,
             "params": summary["params"],
             "embedding_params": emb,
             "dense_params": summary["params"] - emb,
@@ -513,6 +551,7 @@ def _measure_vs_torchrec(
         for i in range(repeats)
     ]
     detail["ours"].update(samples_per_cpu_s=med["ours"], runs=runs["ours"])
+    detail["ours_eager"] = {"samples_per_cpu_s": med["ours_eager"], "runs": runs["ours_eager"]}
     detail["torchrec"] = {
         "versions": {p: md.version(p) for p in ("torchrec", "fbgemm-gpu-cpu", "torch")},
         "model": f"DLRM: {n_features} EmbeddingBag tables of {DLRM_ROWS} x {DLRM_DIM} (sum pooling), dense arch [{DLRM_DIM}], pairwise-dot interaction, over arch [{', '.join(map(str, DLRM_TOP))}, 1]",
@@ -526,9 +565,11 @@ def _measure_vs_torchrec(
     detail["paired_ratio_median"] = round(statistics.median(paired), 3)
     result = {
         "ratio_vs_torchrec": round(med["ours"] / med[best], 3),
+        "ratio_vs_torchrec_eager": round(med["ours_eager"] / med[best], 3),
         "torchrec_samples_per_s": med[best],
         "torchrec_mode": best,
         "single_dlrm_shape_samples_per_s": med["ours"],
+        "single_dlrm_shape_eager_samples_per_s": med["ours_eager"],
     }
     return result, detail
 
@@ -611,6 +652,8 @@ def run_vs_torchrec_multihot(batch_size: int, n_batches: int, repeats: int, warm
     summary = model_summary(model)
     emb = sum(p.numel() for p in sparse_tables(model))
     trainer = Trainer(model, spec)
+    steady = steady_state(trainer, ours_batches)
+    eager = eager_twin(spec, lambda: build_model(spec.model, layout=layout, seed=0))
     detail: dict = {
         "shape": {
             "list_features": MULTIHOT_FEATURES,
@@ -626,21 +669,24 @@ def run_vs_torchrec_multihot(batch_size: int, n_batches: int, repeats: int, warm
             "model": f"SingleTower: {MULTIHOT_FEATURES} hashed tables of {DLRM_ROWS} x {DLRM_DIM} (one per list, "
             f"embedding_bag sum over the jagged ids); bottom {DLRM_DENSE}->{DLRM_DIM}; top MLP {DLRM_TOP} -> 1",
             "optimizer": "SparseAdam (touched rows) + Adam, lr 1e-3 (Trainer / RecOptimizer)",
+            "steady_state": steady,
             "params": summary["params"],
             "embedding_params": emb,
             "dense_params": summary["params"] - emb,
         },
     }
-    steps: dict[str, Callable[[Any], float]] = {"ours": trainer.train_step}
-    inputs: dict[str, list[Any]] = {"ours": ours_batches}
+    steps: dict[str, Callable[[Any], float]] = {"ours": trainer.train_step, "ours_eager": eager.train_step}
+    inputs: dict[str, list[Any]] = {"ours": ours_batches, "ours_eager": ours_batches}
     keys, detail = _measure_vs_torchrec(
         lambda: _torchrec_multihot_batches(rows), MULTIHOT_FEATURES, steps, inputs, detail, batch_size, repeats, warmup
     )
     return {
         "ratio_vs_torchrec_multihot": keys["ratio_vs_torchrec"],
+        "ratio_vs_torchrec_multihot_eager": keys["ratio_vs_torchrec_eager"],
         "torchrec_multihot_samples_per_s": keys["torchrec_samples_per_s"],
         "torchrec_multihot_mode": keys["torchrec_mode"],
         "single_multihot_samples_per_s": keys["single_dlrm_shape_samples_per_s"],
+        "single_multihot_eager_samples_per_s": keys["single_dlrm_shape_eager_samples_per_s"],
     }, detail
 
 
@@ -652,7 +698,11 @@ def vs_torchrec(args: argparse.Namespace) -> tuple[dict, dict]:
         print(f"vs_torchrec skipped: {detail['torchrec']['note']}")
         keys["torchrec_note"] = detail["torchrec"]["note"]
         return keys, detail
-    print(f"dlrm-shape ours (single tower)  {ours['samples_per_cpu_s']:,} samples/CPU-s (median)")
+    print(
+        f"dlrm-shape ours (single tower)  {ours['samples_per_cpu_s']:,} samples/CPU-s (median; kernels "
+        f"{ours['steady_state']['kernels']} after {ours['steady_state']['warmup_steps']} warm-up steps), eager "
+        f"{detail['ours_eager']['samples_per_cpu_s']:,}"
+    )
     for mode, d in detail["torchrec"]["modes"].items():
         print(f"dlrm-shape torchrec {mode:22s} {d['samples_per_cpu_s']:,} samples/CPU-s (median; {d['kernel']})")
     print(f"dlrm-shape ratio_vs_torchrec {keys['ratio_vs_torchrec']} (vs {keys['torchrec_mode']})")
@@ -671,7 +721,8 @@ def vs_torchrec(args: argparse.Namespace) -> tuple[dict, dict]:
     print(
         f"multi-hot ours {multi['single_multihot_samples_per_s']:,} vs torchrec {multi['torchrec_multihot_mode']} "
         f"{multi['torchrec_multihot_samples_per_s']:,} samples/CPU-s: ratio_vs_torchrec_multihot "
-        f"{multi['ratio_vs_torchrec_multihot']}"
+        f"{multi['ratio_vs_torchrec_multihot']} (eager: {multi['single_multihot_eager_samples_per_s']:,}, "
+        f"{multi['ratio_vs_torchrec_multihot_eager']})"
     )
     return keys, detail
 

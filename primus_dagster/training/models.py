@@ -107,8 +107,12 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
     except (OSError, ValueError, AttributeError):
         return torch.zeros(shape, dtype=dtype)
     offset = -torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr() % _HUGE_PAGE
-    # a storage of exactly the table (what torch.save writes); it keeps the mapping alive; anonymous memory is 0
-    return torch.frombuffer(region, dtype=dtype, count=count, offset=offset).view(shape)
+    # a storage of exactly the table (what torch.save writes); it keeps the mapping alive; anonymous memory is 0.
+    # set_ rather than .view(shape): a tensor of its own, not a view (torch.compile'd kernels take it as the
+    # plain tensor they were compiled for: training/kernels.py)
+    flat = torch.frombuffer(region, dtype=dtype, count=count, offset=offset)
+    strides = [math.prod(shape[k + 1 :]) for k in range(len(shape))]  # row-major, as .view(shape) has
+    return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), 0, shape, strides)
 
 
 def huge_page_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -251,12 +255,18 @@ class FeatureEmbeddings(nn.Module):
         self.n_sparse = layout.n_sparse
         self.width = layout.embedding_width()
 
-    def forward(self, sparse: torch.Tensor, lists: Mapping[str, Jagged] = _NO_LISTS) -> torch.Tensor:
-        parts = []
+    def parts(self, sparse: torch.Tensor, lists: Mapping[str, Jagged] = _NO_LISTS) -> list[torch.Tensor]:
+        """Each table's output ``[B, its width]``, in order (:meth:`forward` concatenates them; a tower that
+        concatenates more beside them takes these, to copy the rows once)."""
+        out = []
         for name, table in self.tables.items():
             ids = self.columns[name]
             chosen = sparse if len(ids) == self.n_sparse else sparse[:, ids]  # all of them (the default): no copy
-            parts.append(table(chosen, [lists[n] for n in self.list_names[name]]))
+            out.append(table(chosen, [lists[n] for n in self.list_names[name]]))
+        return out
+
+    def forward(self, sparse: torch.Tensor, lists: Mapping[str, Jagged] = _NO_LISTS) -> torch.Tensor:
+        parts = self.parts(sparse, lists)
         if not parts:
             return sparse.new_zeros((sparse.shape[0], 0), dtype=torch.float32)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -300,7 +310,7 @@ class _DLRMTower(nn.Module):
         aux: torch.Tensor | None = None,
         kind: str = "batch",  # the tower interface (_CustomTower passes it on); a built-in tower takes all alike
     ) -> torch.Tensor:
-        parts = [self.embedding(sparse, lists)]
+        parts = self.embedding.parts(sparse, lists)
         if self.bottom is not None:
             parts.insert(0, self.bottom(dense))
         if aux is not None:

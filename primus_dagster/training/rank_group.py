@@ -200,6 +200,7 @@ class _Rank:
             "samples_stream": total["samples_by_kind"]["stream"],
             "trainer_steps": total["steps"],
             "trainers": self.plan.world_size,
+            "kernels": trainer.kernels.describe(),  # rank 0's (every rank takes the same: kernels.KernelPolicy)
         }
         ck = trainer_checkpoint(
             *trainer.state(),

@@ -58,6 +58,7 @@ class TrainingResult:
             "samples": self.stats.get("samples", 0),
             "steps": self.stats.get("step", 0),
             "samples_per_s": self.stats.get("samples_per_s", 0.0),
+            "kernels": self.stats.get("kernels", "eager"),
             "wall_s": round(self.wall_s, 2),
             "checkpoints": len(self.checkpoints),
             "resumed_from_step": self.resumed_from_step,

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from primus_dagster.training import kernels
+
 # A presence mask over the table costs passes over its rows and an accumulating scatter of the ids; a sort
 # costs ~log2(ids) passes over the ids, then a fast segment sum. Measured here (torch 2.13, one CPU thread,
 # 16-float rows): the mask path wins up to about one table row per id (20 k ids into 10 k rows: 0.55 ms
@@ -50,15 +52,20 @@ def sorted_row_sums(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tens
     return rows, F.embedding_bag(order, values, torch.cumsum(counts, 0) - counts, mode="sum")
 
 
+def touched_rows(ids: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, slot)``: the distinct ``ids`` ascending, and for every table row its place in ``rows``
+    (meaningful where the row is touched), from a presence mask over the ``n_rows`` rows (no sort)."""
+    present = torch.bincount(ids, minlength=n_rows) > 0
+    return present.nonzero().squeeze(1), torch.cumsum(present, 0) - 1
+
+
 def row_sums(ids: torch.Tensor, values: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rows, sums)`` as :func:`sorted_row_sums` gives them, for ``ids`` in ``[0, n_rows)``: through a
     presence mask over the rows when the table has at most :data:`COUNTING_ROWS_PER_ID` rows per id (no
     sort; each row's sum adds its values in id order, so the last bits may differ from the sort's)."""
     if n_rows > COUNTING_ROWS_PER_ID * ids.numel():
         return sorted_row_sums(ids, values)
-    present = torch.bincount(ids, minlength=n_rows) > 0
-    rows = present.nonzero().squeeze(1)
-    slot = torch.cumsum(present, 0) - 1  # row r's place in rows, where present
+    rows, slot = touched_rows(ids, n_rows)
     sums = torch.zeros(len(rows), values.shape[1], dtype=values.dtype, device=values.device)
     sums.index_put_((slot.index_select(0, ids),), values, accumulate=True)  # index_add_'s sums, ~10 % faster
     return rows, sums
@@ -96,21 +103,38 @@ class RowSparseBag(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
         ids, offsets, weights = ctx.saved_tensors
         n_rows, dim = ctx.shape
-        if offsets is None:
-            id_grads = grad_out.reshape(-1, dim)
-        else:
-            bag = _bag_of_ids(offsets, ids.numel())
-            id_grads = grad_out.index_select(0, bag)
-            if weights is not None:
-                id_grads = id_grads * weights.unsqueeze(1)
-            elif ctx.mode == "mean":
+        bag = None if offsets is None else _bag_of_ids(offsets, ids.numel())
+        compiled = kernels.active().row_grads
+        if compiled is not None and n_rows <= COUNTING_ROWS_PER_ID * ids.numel():
+            scale = weights
+            if bag is not None and weights is None and ctx.mode == "mean":
                 lengths = torch.bincount(bag, minlength=len(offsets)).clamp_(min=1)
-                id_grads = id_grads / lengths.index_select(0, bag).unsqueeze(1).to(id_grads.dtype)
-        rows, summed = row_sums(ids, id_grads, n_rows)
+                scale = lengths.reciprocal().to(grad_out.dtype).index_select(0, bag)
+            rows, slot = touched_rows(ids, n_rows)
+            # contiguous: the form the kernel was compiled for (the top MLP's input gradient arrives sliced)
+            source = grad_out.reshape(-1, dim) if bag is None else grad_out.contiguous()
+            summed = compiled(source, ids, bag, scale, slot, len(rows))
+        else:
+            rows, summed = row_sums(ids, _id_grads(grad_out, bag, weights, ctx.mode, dim), n_rows)
         grad = torch.sparse_coo_tensor(
             rows.unsqueeze(0), summed, (n_rows, dim), is_coalesced=True, check_invariants=False
         )
         return grad, None, None, None, None
+
+
+def _id_grads(
+    grad_out: torch.Tensor, bag: torch.Tensor | None, weights: torch.Tensor | None, mode: str, dim: int
+) -> torch.Tensor:
+    """The gradient of every looked-up id's row: its bag's output gradient, weighted or averaged."""
+    if bag is None:
+        return grad_out.reshape(-1, dim)
+    id_grads = grad_out.index_select(0, bag)
+    if weights is not None:
+        return id_grads * weights.unsqueeze(1)
+    if mode == "mean":
+        lengths = torch.bincount(bag, minlength=grad_out.shape[0]).clamp_(min=1)
+        return id_grads / lengths.index_select(0, bag).unsqueeze(1).to(id_grads.dtype)
+    return id_grads
 
 
 def row_sparse_bag(

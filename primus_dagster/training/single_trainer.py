@@ -77,8 +77,10 @@ class SingleTrainer:
         spec = run.spec
         if run.model_init is None:
             raise RuntimeError("the run's model layout was not resolved before training (train_window sets it)")
-        trainer = Trainer(build_initial_model(spec.model, run.model_init, seed=spec.seed), spec, device=run.device)
+        model = build_initial_model(spec.model, run.model_init, seed=spec.seed)
+        trainer = Trainer(model, spec, device=run.device, deterministic=run.job.data.deterministic)
         run.tracker.set_tags({"primus.model": str(model_summary(trainer.model))})
+        log.info("kernels: %s", trainer.kernels.describe())
         if self.resume is not None:
             ck = self.resume
             trainer.restore(

@@ -39,6 +39,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_the_realistic_shape_trains_with_declared_tables_and_transforms(world: dict, ranks: int) -> None:
     spec = dict(world["spec"], name=f"realistic-r{ranks}")
     spec["pools"] = {**spec["pools"], "training": {"replicas": ranks, "min_replicas": ranks, "max_replicas": ranks}}
+    # training.compile auto, its background compile started early (at step 2 instead of 1000): one trainer
+    # starts it and trains on, switching to the compiled kernels if the compile is done in time; two ranks stay eager
+    spec["training"] = {**spec["training"], "compile_after_steps": 2}
     path = world["root"] / f"job-{ranks}.yaml"
     path.write_text(yaml.safe_dump(spec))
     command = [*CLI, "train", str(path), "--start", "2026-11-02", "--hours", "24", "--data-root", str(world["root"])]
@@ -49,3 +52,8 @@ def test_the_realistic_shape_trains_with_declared_tables_and_transforms(world: d
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["samples"] > 0 and 0.0 < result["eval_auc"] < 1.0
     assert "popularity_auc" in result  # the guard's prior, on the same training rows
+    if ranks == 1:
+        assert "kernels: compiling the embedding kernels with torch.compile (in the background, step 2)" in done.stderr
+        assert result["kernels"] in ("eager (compiling)", "compiled") or result["kernels"].startswith("compiled from")
+    else:
+        assert "keeps the 2 ranks' replicas on the eager kernels" in result["kernels"]

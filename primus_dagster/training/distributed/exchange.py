@@ -178,7 +178,7 @@ class RowSparseExchange:
         model = build_initial_model(spec.model, init, seed=spec.seed)
         if dist.get_world_size() > 1:
             self.index(model)
-        return Trainer(model, spec, observe_labels=False)
+        return Trainer(model, spec, observe_labels=False, replicas=dist.get_world_size())
 
     @property
     def seconds(self) -> float:
