@@ -65,6 +65,7 @@ from primus_dagster.data.sources import (
     scan_partition,
     scan_problems,
 )
+from primus_dagster.data.sources.base import PackFailure, pack_failure
 from primus_dagster.data.sources.kafka import KafkaSource, TailOffsetError, TailPlan
 from primus_dagster.data.task_batches import read_batches, task_batches
 from primus_dagster.data.tasks import BatchId, DataTask, read_location
@@ -94,6 +95,7 @@ __all__ = [
     "ListingCache",
     "Normalizer",
     "NotReady",
+    "PackFailure",
     "Partition",
     "PartitionFindings",
     "PartitionNotReadyError",
@@ -120,6 +122,7 @@ __all__ = [
     "list_feature_names",
     "make_adapter",
     "native_columns",
+    "pack_failure",
     "plan_report",
     "quality_summary",
     "read_batches",

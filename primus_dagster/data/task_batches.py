@@ -24,6 +24,7 @@ import pyarrow as pa
 from primus_dagster.data.batch import Batch
 from primus_dagster.data.canonical import TS_TYPE
 from primus_dagster.data.sources import SourceAdapter, SourceContext, make_adapter
+from primus_dagster.data.sources.base import pack_failure
 from primus_dagster.data.tasks import BatchId, DataTask
 from primus_dagster.spec import JobSpec
 
@@ -80,8 +81,9 @@ def read_batches(
 ) -> Generator[Batch, None, None]:
     """The non-empty output batches of ``tasks``, read in this process through the source adapters
     (numbered as an executor numbers them). ``on_error``: a task whose read fails is handed to it with the
-    error and the next task is read (a best-effort sample; the data plane retries and reports such tasks);
-    None: the error is raised."""
+    error and the next task is read -- a pack goes on without the file that failed
+    (:func:`~primus_dagster.data.sources.base.pack_failure`) -- a best-effort sample (the data plane
+    retries and reports such tasks); None: the error is raised."""
     adapters: dict[str, SourceAdapter] = {}
 
     def adapter_for(name: str) -> SourceAdapter:
@@ -91,20 +93,32 @@ def read_batches(
 
     try:
         for task in tasks:
-            first = 0
-            try:
-                for arrow_batch in task_batches(task, adapter_for):
-                    n = arrow_batch.num_rows
-                    if n:
-                        batch_id = BatchId(task.task_id, first, n)
-                        yield Batch.from_arrow(
-                            arrow_batch, kind=task.kind, stream=task.stream, source=task.read.source, batch_id=batch_id
-                        )
-                    first += n
-            except Exception as exc:
-                if on_error is None:
-                    raise
-                on_error(task, exc)
+            reading, done = task, 0  # rows handed out: a read again without a failed file skips them
+            while True:
+                first = 0
+                try:
+                    for arrow_batch in task_batches(reading, adapter_for):
+                        n = arrow_batch.num_rows
+                        if n and first >= done:
+                            batch_id = BatchId(task.task_id, first, n)
+                            yield Batch.from_arrow(
+                                arrow_batch,
+                                kind=task.kind,
+                                stream=task.stream,
+                                source=task.read.source,
+                                batch_id=batch_id,
+                            )
+                            done = first + n
+                        first += n
+                except Exception as exc:
+                    if on_error is None:
+                        raise
+                    on_error(task, exc)
+                    failure = pack_failure(exc)  # one file of a pack: the others are read without it
+                    if failure is not None and len(reading.read.members) > 1:
+                        reading = reading.without([failure.member])
+                        continue
+                break
     finally:
         for adapter in adapters.values():
             adapter.close()

@@ -1,7 +1,7 @@
 """Data tasks: what the planner (DTGG) emits, the driver hands out and executors run.
 
 A :class:`DataTask` is one unit of hand-out: a read of one source task (file, row-group
-range or Kafka offset range), or a join of a left read with the right reads that may hold
+range, pack of small files or Kafka offset range), or a join of a left read with the right reads that may hold
 its late events. Its output is a deterministic sequence of canonical batches; a batch is
 identified by ``(task_id, first_row)`` where ``first_row`` counts the task's output rows
 from 0. Files are immutable and offsets stable, so re-running a task after a failure yields
@@ -16,11 +16,12 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from primus_dagster.data.sources.base import ReadTask
+from primus_dagster.data.sources.base import ReadTask, pack_location
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,16 @@ class DataTask:
             read=read,
             size_bytes=read.size_bytes,
         )
+
+    @property
+    def units(self) -> int:
+        """The files it reads (a pack: its files; anything else: 1): the failure threshold counts these."""
+        return len(self.read.members) or 1
+
+    def without(self, uris: Collection[str]) -> DataTask:
+        """This pack without the files ``uris`` (given up): the same task id, fewer files to read."""
+        read = self.read.without(uris)
+        return replace(self, read=read, size_bytes=read.size_bytes)
 
     @property
     def order_key(self) -> tuple[str, str, str]:
@@ -115,8 +126,8 @@ class BatchId:
 
 def read_location(read: ReadTask, offsets: bool = False) -> str:
     """Where a read task's rows come from, for messages: its file (with the row-group range of a split
-    file), or with ``offsets`` (a Kafka read: ``uri`` is ``topic:partition``) its topic, partition and
-    offset range.
+    file; a pack: its first file and how many more), or with ``offsets`` (a Kafka read: ``uri`` is
+    ``topic:partition``) its topic, partition and offset range.
 
     >>> read_location(ReadTask("clicks", datetime(2026, 1, 1), "clicks:3", 100, 200), offsets=True)
     'topic clicks partition 3 offsets 100-200'
@@ -124,6 +135,8 @@ def read_location(read: ReadTask, offsets: bool = False) -> str:
     if offsets:
         topic, _, partition = read.uri.rpartition(":")
         return f"topic {topic} partition {partition} offsets {read.start}-{read.stop}"
+    if read.members:
+        return pack_location(read)
     if read.start == 0 and read.stop is None:
         return read.uri
     return f"{read.uri} row groups {read.start}-{read.stop}"

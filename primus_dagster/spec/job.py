@@ -229,6 +229,22 @@ class DataPlaneSpec(StrictModel):
     """Task planning and hand-out (DTGG, data driver)."""
 
     planner_threads: int = Field(default=4, ge=1, le=256)
+    pack_bytes: int = Field(
+        default=128 * 2**20,
+        ge=0,
+        le=2**40,
+        description="The DTGG packs a Parquet, Delta or Iceberg partition's small files into one task while their "
+        "sizes plus open_cost_bytes each add up to at most this (Spark's maxPartitionBytes rule, files kept in "
+        "order); a pack is read as one stream of full batches, and a file of it that cannot be read is given up "
+        "alone (docs/data_plane.md, Packs). 0: a task per file.",
+    )
+    open_cost_bytes: int = Field(
+        default=4 * 2**20,
+        ge=0,
+        le=2**40,
+        description="What opening a file costs, in bytes, when packing (Spark's openCostInBytes): a pack holds "
+        "at most pack_bytes / open_cost_bytes files.",
+    )
     max_attempts: int = Field(default=3, ge=1, le=1000)
     failed_task_threshold: float = Field(default=0.05, ge=0, le=1, description="Fail the job past this share.")
     allow_failed_tasks: bool = Field(

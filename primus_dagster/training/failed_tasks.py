@@ -90,7 +90,9 @@ def failed_task_rows(
                 "phase": phase,
                 "source": read.source if read is not None else "",
                 "partition": read.partition.isoformat() if read is not None else "",
-                "where": read_location(read, offsets=read.source in offset_sources)
+                "where": str(entry["where"])  # one file of a pack, given up alone
+                if entry.get("where")
+                else read_location(read, offsets=read.source in offset_sources)
                 if read is not None
                 else str(entry.get("uri") or entry["task_id"]),
                 "error": _one_line(str(entry.get("error") or "no error recorded"), _ERROR_CHARS),
@@ -157,7 +159,7 @@ def record_failed_tasks(run: TrainingRun, phase: Phase, driver: DataDriver, step
         "failed_tasks and the MLflow artifact %s, their partitions are marked incomplete",
         phase.name,
         len(rows),
-        len(by_id),
+        sum(task.units for task in by_id.values()),  # a pack counts as its files, as the threshold does
         more,
         FAILED_TASKS_ARTIFACT,
     )

@@ -55,6 +55,7 @@ from primus_dagster.data import (
     SourceContext,
     TimeWindow,
     declared_schema,
+    pack_failure,
     read_batches,
     read_location,
 )
@@ -394,7 +395,10 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
     def unreadable(task: DataTask, exc: Exception) -> None:  # the data plane retries it and reports it
         if isinstance(exc, PermanentDataError):  # data that does not fit its spec: every file would fail alike
             raise exc
-        where = read_location(task.read, offsets=task.read.source in offset_sources(run.job))
+        failure = pack_failure(exc)  # one file of a pack: the pack's other files are read without it
+        where = (
+            failure.member if failure else read_location(task.read, offsets=task.read.source in offset_sources(run.job))
+        )
         log.warning("features: %s could not be read (%s: %s); its rows are left out of the statistics",
                     where, type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])  # fmt: skip
 

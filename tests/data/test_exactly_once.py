@@ -8,7 +8,6 @@ snapshot. In both, the multiset of (stream, sample id) delivered equals the expe
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+from tests.data.executor.datakit import kill_mid_serving
 
 pytestmark = pytest.mark.integration
 
@@ -95,23 +95,7 @@ def delivered(batch) -> list[tuple[str, int]]:
 def test_sigkill_of_an_executor_mid_serving_loses_and_repeats_nothing(world: dict) -> None:
     got: list[tuple[str, int]] = []
     with plane(world, tasks=world["tasks"], executors=2, slow_ms_per_batch={0: 30}) as dp:
-        with dp.reader(0, refresh_s=0.1) as reader:
-            done = threading.Event()
-
-            def consume() -> None:
-                for batch in reader:
-                    got.extend(delivered(batch))
-                done.set()
-
-            thread = threading.Thread(target=consume, daemon=True)
-            thread.start()
-            deadline = time.monotonic() + 30
-            while dp.driver.status()["claimed_batches"] < 15 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            running = dp.driver.status()["counts"]["running"]
-            dp.kill(0)  # executor 0 holds leased, half-served tasks
-            assert done.wait(90), "the reader did not finish after the kill"
-            thread.join(5)
+        running = kill_mid_serving(dp, lambda batch: got.extend(delivered(batch)), claims=15)
         status = dp.driver.status()
     assert running > 0
     assert status["done"] and not status["failed"]

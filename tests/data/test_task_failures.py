@@ -22,7 +22,7 @@ from primus_dagster.data.driver import DataDriver, DataFailedError
 from primus_dagster.data.executor import DataExecutor
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import parse_job_spec
-from tests.data.executor.datakit import T0, plan, write_tree
+from tests.data.executor.datakit import T0, plan, read_everything, write_tree
 
 ROWS = 200  # rows per file
 BATCH_ROWS = 50
@@ -84,15 +84,6 @@ def corrupt_second_row_group(path: str) -> int:
     data[offset : offset + 16] = b"\xff" * 16
     Path(path).write_bytes(bytes(data))
     return meta.row_group(0).num_rows
-
-
-def read_everything(plane: DirectDataPlane, timeout: float = 30.0) -> list[int]:
-    """Every sample id the trainer-side reader yields until the data ends."""
-    got: list[int] = []
-    with plane.reader(0, refresh_s=0.1) as reader:
-        while (batch := reader.next_batch(timeout=timeout)) is not None:
-            got += batch.sample_id.tolist()
-    return got
 
 
 @pytest.mark.integration

@@ -9,7 +9,7 @@ Example::
     client = DriverClient(server.location)   # the same DriverAPI as the DataDriver itself
 """
 
-from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease
+from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
 from primus_dagster.data.driver.server import DriverServer
 from primus_dagster.data.driver.state import DataDriver
@@ -25,4 +25,5 @@ __all__ = [
     "DriverUnavailableError",
     "ExecutorReport",
     "Lease",
+    "MemberFailure",
 ]

@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from primus_dagster.data.driver.api import ExecutorReport, Lease
+from primus_dagster.data.driver.api import ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.driver.task_record import DataAbortedError, DataFailedError
 from primus_dagster.data.tasks import BatchId, DataTask
 
@@ -28,8 +28,9 @@ CHUNK_BYTES = 1 << 20
 ACTIONS: dict[str, str] = {
     "lease": '{"executor_id", "max_tasks", "request_id"} -> {"leases": [lease]}',
     "heartbeat": '{"report": report} -> {"cancel": [task_id], "done", "failed", "deadline"}',
-    "complete": '{"executor_id", "task_id", "rows", "batches", "quality"?: {rule: rows}} -> {}',
-    "fail": '{"executor_id", "task_id", "error", "retryable"?: bool} -> {}',
+    "complete": '{"executor_id", "task_id", "rows", "batches", "quality"?: {rule: rows}, '
+    '"places"?: {uri: {rule: rows}}} -> {}',
+    "fail": '{"executor_id", "task_id", "error", "retryable"?: bool, "member"?: member} -> {}',
     "release": '{"executor_id", "task_ids": [task_id]} -> {"released": [task_id]}',
     "claim": '{"trainer_id", "batch": batch, "request_id"} -> {"first": bool}',
     "claim_many": '{"trainer_id", "batches": [batch], "request_id"} -> {"first": [bool]}',
@@ -50,6 +51,7 @@ ACTIONS: dict[str, str] = {
 #: lease  = {"task": DataTask.to_dict(), "attempt": int, "deadline": float, "claimed_rows": [int]}
 #: report = {"executor_id", "address", "running": [task_id], "metrics": {name: float}}
 #: batch  = {"task_id", "first_row", "rows"}
+#: member = {"uri", "retryable", "served_members"} (a file of a pack failed: MemberFailure)
 DEDUP_ACTIONS = frozenset({"lease", "claim", "claim_many"})
 
 
@@ -90,6 +92,19 @@ def batch_to_dict(batch: BatchId) -> dict[str, Any]:
 
 def batch_from_dict(data: dict[str, Any]) -> BatchId:
     return BatchId(task_id=data["task_id"], first_row=int(data["first_row"]), rows=int(data["rows"]))
+
+
+def member_to_dict(member: MemberFailure) -> dict[str, Any]:
+    return asdict(member)
+
+
+def member_from_dict(data: dict[str, Any]) -> MemberFailure:
+    return MemberFailure(str(data["uri"]), bool(data.get("retryable", True)), int(data.get("served_members", 0)))
+
+
+def places_from_dict(data: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Quality counts per file of a pack (``{uri: {rule: rows}}``) as sent by ``complete``."""
+    return {str(uri): {str(rule): int(n) for rule, n in dict(counts).items()} for uri, counts in dict(data).items()}
 
 
 def error_info(err: BaseException) -> bytes:

@@ -23,6 +23,17 @@ class Lease:
     claimed_rows: tuple[int, ...] = ()  # first_row of batches already claimed: do not serve them
 
 
+@dataclass(frozen=True)
+class MemberFailure:
+    """A file of a pack failed (:meth:`DriverAPI.fail`): ``uri``, whether a retry may help, and
+    ``served_members`` -- the batches the attempt handed out hold rows of the pack's first
+    ``served_members`` files only (:class:`~primus_dagster.data.sources.base.PackFailure`)."""
+
+    uri: str
+    retryable: bool = True
+    served_members: int = 0
+
+
 #: Prefix of the heartbeat metrics ``buffered_rows.<kind>``: rows of that kind in the executor's serving buffers.
 BUFFERED_ROWS = "buffered_rows."
 
@@ -46,15 +57,25 @@ class DriverAPI(Protocol):
         """Extend the leases of ``report.running``; returns {"cancel": [task ids no longer owned], "done": bool}."""
 
     def complete(
-        self, executor_id: str, task_id: str, rows: int, batches: int, quality: dict[str, int] | None = None
+        self,
+        executor_id: str,
+        task_id: str,
+        rows: int,
+        batches: int,
+        quality: dict[str, int] | None = None,
+        places: dict[str, dict[str, int]] | None = None,
     ) -> None:
         """The executor has served every batch of the task. ``rows`` / ``batches`` count the task's
         WHOLE output, including the batches skipped because they were in ``Lease.claimed_rows``
         (the driver uses them to decide, at a barrier, whether every batch was consumed);
-        ``quality``: its rows touched per data-quality rule (repaired, dropped), summed by the driver."""
+        ``quality``: its rows touched per data-quality rule (repaired, dropped), summed by the driver;
+        ``places``: the same per file of a pack (``{uri: {rule: rows}}``)."""
 
-    def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
-        """The task failed on this executor (retried until max attempts; at once failed when not ``retryable``)."""
+    def fail(
+        self, executor_id: str, task_id: str, error: str, retryable: bool = True, member: MemberFailure | None = None
+    ) -> None:
+        """The task failed on this executor (retried until max attempts; at once failed when not ``retryable``);
+        ``member``: it was one file of a pack (that file may be given up alone)."""
 
     def release(self, executor_id: str, task_ids: list[str]) -> list[str]:
         """The executor stops without finishing these tasks: hand them out again now (no failure)."""

@@ -30,10 +30,11 @@ from primus_dagster.data.driver.actions import (
     batch_to_dict,
     error_from_info,
     lease_from_dict,
+    member_to_dict,
     report_from_dict,
     report_to_dict,
 )
-from primus_dagster.data.driver.api import ExecutorReport, Lease
+from primus_dagster.data.driver.api import ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.tasks import BatchId, DataTask
 
 ADD_TASKS_CHUNK = 2000
@@ -105,17 +106,29 @@ class DriverClient:
         return self.call("heartbeat", {"report": report_to_dict(report)})
 
     def complete(
-        self, executor_id: str, task_id: str, rows: int, batches: int, quality: dict[str, int] | None = None
+        self,
+        executor_id: str,
+        task_id: str,
+        rows: int,
+        batches: int,
+        quality: dict[str, int] | None = None,
+        places: dict[str, dict[str, int]] | None = None,
     ) -> None:
         body: dict[str, Any] = {"executor_id": executor_id, "task_id": task_id, "rows": rows, "batches": batches}
         if quality:
             body["quality"] = quality
+        if places:
+            body["places"] = places
         self.call("complete", body)
 
-    def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
+    def fail(
+        self, executor_id: str, task_id: str, error: str, retryable: bool = True, member: MemberFailure | None = None
+    ) -> None:
         body: dict[str, Any] = {"executor_id": executor_id, "task_id": task_id, "error": error}
         if not retryable:
             body["retryable"] = False
+        if member is not None:
+            body["member"] = member_to_dict(member)
         self.call("fail", body)
 
     def release(self, executor_id: str, task_ids: list[str]) -> list[str]:

@@ -32,6 +32,8 @@ from primus_dagster.data.driver.actions import (
     batch_from_dict,
     error_info,
     lease_to_dict,
+    member_from_dict,
+    places_from_dict,
     report_from_dict,
     report_to_dict,
 )
@@ -58,6 +60,32 @@ def _quality(counts: Any) -> dict[str, int] | None:
     return None if not counts else {str(rule): int(n) for rule, n in dict(counts).items()}
 
 
+def _complete(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]:
+    places = body.get("places")
+    driver.complete(
+        body["executor_id"],
+        body["task_id"],
+        int(body["rows"]),
+        int(body["batches"]),
+        _quality(body.get("quality")),
+        places_from_dict(places) if places else None,
+    )
+    return {}
+
+
+def _fail(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]:
+    member = body.get("member")
+    retryable = bool(body.get("retryable", True))
+    driver.fail(
+        body["executor_id"],
+        body["task_id"],
+        str(body["error"]),
+        retryable,
+        member_from_dict(member) if member else None,
+    )
+    return {}
+
+
 def _raise_if_failed(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]:
     driver.raise_if_failed()
     return {}
@@ -66,10 +94,8 @@ def _raise_if_failed(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]
 HANDLERS: dict[str, Handler] = {
     "lease": lambda d, b: {"leases": [lease_to_dict(x) for x in d.lease(b["executor_id"], int(b.get("max_tasks", 1)))]},
     "heartbeat": lambda d, b: d.heartbeat(report_from_dict(b["report"])),
-    "complete": lambda d, b: (
-        d.complete(b["executor_id"], b["task_id"], int(b["rows"]), int(b["batches"]), _quality(b.get("quality"))) or {}
-    ),
-    "fail": lambda d, b: d.fail(b["executor_id"], b["task_id"], str(b["error"]), bool(b.get("retryable", True))) or {},
+    "complete": _complete,
+    "fail": _fail,
     "release": lambda d, b: {"released": d.release(b["executor_id"], [str(t) for t in b["task_ids"]])},
     "claim": lambda d, b: {"first": d.claim(b["trainer_id"], batch_from_dict(b["batch"]))},
     "claim_many": lambda d, b: {"first": d.claim_many(b["trainer_id"], [batch_from_dict(x) for x in b["batches"]])},

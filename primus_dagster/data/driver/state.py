@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from primus_dagster.data.driver.api import BUFFERED_ROWS, ExecutorReport, Lease
+from primus_dagster.data.driver.api import BUFFERED_ROWS, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.driver.barrier import BarrierTracker
 from primus_dagster.data.driver.delivery import DeliveryWatch
 from primus_dagster.data.driver.snapshot import read_snapshot, save_snapshot
@@ -68,6 +68,11 @@ PUSH_KINDS = ("stream",)
 
 def _count(rows: Any) -> int:
     return 0 if rows is None else len(rows)
+
+
+def _places(places: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Quality counts per file (``{uri: {rule: rows}}``) as plain ints."""
+    return {str(where): {str(rule): int(n) for rule, n in counts.items()} for where, counts in places.items()}
 
 
 def _preview(rec: TaskRecord, limit: int = 8) -> str:
@@ -158,11 +163,16 @@ class DataDriver:
         self.loading_policy = loading_policy
         self._deadlines: list[tuple[float, int, str]] = []  # (deadline, attempt, task id); lazily updated
         self._failed_ids: set[str] = set()
+        self._given_up_ids: set[str] = set()  # packs with a file given up
+        # The failure threshold counts files (a pack: its files), given up one by one or with their task.
+        self._units = 0
+        self._failed_units = 0
         self._executors: dict[str, tuple[ExecutorReport, float]] = {}
         self._barriers = BarrierTracker()
         self._delivery = DeliveryWatch()
         self._aborted: str | None = None
         self._quality: dict[str, dict[str, int]] = {}  # succeeded task -> rows touched per data-quality rule
+        self._quality_places: dict[str, dict[str, dict[str, int]]] = {}  # a succeeded pack's, per file
         self._quality_total: Counter[str] = Counter()
         self._stats = {
             "rows": 0,
@@ -204,6 +214,7 @@ class DataDriver:
         rec.state = state
         if state == FAILED:
             self._failed_ids.add(rec.task.task_id)
+            self._failed_units += rec.units - len(rec.given_up or ())
 
     def _key(self, rec: TaskRecord) -> OrderKey:
         """The hand-out heap key: the task's chronological ``order_key``, or (deterministic) its place
@@ -230,6 +241,10 @@ class DataDriver:
             self._push_pending(rec)
         elif rec.state == FAILED:
             self._failed_ids.add(rec.task.task_id)
+        self._units += rec.units
+        self._failed_units += rec.units if rec.state == FAILED else len(rec.given_up or ())
+        if rec.given_up:
+            self._given_up_ids.add(rec.task.task_id)
         stats = self._stats  # non-zero only for restored records
         stats["claimed_batches"] += 0 if rec.claimed is None else len(rec.claimed)
         stats["consumed_batches"] += 0 if rec.consumed is None else len(rec.consumed)
@@ -338,7 +353,7 @@ class DataDriver:
     @staticmethod
     def _lease_of(rec: TaskRecord, deadline: float) -> Lease:
         claimed = () if rec.claimed is None else rec.claimed.to_tuple()
-        return Lease(task=rec.task, attempt=rec.attempts, deadline=deadline, claimed_rows=claimed)
+        return Lease(task=rec.leased_task(), attempt=rec.attempts, deadline=deadline, claimed_rows=claimed)
 
     def _straggler(self, executor_id: str) -> TaskRecord | None:
         """The longest-running task without a backup, held by another executor, running longer than
@@ -372,15 +387,23 @@ class DataDriver:
 
     @_api
     def complete(
-        self, executor_id: str, task_id: str, rows: int, batches: int, quality: dict[str, int] | None = None
+        self,
+        executor_id: str,
+        task_id: str,
+        rows: int,
+        batches: int,
+        quality: dict[str, int] | None = None,
+        places: dict[str, dict[str, int]] | None = None,
     ) -> None:
         """The task's output is fully served; ``rows``/``batches`` count its WHOLE output, batches
         skipped because they were already claimed included; ``quality``: its rows touched per
-        data-quality rule (see :meth:`quality_counts`). A late completion by an executor that
-        lost the lease is accepted too (same deterministic output); one for a failed task is ignored."""
+        data-quality rule (see :meth:`quality_counts`), ``places``: the same per file of a pack. A late
+        completion by an executor that lost the lease is accepted too (same deterministic output); one
+        for a failed task is ignored."""
         rec = self._get(task_id)
         if rec.state in (SUCCEEDED, FAILED):
             return
+        rec.ended()
         if rec.state == RUNNING:
             if executor_id == rec.owner and rec.backup is None:
                 self._durations.append(self._clock() - rec.started)
@@ -394,6 +417,8 @@ class DataDriver:
         if quality:
             self._quality[task_id] = {str(rule): int(n) for rule, n in quality.items()}
             self._quality_total.update(self._quality[task_id])
+        if places:
+            self._quality_places[task_id] = _places(places)
         self._delivery.completed(executor_id, task_id, _count(rec.claimed), rec.batches, self._clock())
 
     def _reopen_undelivered(self, now: float) -> list[str]:
@@ -427,6 +452,7 @@ class DataDriver:
         stats = self._stats
         stats["rows"], stats["batches"] = stats["rows"] - rec.rows, stats["batches"] - rec.batches
         self._quality_total.subtract(self._quality.pop(rec.task.task_id, {}))
+        self._quality_places.pop(rec.task.task_id, None)
         if failure:
             self._retry_or_fail(rec, error)
             return
@@ -435,20 +461,74 @@ class DataDriver:
         self._push_pending(rec)
 
     @_api
-    def fail(self, executor_id: str, task_id: str, error: str, retryable: bool = True) -> None:
+    def fail(
+        self, executor_id: str, task_id: str, error: str, retryable: bool = True, member: MemberFailure | None = None
+    ) -> None:
         """Attempt failed: back to pending, or failed after ``max_attempts`` failures (at once when not
         ``retryable``: a schema, type or data-quality failure). Ignored when ``executor_id`` no longer
-        holds the task (its lost lease was already counted)."""
+        holds the task (its lost lease was already counted). ``member``: one file of a pack failed; that
+        file's failures are counted instead, and after ``max_attempts`` of them (at once when not
+        retryable) it is given up alone and the pack goes on without it -- unless an attempt may have
+        served rows of it or of a later file, then the pack is given up (``docs/data_plane.md``, Packs)."""
         rec = self._get(task_id)
         if rec.state != RUNNING:
             return
+        pack = member is not None and bool(rec.task.read.members)
+        if member is not None and pack:
+            rec.served_members = max(rec.served_members, member.served_members)
+        else:
+            rec.ended()
+        where = f"executor {executor_id}, attempt {rec.attempts}"
         if executor_id == rec.backup:
             rec.backup = None  # the original copy goes on
         elif executor_id == rec.owner:
             if rec.backup is not None:
                 self._promote_backup(rec)
+            elif member is not None and pack:
+                self._member_failed(rec, member, f"{error} ({where})")
             else:
-                self._retry_or_fail(rec, f"{error} (executor {executor_id}, attempt {rec.attempts})", retryable)
+                self._retry_or_fail(rec, f"{error} ({where})", retryable)
+
+    def _member_failed(self, rec: TaskRecord, member: MemberFailure, error: str) -> None:
+        """File ``member.uri`` of the pack ``rec`` failed (its owner's attempt, no other copy running)."""
+        left = rec.members_left()
+        if member.uri not in left:  # not a file it reads: the pack failed
+            rec.ended()
+            self._retry_or_fail(rec, error, member.retryable)
+            return
+        failures = rec.member_failures = rec.member_failures or {}
+        failures[member.uri] = failures.get(member.uri, 0) + 1
+        if member.retryable and failures[member.uri] < self.max_attempts:
+            rec.error = error  # read again; the pack's own failures are not counted
+            self._set_state(rec, PENDING)
+            self._push_pending(rec)
+            return
+        if rec.served_members > left.index(member.uri):
+            # Served batches may hold rows of it or of a later file: without it, their ids would name other rows.
+            self._retry_or_fail(
+                rec,
+                f"{error}; an earlier attempt may have served rows of {member.uri} or of a later file of the pack, "
+                "so the pack is given up with it",
+                retryable=False,
+            )
+            return
+        rec.given_up = rec.given_up or {}
+        rec.given_up[member.uri] = [error, failures.pop(member.uri)]
+        rec.error = error
+        self._given_up_ids.add(rec.task.task_id)
+        self._failed_units += 1
+        log.warning(
+            "data task %s: file %s given up (%s); the other %d file(s) of its pack are read without it",
+            rec.task.task_id,
+            member.uri,
+            error,
+            len(left) - 1,
+        )
+        if len(left) == 1:
+            self._set_state(rec, FAILED)
+        else:
+            self._set_state(rec, PENDING)
+            self._push_pending(rec)
 
     @_api
     def release(self, executor_id: str, task_ids: Iterable[str]) -> list[str]:
@@ -461,6 +541,7 @@ class DataDriver:
             rec = self._tasks.get(task_id)
             if rec is None or rec.state != RUNNING:
                 continue
+            rec.ended()
             if executor_id == rec.backup:
                 rec.backup = None
             elif executor_id == rec.owner:
@@ -504,6 +585,7 @@ class DataDriver:
             if rec.deadline > now:  # extended by a heartbeat: re-file under the new deadline
                 heapq.heappush(heap, (rec.deadline, attempt, task_id))
                 continue
+            rec.ended()
             if rec.backup is not None:
                 self._promote_backup(rec)
                 continue
@@ -616,6 +698,7 @@ class DataDriver:
             "config": config,
             "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
             "quality": {task_id: dict(counts) for task_id, counts in self._quality.items()},
+            "quality_places": {task_id: _places(places) for task_id, places in self._quality_places.items()},
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -644,6 +727,9 @@ class DataDriver:
             if task_id in driver._tasks and driver._tasks[task_id].state == SUCCEEDED:
                 driver._quality[task_id] = {str(rule): int(n) for rule, n in counts.items()}
                 driver._quality_total.update(driver._quality[task_id])
+        for task_id, places in (snapshot.get("quality_places") or {}).items():
+            if task_id in driver._quality:
+                driver._quality_places[task_id] = _places(places)
         barrier_id = snapshot.get("barrier_id")
         driver._barriers.keep(barrier_id, snapshot if barrier_id is not None else None)
         return driver
@@ -655,8 +741,10 @@ class DataDriver:
 
     # -- status -----------------------------------------------------------------------------
     def _tasks_failed(self) -> bool:
-        total = len(self._tasks)
-        return self._aborted is not None or (total > 0 and len(self._failed_ids) / total > self.failed_task_threshold)
+        """Aborted, or the files of the failed tasks and the given-up files of packs are more than
+        ``failed_task_threshold`` of all files (a task that is no pack counts as one)."""
+        units = self._units
+        return self._aborted is not None or (units > 0 and self._failed_units / units > self.failed_task_threshold)
 
     def abort(self, reason: str) -> None:
         """Fail the run's tasks from outside (an executor out of restarts, a cancelled run): from now on the
@@ -675,9 +763,18 @@ class DataDriver:
         return self._planned and not self._busy() and not self._delivery and not self._tasks_failed()
 
     def failure_report(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """One row per failed task (the first ``limit``): ``{"task_id", "uri", "attempts", "failures", "error"}``."""
+        """One row per failed task and per given-up file of a pack (the first ``limit``): ``{"task_id", "uri",
+        "attempts", "failures", "error"}``; a file's row also has ``where``: the file (``uri``)."""
         with self._lock:
-            return [self._tasks[t].failure_row() for t in sorted(self._failed_ids)[:limit]]
+            rows: list[dict[str, Any]] = []
+            for task_id in sorted(self._failed_ids | self._given_up_ids):
+                rec = self._tasks[task_id]
+                rows += rec.given_up_rows()
+                if rec.state == FAILED and rec.units > len(rec.given_up or ()):
+                    rows.append(rec.failure_row())
+                if limit is not None and len(rows) >= limit:
+                    break
+            return rows[:limit]
 
     @_api
     def status(self) -> dict[str, Any]:
@@ -721,11 +818,14 @@ class DataDriver:
             for task_id, counts in self._quality.items():
                 read = self._tasks[task_id].task.read
                 by_source.setdefault(read.source, Counter()).update(counts)
-                where = read_location(read, offsets=read.source in offset_sources)
                 rules = by_location.setdefault(read.source, {})
-                for rule, rows in counts.items():
-                    if rows:
-                        rules.setdefault(rule, Counter())[where] += rows
+                places = self._quality_places.get(task_id) or {
+                    read_location(read, offsets=read.source in offset_sources): counts
+                }
+                for where, counted in places.items():
+                    for rule, rows in counted.items():
+                        if rows:
+                            rules.setdefault(rule, Counter())[where] += rows
             return {
                 "total": {rule: n for rule, n in sorted(self._quality_total.items()) if n},
                 "by_source": {name: dict(sorted(c.items())) for name, c in sorted(by_source.items())},
@@ -786,7 +886,7 @@ class DataDriver:
             if self._aborted is not None:
                 raise DataAbortedError(self._aborted)
             if self._tasks_failed():
-                raise DataFailedError(self.failure_report(), len(self._tasks), self.failed_task_threshold)
+                raise DataFailedError(self.failure_report(), self._units, self.failed_task_threshold)
 
     def task_info(self, task_id: str) -> dict[str, Any]:
         """State, attempts, owner, error, counts and ledgers of one task."""

@@ -60,9 +60,12 @@ class TaskRecord:
         "deadline",
         "error",
         "failures",
+        "given_up",
+        "member_failures",
         "owner",
         "rows",
         "seq",
+        "served_members",
         "started",
         "state",
         "task",
@@ -84,6 +87,31 @@ class TaskRecord:
         self.consumed: RowSet | None = None  # first_rows trainers reported consumed at barriers
         self.consumed_rows = 0
         self.seq = -1  # position among its kind's tasks in the order they were added (the plan's order)
+        # A pack: its files given up (uri -> [error, failures]), the failures of its other files, and how many of
+        # its (remaining) first files an ended attempt may have served rows of (docs/data_plane.md, Packs).
+        self.given_up: dict[str, list[Any]] | None = None
+        self.member_failures: dict[str, int] | None = None
+        self.served_members = 0
+
+    @property
+    def units(self) -> int:
+        """The files it reads (a pack: its files): what the failure threshold counts."""
+        return self.task.units
+
+    def leased_task(self) -> DataTask:
+        """The task to hand out: a pack without its given-up files (the same task id)."""
+        return self.task.without(self.given_up) if self.given_up else self.task
+
+    def members_left(self) -> list[str]:
+        """A pack's files not given up, in order (what an attempt reads)."""
+        given_up = self.given_up or {}
+        return [uri for uri, _, _ in self.task.read.members if uri not in given_up]
+
+    def ended(self) -> None:
+        """An attempt ended some other way than a file failing before it served any of that file's rows: it
+        may have served rows of any file of the pack."""
+        if self.task.read.members:
+            self.served_members = len(self.task.read.members)
 
     def claim(self, first_row: int) -> bool:
         if self.claimed is None:
@@ -124,6 +152,21 @@ class TaskRecord:
             "error": self.error,
         }
 
+    def given_up_rows(self) -> list[dict[str, Any]]:
+        """A row per file of a pack given up, as :meth:`failure_row` (``uri`` and ``where``: the file; its
+        attempts: those that read it and failed)."""
+        return [
+            {
+                "task_id": self.task.task_id,
+                "uri": uri,
+                "where": uri,
+                "attempts": int(failures),
+                "failures": int(failures),
+                "error": error,
+            }
+            for uri, (error, failures) in (self.given_up or {}).items()
+        ]
+
     def describe(self) -> dict[str, Any]:
         """Everything about the task but its payload (for tests, debugging, the UI)."""
         return {
@@ -141,10 +184,13 @@ class TaskRecord:
             "consumed": [] if self.consumed is None else self.consumed.to_list(),
             "consumed_rows": self.consumed_rows,
             "consumed_done": self.consumed_done,
+            "given_up": dict(self.given_up or {}),
+            "member_failures": dict(self.member_failures or {}),
+            "served_members": self.served_members,
         }
 
     def to_snapshot(self) -> dict[str, Any]:
-        return {
+        out = {
             "task": self.task.to_dict(),
             "state": self.state,
             "attempts": self.attempts,
@@ -155,6 +201,13 @@ class TaskRecord:
             "consumed": [] if self.consumed is None else self.consumed.to_list(),
             "consumed_rows": self.consumed_rows,
         }
+        if self.task.read.members:
+            out.update(
+                given_up=dict(self.given_up or {}),
+                member_failures=dict(self.member_failures or {}),
+                served_members=self.served_members,
+            )
+        return out
 
     @classmethod
     def from_snapshot(cls, entry: dict[str, Any]) -> TaskRecord:
@@ -175,6 +228,10 @@ class TaskRecord:
         if state not in STATES:
             raise ValueError(f"snapshot task {rec.task.task_id}: unknown state {state!r}")
         rec.state = state
+        rec.given_up = {str(uri): list(row) for uri, row in (entry.get("given_up") or {}).items()} or None
+        rec.member_failures = {str(uri): int(n) for uri, n in (entry.get("member_failures") or {}).items()} or None
+        rec.served_members = int(entry.get("served_members", 0))
         if state == RUNNING or (state == SUCCEEDED and not rec.consumed_done):
             rec.state = PENDING
+            rec.ended()  # the attempt running at the barrier may have served any of its rows
         return rec

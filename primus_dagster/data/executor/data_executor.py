@@ -8,8 +8,10 @@ rows)`` (the same on every re-run), skips the batches the lease says are already
 puts the rest into the trainer buffer its stream's shuffle picks (blocking while full:
 backpressure). A task is *completed* at the driver once every one of its batches has been handed
 to a ``DoGet`` stream (so an executor that dies with batches still buffered leaves its tasks to
-be re-leased); a read error *fails* it (with the file/URI in the message). A heartbeat thread
-reports every ``lease/4`` with metrics and cancels tasks the driver says this executor lost.
+be re-leased); a read error *fails* it (with the file/URI in the message; one file of a pack of
+small files fails as that file, which the driver may give up alone: ``docs/data_plane.md``, Packs).
+A heartbeat thread reports every ``lease/4`` with metrics and cancels tasks the driver says this
+executor lost.
 
 Example::
 
@@ -32,13 +34,14 @@ import pyarrow as pa
 
 from primus_dagster.data.batch import Batch, BatchMeta
 from primus_dagster.data.canonical import OPTIONAL_FIELDS, check_fields, is_permanent
-from primus_dagster.data.driver.api import BUFFERED_ROWS, DriverAPI, ExecutorReport, Lease
+from primus_dagster.data.driver.api import BUFFERED_ROWS, DriverAPI, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.executor.buffers import TrainerBuffers
 from primus_dagster.data.executor.dataset_server import DatasetServer
 from primus_dagster.data.executor.metrics import RateMeter
 from primus_dagster.data.flight_protocol import conform
 from primus_dagster.data.shuffle import executor_index_from_id, make_shuffle
 from primus_dagster.data.sources import SourceAdapter, SourceContext, make_adapter
+from primus_dagster.data.sources.base import pack_failure
 from primus_dagster.data.task_batches import task_batches
 from primus_dagster.data.tasks import BatchId, DataTask
 from primus_dagster.spec import JobSpec
@@ -56,6 +59,7 @@ class _TaskRun:
     cancelled: bool = False
     finished: bool = False  # complete/fail sent (or abandoned)
     quality: dict[str, int] = field(default_factory=dict)  # rows touched per data-quality rule
+    places: dict[str, dict[str, int]] = field(default_factory=dict)  # the same per file of a pack
 
 
 @dataclass
@@ -376,7 +380,11 @@ class DataExecutor:
                     self.counters.rows_read += n
                     self.counters.batches_read += 1
             run.rows = first
-            run.quality = adapter_for(task.read.source).normalize.take()
+            adapter = adapter_for(task.read.source)
+            run.quality = adapter.normalize.take()
+            if task.read.members:
+                places = adapter.last_read_stats.get("quality_places") or {}
+                run.places = {uri: dict(counts) for uri, counts in places.items() if counts}
             with self._lock:
                 run.read_done = True
         except Exception as exc:  # every read error fails the task, with its URI
@@ -400,9 +408,9 @@ class DataExecutor:
     def _fail(self, run: _TaskRun, exc: BaseException) -> None:
         task = run.lease.task
         message = str(exc)
-        uri = task.read.uri
-        if uri not in message:
-            message = f"{uri}: {message}"
+        failure = pack_failure(exc)  # one file of a pack (named in the message): it may be given up alone
+        if failure is None and task.read.uri not in message:
+            message = f"{task.read.uri}: {message}"
         message = f"{type(exc).__name__}: {message}"
         self._abandon(run)
         with self._lock:
@@ -410,7 +418,10 @@ class DataExecutor:
             self.counters.errors = [*self.counters.errors[-99:], f"{task.task_id}: {message}"]  # the last 100
         log.warning("%s: task %s failed: %s", self.executor_id, task.task_id, message)
         try:
-            if is_permanent(exc):  # schema, type or data-quality `fail`: a retry would fail the same way
+            if failure is not None:
+                member = MemberFailure(failure.member, not is_permanent(exc), failure.served_members)
+                self.driver.fail(self.executor_id, task.task_id, message, member=member)
+            elif is_permanent(exc):  # schema, type or data-quality `fail`: a retry would fail the same way
                 self.driver.fail(self.executor_id, task.task_id, message, retryable=False)
             else:
                 self.driver.fail(self.executor_id, task.task_id, message)
@@ -426,7 +437,11 @@ class DataExecutor:
             self.counters.tasks_completed += 1
         task_id = run.lease.task.task_id
         try:
-            if run.quality:
+            if run.places:
+                self.driver.complete(
+                    self.executor_id, task_id, run.rows, run.batches, quality=run.quality, places=run.places
+                )
+            elif run.quality:
                 self.driver.complete(self.executor_id, task_id, run.rows, run.batches, quality=run.quality)
             else:
                 self.driver.complete(self.executor_id, task_id, run.rows, run.batches)

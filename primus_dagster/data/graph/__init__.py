@@ -2,12 +2,13 @@
 
 ``compile_graph`` turns a DatasetSpec into a :class:`TaskGraph` (pure; fuses sources that
 scan the same physical data); :class:`Planner` runs it over a time window with a thread pool
-and a :class:`ListingCache`, returning a :class:`Plan` of ordered :class:`DataTask` s;
+and a :class:`ListingCache`, returning a :class:`Plan` of ordered :class:`DataTask` s (small files
+packed by a :class:`PackRule`);
 ``join_labels`` is the Joiner's row-level rule, used by executors on join tasks.
 """
 
 from primus_dagster.data.graph.join import join_labels
-from primus_dagster.data.graph.listing_cache import ListingCache, TaskBlock
+from primus_dagster.data.graph.listing_cache import ListingCache, PackRule, TaskBlock
 from primus_dagster.data.graph.ops import (
     JoinerOp,
     SinkOp,
@@ -27,6 +28,7 @@ __all__ = [
     "JoinerOp",
     "ListingCache",
     "NotReady",
+    "PackRule",
     "Plan",
     "PlanStats",
     "Planner",

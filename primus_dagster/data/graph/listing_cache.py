@@ -8,7 +8,8 @@ common directory) as one string with an offsets array, one ``array('q')`` of siz
 spans / rows / versions only when they vary — about 20-40 bytes a file instead of ~280 for a
 ``ReadTask`` object.
 :class:`ReadTask` objects are rebuilt on demand (:meth:`TaskBlock.read_task`), under any
-consumer's source name, which is what lets fused sources share one listing.
+consumer's source name, which is what lets fused sources share one listing, or as packs of small
+files (:class:`PackRule`, :meth:`TaskBlock.pack_cuts`).
 
 Example::
 
@@ -24,6 +25,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import accumulate
 from typing import Any
@@ -38,6 +40,28 @@ def task_suffix(task: ReadTask) -> str:
     return f"{task.uri}#{task.start}-{task.stop}"
 
 
+@dataclass(frozen=True)
+class PackRule:
+    """How the DTGG packs a partition's small files into one task: Spark's ``maxPartitionBytes`` /
+    ``openCostInBytes`` rule, keeping the files' order. A file costs its size plus ``open_cost_bytes``;
+    consecutive whole files of one table version go into one pack while their costs add up to at most
+    ``pack_bytes``, so a pack holds at most ``pack_bytes // open_cost_bytes`` files and a file of
+    ``pack_bytes - open_cost_bytes`` or more stays a task of its own (as does a row-group range).
+
+    Example::
+
+        rule = PackRule(pack_bytes=128 * 2**20, open_cost_bytes=4 * 2**20)   # data.pack_bytes, data.open_cost_bytes
+        block.pack_cuts(rule)   # array('q', [0, 32, 64, ..., len(block)]): pack k is files cuts[k]..cuts[k+1]
+    """
+
+    pack_bytes: int
+    open_cost_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.pack_bytes < 0 or self.open_cost_bytes < 0:
+            raise ValueError(f"bad pack rule: pack_bytes={self.pack_bytes}, open_cost_bytes={self.open_cost_bytes}")
+
+
 class TaskBlock:
     """The read tasks of one ready partition, column-wise, ordered like their task ids.
 
@@ -47,6 +71,7 @@ class TaskBlock:
     """
 
     __slots__ = (
+        "_packs",
         "blob",
         "offsets",
         "partition",
@@ -83,6 +108,7 @@ class TaskBlock:
         self.rows = rows
         self.task_version = task_version
         self.versions = versions
+        self._packs: tuple[PackRule, array] | None = None  # the last rule's pack_cuts
 
     @classmethod
     def from_tasks(cls, partition: datetime, version: str | None, tasks: Sequence[ReadTask]) -> TaskBlock:
@@ -141,6 +167,52 @@ class TaskBlock:
     def read_tasks(self, source: str) -> Iterator[ReadTask]:
         for i in range(len(self.sizes)):
             yield self.read_task(i, source)
+
+    def _version(self, i: int) -> str | None:
+        return self.task_version if self.versions is None else self.versions[i]
+
+    def pack_cuts(self, rule: PackRule) -> array:
+        """Where ``rule`` cuts this block's tasks into packs: pack ``k`` is tasks ``cuts[k]`` to ``cuts[k + 1]``
+        (one task: not a pack); the last rule's cuts are kept (blocks are shared by the plans of a sliding
+        window)."""
+        if self._packs is not None and self._packs[0] == rule:
+            return self._packs[1]
+        n = len(self.sizes)
+        cuts = array("q", [0])
+        cost, alone = 0, False
+        for i in range(n):
+            whole = self.spans is None or self.spans[i] == (0, None)
+            size = self.sizes[i] + rule.open_cost_bytes
+            if i > cuts[-1] and (
+                alone or not whole or cost + size > rule.pack_bytes or self._version(i) != self._version(cuts[-1])
+            ):
+                cuts.append(i)
+                cost = 0
+            cost += size
+            alone = not whole
+        if n:
+            cuts.append(n)
+        self._packs = (rule, cuts)
+        return cuts
+
+    def read_pack(self, lo: int, hi: int, source: str) -> ReadTask:
+        """Tasks ``lo`` to ``hi`` (whole files of one version) as one pack of consumer ``source``; a single
+        task as itself."""
+        if hi - lo == 1:
+            return self.read_task(lo, source)
+        members = tuple(
+            (self.uri(i), self.sizes[i], None if self.rows is None else self.rows[i]) for i in range(lo, hi)
+        )
+        rows = None if any(m[2] is None for m in members) else sum(m[2] or 0 for m in members)
+        return ReadTask(
+            source,
+            self.partition,
+            members[0][0],
+            size_bytes=sum(m[1] for m in members),
+            rows=rows,
+            version=self._version(lo),
+            members=members,
+        )
 
 
 CacheKey = tuple[Hashable, datetime, "str | None"]

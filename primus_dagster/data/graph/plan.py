@@ -3,14 +3,15 @@
 The Sink's output, :class:`TaskSequence`, is a ``Sequence[DataTask]`` in the exact order of
 ``sorted(tasks, key=DataTask.order_key)`` but holds only one :class:`Segment` per (stream,
 source, partition) — a reference to a cached :class:`TaskBlock` — and builds each
-:class:`DataTask` when it is read. A million-file plan therefore costs the blocks (shared
+:class:`DataTask` when it is read (a pack of small files is one task: :class:`PackRule`). A million-file plan therefore costs the blocks (shared
 with the cache) plus a few hundred bytes a partition, not ~600 bytes a task; consumers that
 want objects call ``list(plan.tasks)``.
 
 Ordering argument: a DataTask's ``order_key`` is ``(partition iso, stream, task_id)`` with
 ``task_id = f"{stream}:{source}/{partition:%Y%m%dT%H}/{uri}{span}"``. Segments are sorted by
 ``(partition iso, stream, source + "/")`` and a block's tasks by ``uri + span``; since names
-contain no ``/``, every task id of one segment sorts before every task id of the next.
+contain no ``/``, every task id of one segment sorts before every task id of the next. A pack's id
+is its first file's with ``+<files after it>`` for the span, and packs keep the block's order.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal, overload
 
-from primus_dagster.data.graph.listing_cache import TaskBlock
+from primus_dagster.data.graph.listing_cache import PackRule, TaskBlock
 from primus_dagster.data.graph.ops import TaskGraph
 from primus_dagster.data.sources.base import ReadTask, TimeWindow
 from primus_dagster.data.tasks import DataTask, JoinInfo
@@ -32,7 +33,8 @@ NotReadyState = Literal["not_ready", "waiting", "error"]
 
 @dataclass(frozen=True)
 class Segment:
-    """The tasks one consumer gets from one partition (a block), as read or join tasks."""
+    """The tasks one consumer gets from one partition (a block), as read or join tasks; with a ``pack``
+    rule, consecutive small files are one task (:meth:`TaskBlock.pack_cuts`)."""
 
     stream: str
     kind: Literal["batch", "stream"]
@@ -40,21 +42,31 @@ class Segment:
     block: TaskBlock
     join: JoinInfo | None = None
     right: tuple[TaskBlock, ...] = ()  # the right source's blocks covering [start, end + lateness)
+    pack: PackRule | None = None
 
     @property
     def sort_key(self) -> tuple[str, str, str]:
         return (self.block.partition.isoformat(), self.stream, self.source + "/")
 
     def __len__(self) -> int:
-        return len(self.block)
+        if self.pack is None:
+            return len(self.block)
+        return max(0, len(self.block.pack_cuts(self.pack)) - 1)
 
     def right_reads(self) -> tuple[ReadTask, ...]:
         if self.join is None:
             return ()
         return tuple(task for block in self.right for task in block.read_tasks(self.join.right))
 
+    def read(self, i: int) -> ReadTask:
+        """The read of task ``i``: a file (or row-group range) of the block, or a pack of its files."""
+        if self.pack is None:
+            return self.block.read_task(i, self.source)
+        cuts = self.block.pack_cuts(self.pack)
+        return self.block.read_pack(cuts[i], cuts[i + 1], self.source)
+
     def task(self, i: int, right_reads: tuple[ReadTask, ...] | None = None) -> DataTask:
-        read = self.block.read_task(i, self.source)
+        read = self.read(i)
         if self.join is None:
             return DataTask.for_read(self.stream, self.kind, read)
         return DataTask(
@@ -70,7 +82,7 @@ class Segment:
 
     def tasks(self) -> Iterator[DataTask]:
         right = self.right_reads()  # shared by the segment's join tasks
-        for i in range(len(self.block)):
+        for i in range(len(self)):
             yield self.task(i, right)
 
 

@@ -7,7 +7,9 @@ contiguous run of partitions, as their metadata is read once per call anyway). A
 ``adapter.partitions(window)`` then ``adapter.split(partition)`` for the ready ones and
 packs the tasks into a :class:`TaskBlock` (cached). The Joiner turns a ready left partition
 into join tasks once the right source is ready over ``[start, end + lateness)``; the Sink
-orders everything by ``DataTask.order_key``.
+orders everything by ``DataTask.order_key``. With a :class:`PackRule` (``Planner.for_job``: the
+job's ``data.pack_bytes`` / ``data.open_cost_bytes``) the small files of a Parquet, Delta or
+Iceberg partition are packed into fewer tasks.
 
 Example::
 
@@ -27,7 +29,7 @@ from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from primus_dagster.data.graph.listing_cache import ListingCache, TaskBlock
+from primus_dagster.data.graph.listing_cache import ListingCache, PackRule, TaskBlock
 from primus_dagster.data.graph.ops import SourceOp, TaskGraph, compile_graph
 from primus_dagster.data.graph.plan import (
     ConsumerCount,
@@ -53,6 +55,8 @@ BATCHED_TYPES = frozenset({"delta", "iceberg", "kafka"})
 VERSIONED_TYPES = frozenset({"delta", "iceberg"})
 # Adapters known to be safe to call from several threads at once (fsspec listings).
 THREAD_SAFE_TYPES = frozenset({"parquet"})
+# Types whose tasks are files: their small files are packed (PackRule).
+FILE_TYPES = frozenset({"parquet", "delta", "iceberg"})
 
 
 class _Listed:
@@ -72,7 +76,8 @@ def clip_window(dataset: DatasetSpec, window: TimeWindow) -> TimeWindow | None:
 
 
 class Planner:
-    """Plans windows of ``dataset`` with ``threads`` listing workers (see module docstring)."""
+    """Plans windows of ``dataset`` with ``threads`` listing workers (see module docstring); ``pack``:
+    how small files are packed into one task (None: a task per file)."""
 
     def __init__(
         self,
@@ -81,10 +86,12 @@ class Planner:
         threads: int = 4,
         cache: ListingCache | None = None,
         adapter_factory: AdapterFactory = make_adapter,
+        pack: PackRule | None = None,
     ):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.dataset, self.context, self.threads = dataset, context, threads
+        self.pack = pack
         self.cache = cache if cache is not None else ListingCache()
         self.adapter_factory = adapter_factory
         self.graph: TaskGraph = compile_graph(dataset, context)
@@ -97,8 +104,11 @@ class Planner:
 
     @classmethod
     def for_job(cls, job: Any, context: SourceContext, **kwargs: Any) -> Planner:
-        """A planner for a :class:`JobSpec`, sized by ``job.data.planner_threads``."""
+        """A planner for a :class:`JobSpec`, sized by ``job.data.planner_threads``, packing small files by
+        ``job.data.pack_bytes`` and ``job.data.open_cost_bytes`` (off when ``pack_bytes`` is 0)."""
         kwargs.setdefault("threads", job.data.planner_threads)
+        if job.data.pack_bytes:
+            kwargs.setdefault("pack", PackRule(job.data.pack_bytes, job.data.open_cost_bytes))
         return cls(job.dataset, context, **kwargs)
 
     # ---- adapters ----------------------------------------------------------------------
@@ -285,9 +295,11 @@ class Planner:
                             continue
                         join = JoinInfo(joiner.left, joiner.right, joiner.key, joiner.lateness.total_seconds())
                         right = tuple(blocks)
+                    pack = self.pack if source.type in FILE_TYPES else None
+                    segment = Segment(stream.name, source.kind, source.name, listed.block, join, right, pack)
                     count.ready_partitions += 1
-                    count.tasks += len(listed.block)
+                    count.tasks += len(segment)
                     count.bytes += listed.block.bytes
-                    segments.append(Segment(stream.name, source.kind, source.name, listed.block, join, right))
+                    segments.append(segment)
         not_ready.sort(key=lambda p: (p.partition, p.stream, p.source))
         return segments, not_ready, counts

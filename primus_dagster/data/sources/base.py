@@ -4,6 +4,14 @@ An adapter can (a) list the partitions of a time window and say which are ready,
 (b) split a partition into read tasks (file / row-group ranges, offset ranges) and
 (c) read one task as a stream of canonical Arrow record batches (bounded memory).
 
+A file source's task may be a *pack* (:attr:`ReadTask.members`: several small files of one partition,
+planned by the DTGG): :meth:`SourceAdapter.read_pack` reads its files one after the other and
+normalises their rows in batches of ``batch_rows`` across file boundaries (one normaliser call per
+batch, not per file). A file that cannot be read, or does not fit the spec, raises an error naming it (its type kept)
+with a :class:`PackFailure` (:func:`pack_failure`) -- before any batch holding rows of it or of a
+later file was handed out -- so that the driver can give up that file alone (``docs/data_plane.md``,
+"Packs").
+
 Example::
 
     adapter = make_adapter(source_spec, SourceContext(data_root="/data"))
@@ -18,14 +26,15 @@ from __future__ import annotations
 import abc
 import json
 import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
 
-from primus_dagster.data.canonical import Normalizer
+from primus_dagster.data.canonical import Normalizer, PermanentDataError
 from primus_dagster.spec.dataset import granularity_step
 from primus_dagster.spec.inputs import partition_starts
 from primus_dagster.spec.sources import (
@@ -43,6 +52,38 @@ class SourceReadError(RuntimeError):
     def __init__(self, uri: str, message: str):
         self.uri = uri
         super().__init__(f"{uri}: {message}")
+
+
+@dataclass(frozen=True)
+class PackFailure:
+    """What :meth:`SourceAdapter.read_pack` attaches to the error of one file of a pack (:func:`pack_failure`):
+    the file (``member``) and ``served_members`` -- the batches of the read handed out before hold rows of the
+    pack's first ``served_members`` files only (they were all cut while those files were read), none of
+    ``member``'s or a later file's."""
+
+    member: str
+    served_members: int
+
+
+_PACK_FAILURE = "primus_pack_failure"
+
+
+def pack_failure(exc: BaseException) -> PackFailure | None:
+    """The :class:`PackFailure` of an error raised by a pack's read (None: not one file's failure).
+
+    The error keeps its type (a :class:`SchemaMismatchError` stays one: callers that tell errors apart by type
+    work on packs unchanged) and names the file."""
+    found = getattr(exc, _PACK_FAILURE, None)
+    return found if isinstance(found, PackFailure) else None
+
+
+def _pinned(exc: Exception, member: str, served: int) -> Exception:
+    """``exc`` (wrapped in a :class:`SourceReadError` when its message does not name ``member``) with its
+    :class:`PackFailure`."""
+    if member not in str(exc):
+        exc = SourceReadError(member, f"{type(exc).__name__}: {exc}")
+    setattr(exc, _PACK_FAILURE, PackFailure(member, served))
+    return exc
 
 
 class PartitionNotReadyError(RuntimeError):
@@ -100,9 +141,14 @@ class Partition:
         return f"{self.start:%Y-%m-%d-%H:%M}"
 
 
+Member = tuple[str, int, "int | None"]
+"""One file of a pack (:attr:`ReadTask.members`): its uri, size in bytes and rows (None: not known)."""
+
+
 @dataclass(frozen=True)
 class ReadTask:
-    """The unit of work a data executor reads: a file (or its row-group range) or an offset range.
+    """The unit of work a data executor reads: a file (or its row-group range), a pack of whole files
+    of one partition (``members``; ``uri`` is the first one's) or an offset range.
 
     ``start``/``stop`` are row-group indices for files and offsets for Kafka (``stop`` exclusive;
     None: to the end of the file). Tasks are plain data so they can travel as JSON.
@@ -118,6 +164,7 @@ class ReadTask:
     version: str | None = None
     # A live tail's range: its rows may lie before the partition it is dated in (no event-time check).
     open_partition: bool = False
+    members: tuple[Member, ...] = ()  # a pack: its files in order (empty: one file or range)
 
     @property
     def event_partition(self) -> datetime | None:
@@ -126,8 +173,26 @@ class ReadTask:
 
     @property
     def task_id(self) -> str:
-        span = "" if (self.start == 0 and self.stop is None) else f"#{self.start}-{self.stop}"
+        if self.members:  # named by its first file and how many follow it
+            span = f"+{len(self.members) - 1}"
+        else:
+            span = "" if (self.start == 0 and self.stop is None) else f"#{self.start}-{self.stop}"
         return f"{self.source}/{self.partition:%Y%m%dT%H}/{self.uri}{span}"
+
+    def member_tasks(self) -> list[ReadTask]:
+        """A pack's files, each as the whole-file task it would be on its own."""
+        return [
+            ReadTask(self.source, self.partition, uri, 0, None, size, rows, self.version)
+            for uri, size, rows in self.members
+        ]
+
+    def without(self, uris: Collection[str]) -> ReadTask:
+        """This pack without the files ``uris`` (given up); ``uri`` becomes the first file left."""
+        kept = tuple(m for m in self.members if m[0] not in uris)
+        if not kept:
+            raise ValueError(f"pack {self.task_id}: no file left without {sorted(uris)}")
+        rows = None if any(m[2] is None for m in kept) else sum(m[2] or 0 for m in kept)
+        return replace(self, uri=kept[0][0], size_bytes=sum(m[1] for m in kept), rows=rows, members=kept)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready fields (no deep copy: every field is a scalar; snapshots hold millions)."""
@@ -143,11 +208,14 @@ class ReadTask:
         }
         if self.open_partition:
             out["open_partition"] = True
+        if self.members:
+            out["members"] = _members_text(self.members)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReadTask:
-        return cls(**{**data, "partition": datetime.fromisoformat(data["partition"])})
+        members = _members_of(data["members"]) if data.get("members") else ()
+        return cls(**{**data, "partition": datetime.fromisoformat(data["partition"]), "members": members})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -155,6 +223,31 @@ class ReadTask:
     @classmethod
     def from_json(cls, text: str) -> ReadTask:
         return cls.from_dict(json.loads(text))
+
+
+def _members_text(members: tuple[Member, ...]) -> str:
+    """A pack's files as one JSON text ``[directory, [[name, size, rows], ...]]``: a snapshot holding thousands
+    of them stays small, and one string per pack keeps an indented dump of it fast."""
+    head = members[0][0].rpartition("/")[0] + "/"
+    if not all(uri.startswith(head) for uri, _, _ in members):
+        head = ""
+    files = [[uri[len(head) :], size, rows] for uri, size, rows in members]
+    return json.dumps([head, files], separators=(",", ":"))
+
+
+def _members_of(text: str) -> tuple[Member, ...]:
+    head, files = json.loads(text)
+    return tuple((head + str(name), int(size), None if rows is None else int(rows)) for name, size, rows in files)
+
+
+def pack_location(read: ReadTask) -> str:
+    """A pack's files for messages: its first file and how many more.
+
+    >>> pack_location(ReadTask("imp", datetime(2026, 1, 1), "/d/a.parquet", members=(("/d/a.parquet", 9, 1),
+    ...     ("/d/b.parquet", 9, 1))))
+    '/d/a.parquet and 1 more file(s) of its partition (a pack of 2)'
+    """
+    return f"{read.uri} and {len(read.members) - 1} more file(s) of its partition (a pack of {len(read.members)})"
 
 
 @dataclass
@@ -251,6 +344,106 @@ class SourceAdapter(abc.ABC):
     def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
         """Canonical record batches of one task, streamed; raises :class:`SourceReadError`."""
 
+    def open_file(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """The native (not normalised) batches of one whole-file task, for :meth:`read_pack`; file sources
+        implement it (a failure to open may raise here or at the first batch)."""
+        raise NotImplementedError(f"{type(self).__name__} has no files to pack")
+
+    def read_files(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """:meth:`read` of a file source: a pack through :meth:`read_pack`, a file (or its row-group range)
+        through :meth:`open_file`, normalised batch by batch."""
+        if task.members:
+            yield from self.read_pack(task)
+            return
+        for batch in self.open_file(task):
+            yield self.normalize(batch, where=task.uri, partition=task.event_partition)
+
+    def read_pack(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """The canonical batches of a pack (``task.members``): its files' native rows in order, normalised in
+        batches of ``batch_rows`` that run across file boundaries (a batch ends early only where the next file's
+        native schema differs), so the batches are the same on every read of the same files.
+
+        A file that fails -- to open, to decode, or to normalise (a schema or a data-quality ``fail``) --
+        raises an error naming it with a :class:`PackFailure`: every batch handed out before was cut while
+        an earlier file was read, so it holds no row of this file or a later one, and a read without this
+        file yields the same batches up to there. ``last_read_stats["quality_places"]``:
+        rows touched per quality rule, per file (``{uri: {rule: rows}}``)."""
+        rows = self.spec.batch_rows
+        members = task.member_tasks()
+        places: dict[str, Counter[str]] = {}
+        self.last_read_stats = {"quality_places": places}
+        held: list[tuple[int, pa.RecordBatch]] = []  # native batches read and not yet handed out, with their file
+        held_rows = 0
+        served = 0  # 1 + the file being read when a batch was last handed out
+        for index, member in enumerate(members):
+            natives: Iterator[pa.RecordBatch] | None = None
+            while True:
+                try:
+                    natives = natives or iter(self.open_file(member))
+                    native = next(natives)
+                except StopIteration:
+                    break
+                except Exception as exc:  # any failure reading a file is this file's
+                    pinned = _pinned(exc, member.uri, served)
+                    raise pinned from (exc if pinned is not exc else exc.__cause__)
+                if not native.num_rows:
+                    continue
+                if held and native.schema != held[-1][1].schema:  # one schema per normaliser call
+                    out = self._normalize_pack(task, members, held, places, served)
+                    held, held_rows, served = [], 0, index + 1
+                    yield out
+                held.append((index, native))
+                held_rows += native.num_rows
+                while held_rows >= rows:
+                    chunk, held = _cut(held, rows)
+                    held_rows -= rows
+                    out = self._normalize_pack(task, members, chunk, places, served)
+                    served = index + 1
+                    yield out
+        if held:
+            yield self._normalize_pack(task, members, held, places, served)
+
+    def _normalize_pack(
+        self,
+        task: ReadTask,
+        members: list[ReadTask],
+        chunk: list[tuple[int, pa.RecordBatch]],
+        places: dict[str, Counter[str]],
+        served: int,
+    ) -> pa.RecordBatch:
+        """One normaliser call over ``chunk`` (native batches of one schema, each with its file's index); the
+        quality counts it adds are split per file, a permanent error is pinned on its file."""
+        native = chunk[0][1] if len(chunk) == 1 else pa.concat_batches([b for _, b in chunk])
+        before = Counter(self.normalize.counts)
+        try:
+            out = self.normalize(native, where=pack_location(task), partition=task.event_partition)
+        except PermanentDataError as exc:
+            for index, alone in _by_file(chunk):
+                try:
+                    self._side_normalizer()(alone, where=members[index].uri, partition=task.event_partition)
+                except PermanentDataError as own:
+                    raise _pinned(own, members[index].uri, served) from exc
+            raise exc  # only the files together break a rule: the pack fails as a whole
+        added = Counter(self.normalize.counts)
+        added.subtract(before)
+        if any(added.values()):
+            files = _by_file(chunk)
+            if len(files) == 1:
+                places.setdefault(members[files[0][0]].uri, Counter()).update(+added)
+            else:  # rare (repaired or dropped rows): which file's rows they were, one file at a time
+                side = self._side_normalizer()
+                for index, alone in files:
+                    side(alone, where=members[index].uri, partition=task.event_partition)
+                    if counted := side.take():
+                        places.setdefault(members[index].uri, Counter()).update(counted)
+        return out
+
+    def _side_normalizer(self) -> Normalizer:
+        """A normaliser like :attr:`normalize` whose counts are not the task's (to tell files apart)."""
+        side = Normalizer(self.spec, fields=self.normalize.fields, constants=self.normalize.constants)
+        side.fail_on_misread_times = self.normalize.fail_on_misread_times
+        return side
+
     def project(self, fields: Iterable[str] | None, constants: bool = True) -> SourceAdapter:
         """Read only the canonical ``fields`` from now on (see :class:`Normalizer`; adapters whose
         storage is columnar then skip the native columns of the fields left out), without the
@@ -280,3 +473,30 @@ class SourceAdapter(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cut(held: list[tuple[int, pa.RecordBatch]], rows: int) -> tuple[list[tuple[int, pa.RecordBatch]], list]:
+    """The first ``rows`` rows of ``held`` and the rest (a batch split where the cut falls)."""
+    chunk: list[tuple[int, pa.RecordBatch]] = []
+    need = rows
+    for i, (index, batch) in enumerate(held):
+        if batch.num_rows <= need:
+            chunk.append((index, batch))
+            need -= batch.num_rows
+            if need == 0:
+                return chunk, held[i + 1 :]
+            continue
+        chunk.append((index, batch.slice(0, need)))
+        return chunk, [(index, batch.slice(need)), *held[i + 1 :]]
+    return chunk, []
+
+
+def _by_file(chunk: list[tuple[int, pa.RecordBatch]]) -> list[tuple[int, pa.RecordBatch]]:
+    """``chunk``'s rows grouped by file (files are consecutive in a chunk), one batch each."""
+    groups: list[tuple[int, list[pa.RecordBatch]]] = []
+    for index, batch in chunk:
+        if groups and groups[-1][0] == index:
+            groups[-1][1].append(batch)
+        else:
+            groups.append((index, [batch]))
+    return [(index, parts[0] if len(parts) == 1 else pa.concat_batches(parts)) for index, parts in groups]

@@ -358,7 +358,9 @@ class DeltaSource(SourceAdapter):
             batch = batch.append_column(schema.field(name), pa.nulls(batch.num_rows, schema.field(name).type))
         return batch
 
-    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    def open_file(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """The native batches of one data file (columns added to the table after it was written read as
+        nulls); opening it happens now (:class:`SourceReadError`)."""
         columns = native_columns(self.spec.columns, self.normalize.fields)
         where = f"table version {task.version}" if task.version is not None else "Delta data file"
         try:
@@ -375,6 +377,11 @@ class DeltaSource(SourceAdapter):
         batches = parquet.iter_batches(
             batch_size=self.spec.batch_rows, columns=[c for c in columns if c in present], use_threads=False
         )
+        return self._decoded(task, where, batches, fill)
+
+    def _decoded(
+        self, task: ReadTask, where: str, batches: Iterator[pa.RecordBatch], fill: list[str]
+    ) -> Iterator[pa.RecordBatch]:
         while True:
             try:
                 batch = next(batches)
@@ -384,7 +391,10 @@ class DeltaSource(SourceAdapter):
                 raise SourceReadError(task.uri, f"cannot read Parquet data file of {where}: {exc}") from exc
             if fill:
                 batch = self._fill_missing(batch, fill, self._table_schema(task.version))
-            yield self.normalize(batch, where=task.uri, partition=task.event_partition)
+            yield batch
+
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        return self.read_files(task)
 
     def close(self) -> None:
         self._table = None

@@ -35,7 +35,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThan, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.io import pyarrow as iceberg_arrow
-from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table import DataScan, FileScanTask, Table
 from pyiceberg.types import LongType, NestedField, PrimitiveType, TimestampType, TimestamptzType
 
 from primus_dagster.data.canonical import SchemaMismatchError, native_columns
@@ -170,6 +170,8 @@ class IcebergSource(SourceAdapter):
         self._catalog: Catalog | None = None
         self._table: Table | None = None
         self._tasks: OrderedDict[tuple[str, datetime], list[ReadTask]] = OrderedDict()
+        self._last_plan: tuple[tuple[str | None, datetime], tuple[Table, DataScan, int, dict[str, FileScanTask]]] | None
+        self._last_plan = None
         self._step = granularity_step(spec.granularity)
         # Data files stay inside the data root (a relative or default warehouse) or inside an absolute warehouse.
         self._guard = context.guard(spec.name, warehouse_location(spec.catalog) or ".")
@@ -338,7 +340,12 @@ class IcebergSource(SourceAdapter):
         return snapshot_id
 
     # ---- reading -----------------------------------------------------------------------
-    def _native_batches(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    def _scan_plan(self, task: ReadTask) -> tuple[Table, DataScan, int, dict[str, FileScanTask]]:
+        """The scan of ``task``'s partition at its snapshot and its planned files by path; the last one is
+        kept (a snapshot's plan does not change), so the files of a pack are planned once."""
+        key = (task.version, task.partition)
+        if self._last_plan is not None and self._last_plan[0] == key:
+            return self._last_plan[1]
         snapshot_id = self._snapshot_for(self.table(refresh=False), task.version, task.uri)
         table = self.table(refresh=False)
         start = task.partition
@@ -347,7 +354,14 @@ class IcebergSource(SourceAdapter):
             snapshot_id=snapshot_id,
             selected_fields=tuple(native_columns(self.spec.columns)),
         )
-        matches = [t for t in scan.plan_files() if t.file.file_path == task.uri]
+        plan = (table, scan, snapshot_id, {t.file.file_path: t for t in scan.plan_files()})
+        self._last_plan = (key, plan)
+        return plan
+
+    def _native_batches(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        table, scan, snapshot_id, planned = self._scan_plan(task)
+        start = task.partition
+        matches = [planned[task.uri]] if task.uri in planned else []
         if not matches:
             raise SourceReadError(
                 task.uri, f"file is not part of snapshot {snapshot_id} for partition {start:%Y-%m-%dT%H}"
@@ -409,7 +423,15 @@ class IcebergSource(SourceAdapter):
 
         return batches()
 
+    def open_file(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """The native batches of one data file, its rows in the task's partition (delete files applied)."""
+        return self._native_batches(task)
+
     def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        if task.members:
+            yield from self.read_pack(task)
+            return
+
         def normalised() -> Iterator[pa.RecordBatch]:
             native = self._native_batches(task)
             while True:
@@ -434,3 +456,4 @@ class IcebergSource(SourceAdapter):
         self._catalog = None
         self._table = None
         self._tasks.clear()
+        self._last_plan = None

@@ -94,15 +94,18 @@ class StreamingParquetFile(pq.ParquetFile):
 def open_parquet(source: str | pa.NativeFile) -> pq.ParquetFile:
     """Open a Parquet file for streaming reads with flat memory (see ``StreamingParquetFile``).
 
-    A local path is memory-mapped and read zero-copy (no copies through read buffers); any other
-    file is read through a 1 MiB buffered stream. Neither pre-buffers whole row groups, so memory
+    A local path is memory-mapped and read zero-copy (no copies through read buffers), one of at most
+    1 MiB is read into memory at once; any other file is read through a 1 MiB buffered stream. Neither pre-buffers whole row groups, so memory
     follows the batch, not the (often 100 MB+) row group, nor the file.
     """
     if not isinstance(source, str):
         return StreamingParquetFile(source, buffer_size=_READ_BUFFER_BYTES, pre_buffer=False)
     with open(source, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:  # mmap refuses empty files; let pyarrow say what is wrong
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:  # mmap refuses empty files; let pyarrow say what is wrong
             return pq.ParquetFile(source, pre_buffer=False)
+        if size <= _READ_BUFFER_BYTES:  # a small file is read at once: cheaper than mapping it (a pack's files)
+            return StreamingParquetFile(pa.BufferReader(handle.read()), pre_buffer=False)
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     return StreamingParquetFile(pa.BufferReader(pa.py_buffer(mapping)), mapping, pre_buffer=False)
 
@@ -223,7 +226,9 @@ class ParquetSource(SourceAdapter):
                 first, size, rows = i + 1, 0, 0
         return tasks
 
-    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    def open_file(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """The native batches of one file task (its row-group range), the projected columns only; opening
+        and the column check happen now (:class:`SourceReadError`, :class:`SchemaMismatchError`)."""
         try:
             local = isinstance(self.arrow_fs, pafs.LocalFileSystem)
             handle = None if local else self.arrow_fs.open_input_file(task.uri)
@@ -240,6 +245,10 @@ class ParquetSource(SourceAdapter):
         if missing:
             parquet.close()
             raise SchemaMismatchError(f"{task.uri}: columns {missing} are missing (have {parquet.schema_arrow.names})")
+        return self._decoded(task.uri, parquet, batches)
+
+    @staticmethod
+    def _decoded(uri: str, parquet: pq.ParquetFile, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with parquet:
             while True:
                 try:
@@ -247,5 +256,8 @@ class ParquetSource(SourceAdapter):
                 except StopIteration:
                     return
                 except (OSError, pa.ArrowException) as exc:
-                    raise SourceReadError(task.uri, f"corrupt Parquet data: {exc}") from exc
-                yield self.normalize(batch, where=task.uri, partition=task.event_partition)
+                    raise SourceReadError(uri, f"corrupt Parquet data: {exc}") from exc
+                yield batch
+
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        return self.read_files(task)

@@ -46,8 +46,9 @@ def test_plan_json_and_text(tmp_path: Path, capsys) -> None:
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     counts = {(c["stream"], c["source"]): c["tasks"] for c in out["counts"]}
-    assert counts == {("history", "imp_h"): 4, ("history", "clk_h"): 0, ("fresh", "imp_f"): 12}
-    assert out["stats"]["tasks"] == 16 and out["stats"]["threads"] == 2
+    # each hour's small files are one pack (data.pack_bytes, data.open_cost_bytes at their defaults)
+    assert counts == {("history", "imp_h"): 1, ("history", "clk_h"): 0, ("fresh", "imp_f"): 3}
+    assert out["stats"]["tasks"] == 4 and out["stats"]["files"] == 16 and out["stats"]["threads"] == 2
     assert out["stats"]["listings"] == 7  # imp x 3 hours (fused) + clk x 4 (hour 3 for the lateness)
     fused = [n for n in out["graph"]["nodes"] if n["op"] == "source" and n["fused"]]
     assert len(fused) == 1 and len(fused[0]["consumers"]) == 2
@@ -55,3 +56,18 @@ def test_plan_json_and_text(tmp_path: Path, capsys) -> None:
     assert main([*args, "--threads", "1"]) == 0
     text = capsys.readouterr().out
     assert "FUSED" in text and "join:history" in text and "waiting for clk_h" in text and "1 thread(s)" in text
+
+
+def test_pack_bytes_zero_plans_a_task_per_file(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC.replace("planner_threads: 2", "planner_threads: 2\n  pack_bytes: 0"))
+    for hour in range(3):
+        write(tmp_path, "imp", hour, 4)
+    for hour in range(2):
+        write(tmp_path, "clk", hour, 2)
+    args = ["plan", str(spec), "--start", "2026-11-01T00:00", "--hours", "3", "--data-root", str(tmp_path), "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    counts = {(c["stream"], c["source"]): c["tasks"] for c in out["counts"]}
+    assert counts == {("history", "imp_h"): 4, ("history", "clk_h"): 0, ("fresh", "imp_f"): 12}
+    assert out["stats"]["tasks"] == 16

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from primus_dagster.data.graph import TaskBlock
 from primus_dagster.data.sources.base import (
     SourceContext,
     SourceReadError,
@@ -213,3 +214,16 @@ def test_a_log_that_parses_but_delta_rs_refuses_names_its_newest_entry(hourly) -
     entry.write_text('{"add": {"path": "x.parquet"}}\n')  # JSON, but not a valid add action
     with pytest.raises(DeltaLogError, match=f"newest entry {path}/_delta_log/{entry.name}"):
         DeltaSource(make_spec(str(path)), SourceContext()).partitions(TimeWindow.hours_from(T0, 1))
+
+
+def test_a_pack_of_a_partition_s_files_reads_their_rows_in_full_batches(hourly) -> None:
+    path, written = hourly
+    source = DeltaSource(make_spec(str(path), batch_rows=16), SourceContext())
+    part = source.partition(T0 + timedelta(hours=1))
+    files = source.split(part)
+    pack = TaskBlock.from_tasks(part.start, part.version, files).read_pack(0, len(files), source.spec.name)
+    assert [m[0] for m in pack.members] == [t.uri for t in files] and pack.version == "1"
+    batches = list(source.read(pack))
+    assert [b.num_rows for b in batches] == [16] * 5 + [2]  # 2 files of 41 rows: batches across the files
+    assert_same_rows(pa.Table.from_batches(batches), written[1])
+    assert pa.Table.from_batches(batches).equals(read_all(source, files))

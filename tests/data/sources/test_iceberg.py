@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.memory import InMemoryCatalog
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.table import Table
+from pyiceberg.table import DataScan, Table
 from pyiceberg.transforms import DayTransform, HourTransform
 
+from primus_dagster.data.graph import TaskBlock
 from primus_dagster.data.sources.base import (
     SourceContext,
     TimeWindow,
@@ -223,3 +224,18 @@ def test_read_recuts_filtered_batches_to_exact_sizes(tmp_path: Path) -> None:
     full, rest = divmod(expected.num_rows, 16)
     assert full >= 3 and [b.num_rows for b in batches] == [16] * full + ([rest] if rest else [])
     assert_same_rows(pa.Table.from_batches(batches), expected)
+
+
+def test_a_pack_of_a_partition_s_files_reads_their_rows_in_full_batches(hourly, monkeypatch) -> None:
+    spec, ctx, _table, written = hourly
+    source = IcebergSource(spec.model_copy(update={"batch_rows": 16}), ctx)
+    part = source.partition(T0 + timedelta(hours=1))
+    files = source.split(part)
+    pack = TaskBlock.from_tasks(part.start, part.version, files).read_pack(0, len(files), spec.name)
+    plans: list[int] = []
+    plan_files = DataScan.plan_files
+    monkeypatch.setattr(DataScan, "plan_files", lambda scan: plans.append(1) or plan_files(scan))
+    batches = list(IcebergSource(spec.model_copy(update={"batch_rows": 16}), ctx).read(pack))
+    assert len(plans) == 1  # the partition's scan is planned once for the pack's files
+    assert [b.num_rows for b in batches] == [16] * 5 + [2]  # 2 files of 41 rows: batches across the files
+    assert_same_rows(pa.Table.from_batches(batches), written[1])
