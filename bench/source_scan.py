@@ -12,18 +12,28 @@ Kafka (the adapter on its default client, confluent-kafka) is measured side by s
 a competent user would write on the same topic and offset ranges, interleaved repeats, medians:
 the peer, confluent-kafka's batched ``consume`` (assign at the range's start, up to 65536 messages a
 call) with one ``pyarrow.json`` decode of the batch's values against the source's mapped fields
-(``kafka_confluent_raw_per_s``), and the bare kafka-python loop (assign + seek + poll to the range's
-end, values collected, nothing decoded: ``kafka_raw_consume_per_s``). ``kafka_ratio_vs_confluent`` =
-adapter rows per CPU-second / the confluent loop's (goal >= 0.8; the adapter also normalises to the
-canonical schema and counts quality rules), ``kafka_ratio_vs_raw`` the same against kafka-python.
+(``kafka_confluent_raw_per_s``); the same loop with polars ``read_ndjson`` (explicit schema, to Arrow)
+as the decoder instead (``kafka_confluent_polars_per_s``; the adapter decodes with polars where it can
+vouch for the result, :mod:`primus_dagster.data.sources.kafka.polars_json`); and the bare kafka-python
+loop (assign + seek + poll to the range's end, values collected, nothing decoded:
+``kafka_raw_consume_per_s``). ``kafka_ratio_vs_confluent`` = adapter rows per CPU-second / the
+confluent + pyarrow loop's (goal >= 0.8; the adapter also plans the hour's offsets, normalises to the
+canonical schema and counts quality rules), ``kafka_ratio_vs_confluent_polars`` and
+``kafka_ratio_vs_raw`` the same against the other loops. The user loops run with Python's cyclic
+collector on, as users write them; the adapter pauses it while it takes records out of the client
+(:class:`~primus_dagster.data.sources.kafka.clients.GcPause`). ``detail.kafka_costs_us_per_row`` splits
+a read's CPU: the consume loop alone, values kept, nothing decoded (``consume_only``), the adapter's
+planning (adapter created, partitions listed and split: ``adapter_plan``), and the decode alone of one
+65536-record chunk of the topic's values with each decoder (``decode_*``).
 ``kafka_parallel_speedup`` = wall-clock rows/s of two reader processes, each reading half of the
 topic's partitions, over one reading all. ``--kafka-only`` skips the file adapters (their keys are
 then absent).
 
 Last line: {"bench": "source_scan", "parquet_rows_per_s": ..., "pyarrow_rows_per_s": ...,
 "ratio": ..., "delta_rows_per_s": ..., "iceberg_rows_per_s": ..., "kafka_rows_per_s": ...,
-"kafka_confluent_raw_per_s": ..., "kafka_ratio_vs_confluent": ..., "kafka_raw_consume_per_s": ...,
-"kafka_ratio_vs_raw": ..., "kafka_parallel_speedup": ...}
+"kafka_confluent_raw_per_s": ..., "kafka_ratio_vs_confluent": ..., "kafka_confluent_polars_per_s": ...,
+"kafka_ratio_vs_confluent_polars": ..., "kafka_raw_consume_per_s": ..., "kafka_ratio_vs_raw": ...,
+"kafka_parallel_speedup": ...}
 """
 
 from __future__ import annotations
@@ -84,17 +94,31 @@ def raw_consume(bootstrap: str, ranges: list[tuple[str, int, int]]) -> int:
     return len(values)
 
 
-def raw_confluent(bootstrap: str, ranges: list[tuple[str, int, int]], spec: SourceSpec) -> int:
+def _polars_schema(spec: SourceSpec) -> dict[str, Any]:
+    """The source's mapped fields (:func:`json_schema`) as the polars schema a user would write."""
+    import polars as pl
+
+    from primus_dagster.data.sources.kafka import json_schema
+
+    return dict(pl.DataFrame(json_schema(spec).empty_table()).schema)  # type: ignore[arg-type]
+
+
+def raw_confluent(
+    bootstrap: str, ranges: list[tuple[str, int, int]], spec: SourceSpec, decoder: str | None = "pyarrow"
+) -> int:
     """The confluent-kafka loop a competent user writes: assign at the range's start, batched ``consume``,
-    one ``pyarrow.json`` decode per batch of the values (the source's mapped fields only); rows decoded."""
+    one decode per batch of the values (the source's mapped fields only): ``pyarrow.json`` (``decoder=
+    "pyarrow"``, the peer), polars ``read_ndjson`` (``"polars"``), or none (``None``: values kept); rows."""
     import io
 
+    import polars as pl
     import pyarrow.json as pj
     from confluent_kafka import Consumer, TopicPartition
 
     from primus_dagster.data.sources.kafka import json_schema
 
     options = pj.ParseOptions(explicit_schema=json_schema(spec), unexpected_field_behavior="ignore")
+    polars_schema = _polars_schema(spec)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-raw", "enable.auto.commit": False})
     rows = 0
     for uri, start, stop in ranges:
@@ -107,10 +131,59 @@ def raw_confluent(bootstrap: str, ranges: list[tuple[str, int, int]], spec: Sour
             if not values:
                 continue
             position = messages[-1].offset() + 1
-            rows += pj.read_json(io.BytesIO(b"\n".join(values)), parse_options=options).num_rows
+            if decoder == "pyarrow":
+                rows += pj.read_json(io.BytesIO(b"\n".join(values)), parse_options=options).num_rows
+            elif decoder == "polars":
+                rows += pl.read_ndjson(b"\n".join(values), schema=polars_schema).to_arrow().num_rows
+            else:
+                rows += len(values)
         consumer.unassign()
     consumer.close()
     return rows
+
+
+def topic_values(bootstrap: str, ranges: list[tuple[str, int, int]], n: int) -> list[bytes]:
+    """The first ``n`` record values of ``ranges`` (the decoders' sample)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-sample", "enable.auto.commit": False})
+    values: list[bytes] = []
+    for uri, start, stop in ranges:
+        topic, _, p = uri.rpartition(":")
+        consumer.assign([TopicPartition(topic, int(p), start)])
+        position = start
+        while position < stop and len(values) < n:
+            messages = consumer.consume(num_messages=min(65536, stop - position), timeout=1.0)
+            values += [m.value() for m in messages if m.error() is None and m.offset() < stop]
+            position = messages[-1].offset() + 1 if messages else position
+        consumer.unassign()
+    consumer.close()
+    return values[:n]
+
+
+def decode_costs(spec: SourceSpec, values: list[bytes], repeat: int) -> dict[str, float]:
+    """CPU microseconds per record of one decode of ``values`` (least of ``repeat``) with each decoder."""
+    import io
+
+    import polars as pl
+    import pyarrow.json as pj
+
+    from primus_dagster.data.sources.kafka import JsonRecordDecoder, json_schema
+
+    options = pj.ParseOptions(explicit_schema=json_schema(spec), unexpected_field_behavior="ignore")
+    polars_schema = _polars_schema(spec)
+    adapter = JsonRecordDecoder(spec)  # type: ignore[arg-type]
+    stamps = [0] * len(values)
+    decoders = {
+        "decode_pyarrow_json": lambda: pj.read_json(io.BytesIO(b"\n".join(values)), parse_options=options),
+        "decode_polars_read_ndjson": lambda: pl.read_ndjson(b"\n".join(values), schema=polars_schema).to_arrow(),
+        "decode_adapter": lambda: adapter.decode(values, stamps),
+    }
+    out = {}
+    for name, decode in decoders.items():
+        best = min(_timed(lambda d=decode: d() and len(values))[1] for _ in range(repeat))
+        out[name] = round(best / len(values) * 1e6, 3)
+    return out
 
 
 def _executor(spec: SourceSpec, context: SourceContext, inbox: Queue, outbox: Queue) -> None:
@@ -205,6 +278,8 @@ def main() -> None:
             "kafka_rows_per_s": round(results["kafka"]),
             "kafka_confluent_raw_per_s": round(results["kafka_confluent_raw"]),
             "kafka_ratio_vs_confluent": round(results["kafka"] / results["kafka_confluent_raw"], 3),
+            "kafka_confluent_polars_per_s": round(results["kafka_confluent_polars"]),
+            "kafka_ratio_vs_confluent_polars": round(results["kafka"] / results["kafka_confluent_polars"], 3),
             "kafka_raw_consume_per_s": round(results["kafka_raw"]),
             "kafka_ratio_vs_raw": round(results["kafka"] / results["kafka_raw"], 3),
             "kafka_parallel_speedup": detail["kafka_parallel"]["speedup"],
@@ -266,7 +341,8 @@ def kafka(
     results: dict[str, float],
     detail: dict[str, Any],
 ) -> None:
-    """The Kafka adapter next to the confluent-kafka + pyarrow loop and the bare kafka-python loop, interleaved."""
+    """The Kafka adapter next to the confluent-kafka + pyarrow (and + polars) loops and the bare kafka-python loop,
+    interleaved; then the costs apart (consume alone, planning, each decoder)."""
     from primus_dagster.devtools.kafka_broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
@@ -283,12 +359,25 @@ def kafka(
             with make_adapter(kspec, kctx) as adapter:  # the whole job: list, split, read, normalise
                 return scan_adapter(adapter, kwindow)
 
+        def kafka_plan() -> int:
+            with make_adapter(kspec, kctx) as adapter:  # what the job does before reading
+                return len([t for p in adapter.ready_partitions(kwindow) for t in adapter.split(p)])
+
+        bootstrap = broker.bootstrap_servers
+        loops = {
+            "kafka": kafka_adapter,
+            "kafka_confluent_raw": lambda: raw_confluent(bootstrap, ranges, kspec),
+            "kafka_confluent_polars": lambda: raw_confluent(bootstrap, ranges, kspec, "polars"),
+            "kafka_raw": lambda: raw_consume(bootstrap, ranges),
+        }
         # Interleaved repeats on the same topic and ranges; medians of rows per CPU-second.
-        runs: dict[str, list[tuple[int, float, float]]] = {"kafka": [], "kafka_confluent_raw": [], "kafka_raw": []}
+        runs: dict[str, list[tuple[int, float, float]]] = {name: [] for name in loops}
+        consume_only, plan_cpu = [], []
         for _ in range(args.repeat):
-            runs["kafka"].append(_timed(kafka_adapter))
-            runs["kafka_confluent_raw"].append(_timed(lambda: raw_confluent(broker.bootstrap_servers, ranges, kspec)))
-            runs["kafka_raw"].append(_timed(lambda: raw_consume(broker.bootstrap_servers, ranges)))
+            for name, loop in loops.items():
+                runs[name].append(_timed(loop))
+            consume_only.append(_timed(lambda: raw_confluent(bootstrap, ranges, kspec, None)))
+            plan_cpu.append(_timed(kafka_plan)[1])
         for name, measured in runs.items():
             rows = measured[0][0]
             per_s = [r / cpu for r, cpu, _ in measured]
@@ -300,9 +389,17 @@ def kafka(
                 "rows_per_cpu_s": [round(x) for x in per_s],
             }
             print(f"{name:9s} rows={rows:,} -> {results[name]:,.0f} rows/s per core (median of {len(per_s)})")
-        for peer in ("kafka_confluent_raw", "kafka_raw"):
+        for peer in ("kafka_confluent_raw", "kafka_confluent_polars", "kafka_raw"):
             ratios = [a[0] / a[1] / (b[0] / b[1]) for a, b in zip(runs["kafka"], runs[peer], strict=True)]
             detail[f"kafka_ratio_vs_{peer.removeprefix('kafka_')}_per_repeat"] = [round(r, 3) for r in ratios]
+        rows = runs["kafka"][0][0]
+        detail["kafka_costs_us_per_row"] = {
+            "adapter": round(1e6 / results["kafka"], 3),
+            "consume_only": round(statistics.median(cpu / r * 1e6 for r, cpu, _ in consume_only), 3),
+            "adapter_plan": round(statistics.median(plan_cpu) / rows * 1e6, 3),
+            **decode_costs(kspec, topic_values(bootstrap, ranges, 65536), args.repeat),
+        }
+        print(f"kafka costs (CPU us per row): {detail['kafka_costs_us_per_row']}")
         detail["kafka_parallel"] = parallel_read(kspec, kctx, kwindow, args.repeat)
         print(f"kafka parallel: {detail['kafka_parallel']}")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
@@ -125,13 +126,14 @@ def test_integer_ids_keep_the_integer_schema_and_one_parse(monkeypatch: pytest.M
             ("tag_w", pa.list_(pa.float32())),
         ]
     )
-    parses = []
-    read_json = pj.read_json
-    monkeypatch.setattr(decoding.pj, "read_json", lambda *a, **kw: parses.append(1) or read_json(*a, **kw))
+    parses: list[str] = []
+    read_json, read_ndjson = pj.read_json, pl.read_ndjson
+    monkeypatch.setattr(decoding.pj, "read_json", lambda *a, **kw: parses.append("pyarrow") or read_json(*a, **kw))
+    monkeypatch.setattr(pl, "read_ndjson", lambda *a, **kw: parses.append("polars") or read_ndjson(*a, **kw))
     decoder = JsonRecordDecoder(spec)
     values: list[bytes | None] = [record(i, u=i * 7, tags=[i, i + 1], tag_w=[1, 0.5]) for i in range(40)]
     table, bad = decode(decoder, values)
-    assert not bad and len(parses) == 1  # the integer path: one bulk parse, no rewrite
+    assert not bad and parses == ["polars"]  # the integer path: one bulk parse (the fast path), no rewrite
     assert table.schema == decoder.schema and decoder.id_kinds == {"u": "int", "tags": "int"}
     out = canonical(spec, table)
     assert out.column("u").to_pylist() == [i * 7 for i in range(40)]

@@ -6,7 +6,8 @@ default and kafka-python: probes and bounded range reads), :mod:`.offsets` (time
 ranges: the broker's ``offsets_for_times``, checked, or a binary search over record timestamps on a
 broker that ignores them), :mod:`.tail` (committed offsets to fixed ``[start, stop)`` tasks and lag),
 :mod:`.security` (the source's security keys as client settings, the TLS pre-flight) and
-:mod:`.decoding` (record values to Arrow tables, isolating undecodable records), :mod:`.avro` (Avro
+:mod:`.decoding` (record values to Arrow tables, isolating undecodable records; its polars fast path
+:mod:`.polars_json`), :mod:`.avro` (Avro
 values, ``format: avro``: an inline schema or a Confluent schema registry).
 
 Example::

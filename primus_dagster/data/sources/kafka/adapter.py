@@ -8,7 +8,8 @@ that ignores them (:mod:`.offsets`; said once in the run log). :meth:`KafkaSourc
 open-ended ranges instead: from committed offsets to the current high watermarks (:mod:`.tail`).
 Reads go through confluent-kafka (librdkafka: assign at the planned offset, batched ``consume``)
 or, when the spec's ``fetcher`` says so, kafka-python (:mod:`.clients`; no consumer group, no
-commits), and decode the values of each batch in one ``pyarrow.json`` call (:mod:`.decoding`), or,
+commits), and decode the values of each batch in one bulk call (:mod:`.decoding`: polars where it
+provably reads what ``pyarrow.json`` reads, :mod:`.polars_json`, else ``pyarrow.json``), or,
 with ``format: avro``, with fastavro (:mod:`.avro`: an inline schema or a schema registry); undecodable
 records are counted, never fatal (a schema registry that does not answer fails the read task). Every
 client takes the source's security keys through :mod:`.security` (one rule; the broker is checked
@@ -55,6 +56,7 @@ from primus_dagster.data.sources.kafka.clients import (
     ConfluentClient,
     ConfluentProbe,
     ConfluentRangeReader,
+    Fetched,
     KafkaClientError,
     KafkaPythonProbe,
     KafkaPythonRangeReader,
@@ -100,26 +102,28 @@ def _iso(ms: int) -> str:
 
 @dataclass
 class _Chunk:
-    """Records fetched but not yet decoded: the client's record objects and their values, in offset order."""
+    """Records fetched but not yet decoded: their values, offsets and timestamps (epoch ms), in offset order."""
 
-    records: list[Any] = field(default_factory=list)
     values: list[bytes | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.values)
 
-    def extend(self, records: list[Any], values: list[bytes | None]) -> None:
-        self.records += records
-        self.values += values
+    def extend(self, fetched: Fetched) -> None:
+        self.values += fetched.values
+        self.offsets += fetched.offsets
+        self.timestamps += fetched.timestamps
 
     def take(self, n: int) -> _Chunk:
         """The first ``n`` records, removed from this chunk."""
         if n >= len(self.values):
-            head = _Chunk(self.records, self.values)
-            self.records, self.values = [], []
+            head = _Chunk(self.values, self.offsets, self.timestamps)
+            self.values, self.offsets, self.timestamps = [], [], []
             return head
-        head = _Chunk(self.records[:n], self.values[:n])
-        del self.records[:n], self.values[:n]
+        head = _Chunk(self.values[:n], self.offsets[:n], self.timestamps[:n])
+        del self.values[:n], self.offsets[:n], self.timestamps[:n]
         return head
 
 
@@ -572,29 +576,27 @@ class KafkaSource(SourceAdapter):
             fetched = reader.fetch(progress.position, want, min(self.poll_timeout_s, left))
             if fetched.next_offset <= progress.position:
                 continue
-            progress.chunk.extend(fetched.records, fetched.values)
+            progress.chunk.extend(fetched)
             progress.position, deadline = fetched.next_offset, time.monotonic() + self.stall_timeout_s
             while len(progress.chunk) >= batch_rows:
-                yield from self._decode(task, reader, progress.chunk.take(batch_rows), stats)
+                yield from self._decode(task, progress.chunk.take(batch_rows), stats)
         if progress.chunk:
-            yield from self._decode(task, reader, progress.chunk.take(len(progress.chunk)), stats)
+            yield from self._decode(task, progress.chunk.take(len(progress.chunk)), stats)
 
-    def _decode(
-        self, task: ReadTask, reader: RangeReader, chunk: _Chunk, stats: dict[str, Any]
-    ) -> Iterator[pa.RecordBatch]:
+    def _decode(self, task: ReadTask, chunk: _Chunk, stats: dict[str, Any]) -> Iterator[pa.RecordBatch]:
         """Bulk-decode one chunk of records, count the undecodable ones, and yield the rest normalised."""
-        records, offset_of = chunk.records, reader.offset_of
-        table, bad = self._decoder.decode(chunk.values, lambda: [reader.timestamp_of(r) for r in records])
+        offsets = chunk.offsets
+        table, bad = self._decoder.decode(chunk.values, chunk.timestamps)
         for counter in (stats, self.stats):
             counter["records"] += len(chunk)
             counter["bad_records"] += len(bad)
         if bad:  # skipped whatever the policy; counted beside the quality rules
             self.normalize.counts["undecodable_record"] += len(bad)
         room = max(MAX_BAD_EXAMPLES - len(stats["bad_examples"]), 0)
-        stats["bad_examples"] += [{"offset": offset_of(records[i]), "error": err} for i, err in bad[:room]]
+        stats["bad_examples"] += [{"offset": offsets[i], "error": err} for i, err in bad[:room]]
         if table is None:
             return
-        where = f"{task.uri}@{offset_of(records[0])}-{offset_of(records[-1])}"
+        where = f"{task.uri}@{offsets[0]}-{offsets[-1]}"
         for batch in table.to_batches():
             out = self.normalize(batch, where=where, partition=task.event_partition)
             stats["rows"] += out.num_rows

@@ -1,10 +1,12 @@
 """Kafka record values (one JSON object each) decoded in bulk into Arrow tables of a spec's native columns.
 
-Values are parsed with ``pyarrow.json`` against an explicit schema of the mapped fields only
-(:func:`json_schema`); unmapped fields are ignored. A chunk that fails to parse is bisected
-until the undecodable records are isolated, so one bad record costs O(log N) re-parses and
-never the chunk. The record timestamp (event time, epoch ms) fills ``ts`` when the JSON has no
-such field.
+Values are parsed against an explicit schema of the mapped fields only (:func:`json_schema`); unmapped
+fields are ignored. A chunk of one-line objects whose id fields are read as integers first goes to one
+polars parse (:mod:`.polars_json`, 2x faster), kept only where it provably gives what ``pyarrow.json``
+gives; anything it declines (an undecodable record, string ids, a chunk it cannot vouch for) is parsed with
+``pyarrow.json`` as below, which alone decides what is undecodable. A chunk that fails to parse is bisected
+until the undecodable records are isolated, so one bad record costs O(log N) re-parses and never the chunk.
+The record timestamp (event time, epoch ms) fills ``ts`` when the JSON has no such field.
 
 Field types follow the source's column mapping: ``ts``, ``id`` int64, ``label`` float64, dense
 float32 (or ``list<float32>``), a ``lists`` field ``list<int64>`` or ``list<string>``, a ``weights``
@@ -56,6 +58,7 @@ import pyarrow.json as pj
 
 from primus_dagster.data.canonical import native_columns
 from primus_dagster.data.hashing import stable_hash64
+from primus_dagster.data.sources.kafka.polars_json import PolarsJsonReader, count_byte
 from primus_dagster.spec.sources import ColumnMapping, KafkaSourceSpec
 
 #: How an id field's JSON values are read: integers, strings, or both (:data:`SHADOW` column beside).
@@ -151,6 +154,8 @@ class _Plan:
     #: (pattern, replacement) run over the text before parsing: a mixed field's string values to its shadow key.
     rewrites: tuple[tuple[re.Pattern[bytes], bytes], ...]
     mixed: tuple[str, ...]
+    #: The polars fast path of a clean chunk (None: a schema it does not read, e.g. string ids).
+    fast: PolarsJsonReader | None
 
 
 def _shadow_rewrite(name: str, is_list: bool) -> tuple[re.Pattern[bytes], bytes]:
@@ -207,7 +212,8 @@ class JsonRecordDecoder:
     """Decodes chunks of consumer records of one Kafka source; holds its schema and parse options.
 
     ``schema``: the schema of a topic whose ids are integers (the first parse of every id field);
-    :attr:`id_kinds` says how each id field is read now (module docstring).
+    :attr:`id_kinds` says how each id field is read now (module docstring). ``fast=False`` leaves out the
+    polars fast path (:mod:`.polars_json`): ``pyarrow.json`` only, the reference it is tested against.
 
     Example::
 
@@ -215,10 +221,12 @@ class JsonRecordDecoder:
         decoder.schema                                  # pa.schema([("event_time", pa.int64()), ...])
         table, bad = decoder.decode([r.value for r in records], [r.timestamp for r in records])
         decoder.id_kinds                                # {"user_id": "string", "genres": "string"}
+        decoder.fast_stats                              # {"read": 3, "declined": 0, "skipped": 0}
     """
 
-    def __init__(self, spec: KafkaSourceSpec) -> None:
+    def __init__(self, spec: KafkaSourceSpec, fast: bool = True) -> None:
         self.spec = spec
+        self._fast = fast
         self.schema = json_schema(spec)
         self.ts_column = spec.columns.ts
         self._id_fields = id_fields(spec.columns)
@@ -230,6 +238,13 @@ class JsonRecordDecoder:
         self._lock = threading.Lock()
         self._switches: dict[str, int] = {}
         self._plan = self._make_plan({})
+
+    @property
+    def fast_stats(self) -> dict[str, int]:
+        """Chunks the polars fast path read, declined (parsed by pyarrow after it) and left to pyarrow unasked
+        while it paused, under the current plan (all zero where it does not apply: string ids, ``fast=False``)."""
+        fast = self._plan.fast
+        return dict(fast.stats) if fast is not None else {"read": 0, "declined": 0, "skipped": 0}
 
     @property
     def id_kinds(self) -> dict[str, IdKind]:
@@ -244,6 +259,7 @@ class JsonRecordDecoder:
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
             rewrites=tuple(_shadow_rewrite(name, self._id_fields[name]) for name in mixed),
             mixed=mixed,
+            fast=PolarsJsonReader.for_schema(schema) if self._fast else None,
         )
 
     def _adapted(self, plan: _Plan, error: str) -> _Plan | None:
@@ -322,19 +338,20 @@ class JsonRecordDecoder:
     def _joined_if_clean(values: Sequence[bytes | None]) -> bytes | None:
         """``values`` newline-joined when each is one line that starts with ``{`` and ends with ``}`` (else None).
 
-        The common case, checked without a Python loop over the records.
+        The common case, checked without a Python loop over the records (:func:`.polars_json.count_byte`
+        counts the newlines).
         """
         n = len(values)
         if not n or None in values:
             return None
         joined = b"\n".join(values)  # type: ignore[arg-type]  # no None: checked above
-        if joined.count(b"\n") != n - 1 or b"\r" in joined:
+        if count_byte(joined, 0x0A) != n - 1 or joined.find(b"\r") >= 0:
             return None
+        text = np.frombuffer(joined, np.uint8)
         lengths = np.fromiter(map(len, values), np.int64, n)  # type: ignore[arg-type]
         if not lengths.all():
             return None
         ends = np.cumsum(lengths + 1) - 1  # where the newline after each value is (or would be)
-        text = np.frombuffer(joined, np.uint8)
         if not ((text[ends - lengths] == 0x7B) & (text[ends - 1] == 0x7D)).all():
             return None
         return joined
@@ -385,7 +402,12 @@ class JsonRecordDecoder:
         joined = self._joined_if_clean(values)
         if joined is not None:
             keep: Sequence[int] = range(len(values))
-            self._parse_isolating(values, 0, len(values), good, bad_lines, joined)  # type: ignore[arg-type]
+            fast = self._plan.fast
+            table = fast.read(joined, len(values)) if fast is not None else None
+            if table is not None:
+                good.append((0, len(values), table))
+            else:
+                self._parse_isolating(values, 0, len(values), good, bad_lines, joined)  # type: ignore[arg-type]
         else:
             keep, lines = self._lines(values, bad)
             if lines:
