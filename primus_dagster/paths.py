@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from primus_dagster.run_queue import run_queue_config
+from primus_dagster.run_queue import concurrency_config, run_queue_config
 
 
 def primus_home() -> Path:
@@ -30,6 +30,13 @@ def broker_state_file() -> Path:
 #: What ``dagster_home`` wrote into a new instance's ``dagster.yaml`` before the run queue: such a file is
 #: upgraded in place (any other file is a team's own and left as it is).
 _TELEMETRY_ONLY = "telemetry:\n  enabled: false\n"
+_HEADER = "# Written by primus_dagster (paths.dagster_home): edit freely, it is not rewritten.\n"
+
+
+def _written_before_pools() -> str:
+    """What ``dagster_home`` wrote before the pools (a ``run_queue`` section): upgraded in place too."""
+    settings = {"telemetry": {"enabled": False}, "run_queue": run_queue_config()}
+    return _HEADER + yaml.safe_dump(settings, sort_keys=False)
 
 
 def broker_records_dir() -> Path:
@@ -38,15 +45,12 @@ def broker_records_dir() -> Path:
 
 
 def dagster_home() -> Path:
-    """``$DAGSTER_HOME`` or ``<home>/dagster_home``, created with telemetry disabled and a run queue sized
-    to the machine (:func:`primus_dagster.run_queue.run_queue_config`)."""
+    """``$DAGSTER_HOME`` or ``<home>/dagster_home``, created with telemetry disabled, a run queue sized to the
+    machine and one run per pool at a time (:func:`primus_dagster.run_queue.concurrency_config`)."""
     home = Path(os.environ.get("DAGSTER_HOME") or primus_home() / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists() or config.read_text() == _TELEMETRY_ONLY:
-        settings = {"telemetry": {"enabled": False}, "run_queue": run_queue_config()}
-        config.write_text(
-            "# Written by primus_dagster (paths.dagster_home): edit freely, it is not rewritten.\n"
-            + yaml.safe_dump(settings, sort_keys=False)
-        )
+    if not config.exists() or config.read_text() in (_TELEMETRY_ONLY, _written_before_pools()):
+        settings = {"telemetry": {"enabled": False}, "concurrency": concurrency_config()}
+        config.write_text(_HEADER + yaml.safe_dump(settings, sort_keys=False))
     return home

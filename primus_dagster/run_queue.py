@@ -1,4 +1,4 @@
-"""The local Dagster instance's run queue: how many runs run at once, sized to the machine's cores.
+"""The local Dagster instance's run queue and pools: how many runs run at once, sized to the machine's cores.
 
 One stream-sensor tick may ask for a whole training window of Kafka hours (24 runs for a daily
 partition) and a batch-sensor tick for every new file partition. Launched at once, each run a Python
@@ -11,7 +11,11 @@ starts the requested runs in the order they were asked for, at most ``max_concur
   two keep a small machine busy without queueing behind one slow run;
 * at most one run of each heavy kind (:data:`RUN_KIND_TAG`): ``training`` (a data driver, executors and
   trainers of their own) and ``live`` (the live model's increments, which must run one after another
-  anyway).
+  anyway);
+* Dagster's concurrency pools at run granularity, one run per pool at a time (``default_limit: 1``): the
+  training asset is in the pool ``primus-training-<job>`` and the live model in ``primus-live-<job>``, so a
+  run the tag does not cover -- one of Dagster's implicit ``__ASSET_JOB`` that the UI's Materialize dialog
+  or a backfill launches -- still waits for the training run in progress instead of training beside it.
 
 The tag is set on the suite's asset jobs (``dagster_defs``); a team's ``dagster.yaml`` (or the
 reference Kubernetes deployment's, ``deploy/kubernetes/dagster.yaml``) sets its own limits.
@@ -20,6 +24,7 @@ Example::
 
     run_queue_config(cores=2)
     # {'max_concurrent_runs': 2, 'tag_concurrency_limits': [{'key': 'primus/run_kind', 'value': 'training', 'limit': 1}, ...]}
+    concurrency_config(cores=2)   # dagster.yaml's `concurrency:` section: {'runs': {...}, 'pools': {...}}
 """
 
 from __future__ import annotations
@@ -49,3 +54,13 @@ def run_queue_config(cores: int | None = None) -> dict[str, Any]:
         "max_concurrent_runs": max(2, cores // 2),
         "tag_concurrency_limits": [{"key": RUN_KIND_TAG, "value": kind, "limit": 1} for kind in ONE_AT_A_TIME],
     }
+
+
+#: Every pool of the suite's assets (``primus-training-<job>``, ``primus-live-<job>``) runs one run at a time.
+POOLS = {"granularity": "run", "default_limit": 1}
+
+
+def concurrency_config(cores: int | None = None) -> dict[str, Any]:
+    """The ``concurrency`` section of a local instance's ``dagster.yaml`` for a machine of ``cores`` cores: the
+    run queue (:func:`run_queue_config`) under ``runs`` and the pools (:data:`POOLS`) under ``pools``."""
+    return {"runs": run_queue_config(cores), "pools": dict(POOLS)}

@@ -170,20 +170,24 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
 #: The longest test files (minutes each, longest first, as measured on 2 cores), run first: `make test` hands
 #: whole files to two workers (pytest-xdist ``--dist loadfile --no-loadscope-reorder``: xdist would otherwise
 #: reorder files by their number of tests and leave these for the end) in collection order, and starting
-#: with the longest lets both workers end at about the same time.
-LONGEST_FIRST = (  # the two heaviest Dagster servers (browser, self-driving) apart, each beside lighter files
-    "tests/dagster_defs/test_browser.py",
+#: with the longest lets both workers end at about the same time. The three that serve the reference deployment
+#: under `dagster dev` (browser; demo then make dev; self-driving) go first: the browser test on one worker,
+#: the other two one after the other on the other, the rest after them in turn.
+LONGEST_FIRST = (
+    "tests/dagster_defs/test_browser.py",  # ~3.5-4.5 min: the demo's runs, two servers, a backfill, ten pages
+    "tests/devtools/test_demo.py",  # ~2.5-3 min: the demo, then make dev with its sensors and a UI run
+    "tests/dagster_defs/test_self_driving.py",  # ~1.5-2.5 min
     "tests/training/test_multi_trainer.py",
+    "tests/cluster/test_autoscaler_live.py",  # ~1 min
     "tests/dagster_defs/test_training_asset_cli.py",
     "tests/dagster_defs/test_reference_location_cli.py",
-    "tests/dagster_defs/test_training_order.py",
-    "tests/dagster_defs/test_self_driving.py",
     "tests/training/test_distributed.py",
     "tests/training/test_job.py",
-    "tests/devtools/test_demo.py",
     "tests/test_cli_cancellation.py",
     "tests/test_secrets.py",
     "tests/training/test_live.py",
+    "tests/dagster_defs/test_training_order.py",
+    "tests/training/test_run_lock.py",
 )
 
 

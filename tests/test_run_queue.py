@@ -9,7 +9,7 @@ import yaml
 from dagster import DagsterInstance, QueuedRunCoordinator
 
 from primus_dagster import paths
-from primus_dagster.run_queue import RUN_KIND_TAG, run_queue_config
+from primus_dagster.run_queue import RUN_KIND_TAG, concurrency_config, run_queue_config
 
 
 @pytest.mark.parametrize("cores,runs", [(1, 2), (2, 2), (3, 2), (8, 4), (16, 8)])
@@ -26,14 +26,19 @@ def test_a_new_dagster_home_queues_runs_and_dagster_loads_it(tmp_path: Path, mon
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     home = paths.dagster_home()
     written = yaml.safe_load((home / "dagster.yaml").read_text())
-    assert written == {"telemetry": {"enabled": False}, "run_queue": run_queue_config()}
+    assert written == {"telemetry": {"enabled": False}, "concurrency": concurrency_config()}
+    assert written["concurrency"]["pools"] == {"granularity": "run", "default_limit": 1}
     instance = DagsterInstance.from_config(str(home))
     try:
-        coordinator = instance.run_coordinator
-        assert isinstance(coordinator, QueuedRunCoordinator)
-        queue = coordinator.get_run_queue_config()
-        assert queue.max_concurrent_runs == run_queue_config()["max_concurrent_runs"]
+        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        concurrency = instance.get_concurrency_config()  # what the daemon's run queue reads
+        queue = concurrency.run_queue_config
+        assert queue is not None and queue.max_concurrent_runs == run_queue_config()["max_concurrent_runs"]
         assert queue.tag_concurrency_limits == run_queue_config()["tag_concurrency_limits"]
+        # one run per pool (the training asset's, the live model's) at a time, however the run was launched
+        pools = concurrency.pool_config
+        assert pools.pool_granularity is not None and pools.pool_granularity.value == "run"
+        assert pools.default_pool_limit == 1
     finally:
         instance.dispose()
 
@@ -41,13 +46,18 @@ def test_a_new_dagster_home_queues_runs_and_dagster_loads_it(tmp_path: Path, mon
 def test_an_older_default_file_is_upgraded_and_a_teams_own_is_left_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    old, own = tmp_path / "old", tmp_path / "own"
-    old.mkdir()
-    own.mkdir()
-    (old / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # what earlier versions wrote
+    old, older, own = tmp_path / "old", tmp_path / "older", tmp_path / "own"
+    for home in (old, older, own):
+        home.mkdir()
+    (older / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # what earlier versions wrote
+    before_pools = {"telemetry": {"enabled": False}, "run_queue": run_queue_config()}  # and then, before pools
+    header = "# Written by primus_dagster (paths.dagster_home): edit freely, it is not rewritten.\n"
+    (old / "dagster.yaml").write_text(header + yaml.safe_dump(before_pools, sort_keys=False))
     team = "telemetry:\n  enabled: false\nrun_queue:\n  max_concurrent_runs: 1\n"
     (own / "dagster.yaml").write_text(team)
-    monkeypatch.setenv("DAGSTER_HOME", str(old))
-    assert "run_queue" in yaml.safe_load((paths.dagster_home() / "dagster.yaml").read_text())
+    for home in (older, old):
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        upgraded = yaml.safe_load((paths.dagster_home() / "dagster.yaml").read_text())
+        assert upgraded == {"telemetry": {"enabled": False}, "concurrency": concurrency_config()}
     monkeypatch.setenv("DAGSTER_HOME", str(own))
     assert (paths.dagster_home() / "dagster.yaml").read_text() == team

@@ -56,6 +56,11 @@ def live_asset_name(job: JobSpec) -> str:
     return f"{job.name.replace('-', '_')}_live_model"
 
 
+def live_pool(job: JobSpec) -> str:
+    """The Dagster concurrency pool of the job's live model (one increment at a time: primus_dagster/run_queue.py)."""
+    return f"primus-live-{job.name}"
+
+
 def live_asset_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJob:
     """``<job>_live_job``: the asset job of the live model (the stream sensor's target; one object per
     job and prefix, as Dagster refuses two definitions of one job)."""
@@ -90,6 +95,9 @@ def build_live_asset(job: JobSpec, job_path: str | Path, key_prefix: list[str] |
         kinds={"pytorch", "mlflow", "kafka"},
         owners=job.owners or None,  # the spec's owners and tags (JobSpec.owners / tags)
         tags=job.tags or None,
+        # One increment at a time whatever launched it (a sensor's live job or the UI's Materialize): the
+        # local instance runs one run per pool (primus_dagster/run_queue.py).
+        pool=live_pool(job),
         description=(
             f"{job.training.model.type} model of job `{job.name}`: the newest trained partition's model, "
             f"then every record of {topics} since its window, published to MLflow at each materialisation "

@@ -477,6 +477,33 @@ class TrainingRequests:
         return bool(self.instance.get_run_records(RunsFilter(job_name=job_name, statuses=active), limit=1))
 
 
+def unmaterialized_inputs(
+    job: JobSpec, instance: DagsterInstance, key_prefix: list[str] | None = None
+) -> dict[str, list[str]]:
+    """Lineage that does not add up: per materialised training partition, the source partitions it read
+    (:func:`~primus_dagster.spec.training_inputs`) that are not Materialized in ``instance`` (``"<source>
+    <key>"``); empty when every consumed input is. The sensors ask for a training partition only once its
+    inputs are materialised, and the demo materialises them before it trains.
+
+    Example::
+
+        assert unmaterialized_inputs(job, DagsterInstance.get()) == {}
+    """
+    plan = TrainingRequests(job, key_prefix, instance, utc_now())
+    out: dict[str, list[str]] = {}
+    for key in (k for k in plan.keys if k in plan.materialized):
+        missing: list[str] = []
+        for name, starts in training_inputs(job, plan.window(key)).items():
+            source = job.dataset.source(name)
+            keys = [plan.source_key(source, start) for start in starts]
+            asset_key = AssetKey([*plan.prefix, name])
+            status = instance.get_status_by_partition(asset_key, keys, plan.source_partitions(source)) or {}
+            missing += [f"{name} {k}" for k in keys if status.get(k) != AssetPartitionStatus.MATERIALIZED]
+        if missing:
+            out[key] = missing
+    return out
+
+
 def source_asset_jobs(
     job: JobSpec, sources: Iterable[SourceSpec], label: str, key_prefix: list[str] | None = None
 ) -> dict[str, AssetJob]:

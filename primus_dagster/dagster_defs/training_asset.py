@@ -100,6 +100,11 @@ def training_asset_name(job: JobSpec) -> str:
     return job.name.replace("-", "_") + "_model"
 
 
+def training_pool(job: JobSpec) -> str:
+    """The Dagster concurrency pool of the job's training asset (one run at a time: primus_dagster/run_queue.py)."""
+    return f"primus-training-{job.name}"
+
+
 def registered_model_name(job: JobSpec) -> str:
     """The registered model (MLflow model registry) the job's trained models are versions of: the job's name."""
     return job.name
@@ -333,9 +338,11 @@ def build_training_asset(job: JobSpec, job_path: str | Path, key_prefix: list[st
         kinds={"pytorch", "mlflow"},
         owners=job.owners or None,  # the spec's owners and tags (JobSpec.owners / tags)
         tags=job.tags or None,
-        # Dagster's concurrency pool of the job's training: with a limit of 1 (README: "One run per
-        # window"), two materialisations never train at once; without a limit the run lock refuses the second.
-        pool=f"primus-training-{job.name}",
+        # Dagster's concurrency pool of the job's training: with a limit of 1 (the local instance's default,
+        # primus_dagster/run_queue.py; README: "One run per window") two materialisations never train at
+        # once, whatever launched them (a sensor's job, the UI's Materialize dialog, a backfill); without a
+        # limit the run lock refuses the second.
+        pool=training_pool(job),
         metadata={COLUMN_LINEAGE: MetadataValue.column_lineage(training_column_lineage(job, key_prefix))},
         check_specs=[
             partitioned_check_spec(  # each evaluation recorded against its training partition

@@ -8,6 +8,7 @@ primus-dagster-dev train SPEC ... --record-samples F --slow-executors-ms MS
                                                            # train with test hooks (audit log, slow executors)
 primus-dagster-dev train SPEC ... --slow-pool-executors-ms MS --slow-trainer-ms MS
                                                            # the job's own pool (and autoscaler), slowed
+primus-dagster-dev train SPEC ... --pause-while FILE        # the trainer waits after its first batch while FILE exists
 primus-dagster-dev check-model-load --tracking-uri URI --model NAME [--alias champion] [--venv DIR]
                                                            # load a registered model in a fresh venv
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +122,33 @@ def _slow_trainer(hook: Any, ms_per_batch: float) -> Any:
     return on_batch
 
 
+def _pause_while(hook: Any, path: str, poll_s: float = 0.05) -> Callable[[int, Any], None]:
+    """``on_batch`` that calls ``hook``, then holds the trainer while ``path`` exists (a test removes it once it
+    has seen what it waits for: the run is mid-training, its lock held, for exactly as long as needed)."""
+
+    def on_batch(step: int, batch: Any) -> None:
+        if hook is not None:
+            hook(step, batch)
+        while os.path.exists(path):
+            time.sleep(poll_s)
+
+    return on_batch
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     hooks = RunHooks()
     if args.slow_executors_ms:
         hooks.data_plane = slow_data_plane(args.slow_executors_ms)
     if args.slow_pool_executors_ms:
         hooks.data_plane = slow_pool_plane(args.slow_pool_executors_ms)
-    if not args.record_samples:
-        if args.slow_trainer_ms:
-            hooks.on_batch = _slow_trainer(None, args.slow_trainer_ms)
-        return cli.train_command(args, hooks)
-    with TrainedSampleIdsLog(args.record_samples) as samples:
-        hooks.on_batch = lambda step, batch: samples.append(step, batch.sample_id)
+    with contextlib.ExitStack() as stack:
+        if args.record_samples:
+            samples = stack.enter_context(TrainedSampleIdsLog(args.record_samples))
+            hooks.on_batch = lambda step, batch: samples.append(step, batch.sample_id)
         if args.slow_trainer_ms:
             hooks.on_batch = _slow_trainer(hooks.on_batch, args.slow_trainer_ms)
+        if args.pause_while:
+            hooks.on_batch = _pause_while(hooks.on_batch, args.pause_while)
         return cli.train_command(args, hooks)
 
 
@@ -156,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--slow-trainer-ms", type=float, default=0.0, help="fault injection: the trainer sleeps per trained batch"
+    )
+    train.add_argument(
+        "--pause-while",
+        default=None,
+        metavar="FILE",
+        help="test hook: after each trained batch the trainer waits while FILE exists (removing it lets it go on)",
     )
     train.set_defaults(func=_cmd_train)
 
@@ -186,7 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the reference job on embedded defaults, end to end (see README)")
     p.add_argument("--spec", default="examples/job.yaml")
     p.add_argument("--rows-per-hour", type=int, default=2000)
-    p.add_argument("--hours", type=int, default=24, help="hours of the first day whose source assets to materialise")
+    p.add_argument(
+        "--hours",
+        type=int,
+        default=0,
+        help="besides the source partitions the training partition reads: every source's first HOURS hours",
+    )
     p.add_argument("--no-train", action="store_true", help="skip the training asset")
     p.set_defaults(func=_cmd_demo)
 

@@ -1,15 +1,19 @@
 """``make demo``: the reference job on embedded defaults, end to end, leaving nothing running.
 
-Start the embedded Kafka-compatible broker; write two days (and two hours) of the synthetic
-world to every source of the spec; serve the reference code location (``workspace.yaml``) with
-``dagster-webserver`` on the project's Dagster instance and launch, through it, runs of the location's
-own jobs: the source jobs (the ones the sensors launch) for the hours of the first day, then the
-training job for the second day -- MTRM in ``batch_then_stream`` mode: pre-trained on the first day's
-complete batch data (``batch_lag: 24h``), then following the second day's Kafka stream, checkpointed to
-MLflow. Print the AUC table and the MLflow run; stop the webserver, and the broker if the demo started
-it -- saving its records in ``.primus/broker_records`` first, which ``make dev`` replays into a new broker
-with the same offsets (:mod:`~primus_dagster.devtools.broker_records`), so the UI re-executes the demo's
-Kafka runs. Source partitions go through the assets' blocking checks; the table counts those passed.
+Start the embedded Kafka-compatible broker; write the synthetic world to every source of the spec, up to
+the hour after the first training partition's evaluation hour (two days and two hours for the daily
+``examples/job.yaml``); serve the reference code location (``workspace.yaml``) with ``dagster-webserver``
+on the project's Dagster instance and launch, through it, runs of the location's own jobs: the source jobs
+(the ones the sensors launch) for every source partition the first training partition reads
+(:func:`~primus_dagster.spec.training_inputs`: for ``examples/job.yaml`` the first day's batch hours and the
+second day's Kafka hours), then the training job for that partition -- MTRM in ``batch_then_stream`` mode:
+pre-trained on the first day's complete batch data (``batch_lag: 24h``), then following the second day's
+Kafka stream, checkpointed to MLflow. So the lineage adds up: every input of the trained partition is
+Materialized (checked and printed, :func:`~primus_dagster.dagster_defs.sensors.unmaterialized_inputs`), as
+when the sensors train. Print the AUC table and the MLflow run; stop the webserver, and the broker if the
+demo started it -- saving its records in ``.primus/broker_records`` first, which ``make dev`` replays into a
+new broker with the same offsets (:mod:`~primus_dagster.devtools.broker_records`), so the UI re-executes the
+demo's Kafka runs. Source partitions go through the assets' blocking checks; the table counts those passed.
 
 The runs belong to the code location (job, repository and location recorded on each run), so ``dagster
 dev`` shows them on the Overview timeline and re-executes them. They are launched at once (the
@@ -17,20 +21,23 @@ instance's run launcher, no queue) and no daemon runs meanwhile, so the location
 
 Example::
 
-    primus-dagster-dev demo --hours 2 --rows-per-hour 200      # what `make demo` runs, smaller
+    primus-dagster-dev demo --rows-per-hour 200      # what `make demo` runs, smaller
+    primus-dagster-dev demo --hours 24               # also every source's first 24 hours
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +49,15 @@ from rich.table import Table
 from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV
 from primus_dagster.dagster_defs import live_asset_name, training_asset_job, training_asset_name
-from primus_dagster.dagster_defs.sensors import source_asset_jobs
-from primus_dagster.data import SourceContext
+from primus_dagster.dagster_defs.live_asset import live_pool
+from primus_dagster.dagster_defs.sensors import source_asset_jobs, unmaterialized_inputs
+from primus_dagster.dagster_defs.training_asset import training_partitions_def, training_pool
+from primus_dagster.data import SourceContext, TimeWindow
+from primus_dagster.devtools.dev import STRAGGLER_ENV, stop_stragglers
 from primus_dagster.devtools.freshness import FreshnessError, graphql
 from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
-from primus_dagster.spec import JobSpec, load_job_spec
+from primus_dagster.spec import JobSpec, load_job_spec, training_inputs
 from primus_dagster.training.tracking import default_tracking_uri
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +92,8 @@ class LaunchedRun:
 def launch_at_once_config(dagster_home: Path) -> dict[str, Any]:
     """``dagster_home``'s instance configuration with its storages, artifacts and compute logs pinned to
     ``dagster_home`` (explicitly, so that it can live in another directory) and the default run coordinator,
-    which hands each submitted run to the run launcher at once instead of queueing it for a daemon."""
+    which hands each submitted run to the run launcher at once instead of queueing it for a daemon (the
+    queue's and the pools' limits are left out)."""
     config_file = dagster_home / "dagster.yaml"
     config = (yaml.safe_load(config_file.read_text()) if config_file.exists() else None) or {}
     if not {"storage", "run_storage", "event_log_storage", "schedule_storage"} & set(config):
@@ -104,6 +115,7 @@ def launch_at_once_config(dagster_home: Path) -> dict[str, Any]:
         },
     )
     config.pop("run_queue", None)
+    config.pop("concurrency", None)  # the queue's limits and the pools': nothing waits
     config["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}
     return config
 
@@ -140,6 +152,7 @@ class ReferenceLocation:
         self.location_name = self.repository_name = ""
         self._launcher_home = tempfile.TemporaryDirectory(prefix="primus-launch-at-once-")
         self._proc: subprocess.Popen[bytes] | None = None
+        self._token = uuid.uuid4().hex
         self.instance = DagsterInstance.from_config(str(dagster_home))  # where the runs are recorded
 
     def __enter__(self) -> ReferenceLocation:
@@ -151,7 +164,7 @@ class ReferenceLocation:
             self._proc = subprocess.Popen(
                 [*server, "-w", str(self.workspace), "-h", "127.0.0.1", "-p", str(self.port)],
                 cwd=self.workspace.parent,
-                env={**self.env, "DAGSTER_HOME": str(home)},
+                env={**self.env, "DAGSTER_HOME": str(home), STRAGGLER_ENV: self._token},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its code server and run workers in its process group
@@ -201,6 +214,7 @@ class ReferenceLocation:
         if self._proc is not None:
             stop_process_tree(self._proc)
             self._proc = None
+            stop_stragglers(self._token)
         self._launcher_home.cleanup()
 
     def launch(self, run: LaunchedRun, run_config: dict[str, Any] | None = None) -> LaunchedRun:
@@ -285,19 +299,31 @@ def run_demo(args: argparse.Namespace) -> int:
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     failed: list[LaunchedRun] = []
     instance = DagsterInstance.from_config(str(dagster_home))
+    # The pools' limits in the instance now: the run queue would set them the first time it sees a run of a
+    # pool, after that pass already let two of them through.
+    for pool in (training_pool(job), live_pool(job)):
+        instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
+    partition = demo_partition(job)
     try:
         context = SourceContext(data_root, bootstrap)
         world = SyntheticWorld(WorldConfig(rows_per_hour=args.rows_per_hour), job.dataset.start)
-        # Two days, the evaluation hour after them, and one more (so Kafka's last hour is complete).
-        write_world(job, context, world, range(max(args.hours, 48) + 2))
+        write_world(job, context, world, range(max(args.hours, world_hours(job, partition))))
         console.print("serving the reference code location (dagster-webserver) ...")
         with ReferenceLocation(dagster_home, env, paths.primus_home() / "demo_webserver.log") as location:
             console.print(f"code location {location.location_name!r} loaded; launching its jobs' runs")
-            table, failed = materialize_hours(job, location, args.hours, console)
+            runs = merged_runs(source_jobs(job, args.hours), input_runs(job, partition))
+            console.print(f"{len(runs)} source runs: every source partition training partition {partition} reads")
+            table, failed = materialize(job, location, runs, console)
             console.print(table)
             if not args.no_train and not failed:
-                table, failed = train_day(job, location, console)
+                table, failed = train_partition(job, location, console, partition)
                 console.print(table)
+                missing = unmaterialized_inputs(job, location.instance)
+                console.print(
+                    "lineage: every source partition a trained partition read is Materialized"
+                    if not missing
+                    else f"[red]lineage: inputs not Materialized[/]: {missing}"
+                )
     finally:
         if started_broker:
             # its records are saved for `make dev` (and the next demo) to replay: the UI re-executes Kafka runs
@@ -324,20 +350,71 @@ def run_demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def demo_partition(job: JobSpec) -> str:
+    """The training partition the demo trains: the job's first (``2026-11-02`` for ``examples/job.yaml``)."""
+    return str(training_partitions_def(job).get_first_partition_key())
+
+
+def _training_window(job: JobSpec, partition: str) -> TimeWindow:
+    span = training_partitions_def(job).time_window_for_partition_key(partition)  # type: ignore[attr-defined]
+    return TimeWindow(span.start, span.end)
+
+
+def world_hours(job: JobSpec, partition: str) -> int:
+    """Hours of the world the demo writes: through ``partition``'s window, its evaluation hours and one more
+    (so that the stream's last hour is complete: a record after it exists)."""
+    hours = (_training_window(job, partition).end - job.dataset.start) / timedelta(hours=1)
+    return math.ceil(hours) + job.training.eval_hours + 1
+
+
+def _source_job_names(job: JobSpec) -> list[tuple[str, str, list[str]]]:
+    """The source jobs (those the sensors launch: one for the file and table sources, one per Kafka source,
+    per granularity): ``(job name, granularity, its sources)``."""
+    batch = [source for _, source in job.dataset.all_sources() if source.type != "kafka"]
+    jobs = [
+        (asset_job.name, granularity, [s.name for s in batch if s.granularity == granularity])
+        for granularity, asset_job in (source_asset_jobs(job, batch, "files").items() if batch else [])
+    ]
+    for _, source in job.dataset.all_sources():
+        if source.type == "kafka":
+            jobs += [(j.name, g, [source.name]) for g, j in source_asset_jobs(job, [source], source.name).items()]
+    return jobs
+
+
+def _partition_key(granularity: str, start: datetime) -> str:
+    return start.strftime("%Y-%m-%d-%H:%M" if granularity == "hour" else "%Y-%m-%d")
+
+
+def input_runs(job: JobSpec, partition: str) -> list[LaunchedRun]:
+    """The source jobs' runs that materialise every source partition training ``partition`` reads
+    (:func:`~primus_dagster.spec.training_inputs`), in time order; sources that share a job share its run."""
+    by_source = {
+        source: (name, granularity) for name, granularity, sources in _source_job_names(job) for source in sources
+    }
+    wanted: dict[tuple[str, str], datetime] = {}
+    for source, starts in training_inputs(job, _training_window(job, partition)).items():
+        job_name, granularity = by_source[source]
+        for start in starts:
+            wanted.setdefault((job_name, _partition_key(granularity, start)), start)
+    return [LaunchedRun(name, key) for (name, key), _ in sorted(wanted.items(), key=lambda item: (item[1], item[0]))]
+
+
+def merged_runs(*groups: Sequence[LaunchedRun]) -> list[LaunchedRun]:
+    """The runs of ``groups`` without repeats (job and partition), ordered by partition key, then job."""
+    seen = {(run.job_name, run.partition_key): run for group in groups for run in group}
+    return [seen[key] for key in sorted(seen, key=lambda key: (key[1], key[0]))]
+
+
 def source_jobs(job: JobSpec, hours: int) -> list[LaunchedRun]:
     """The runs of the reference location's source jobs (those the sensors launch: one for the file and table
     sources, one per Kafka source, per granularity) covering the first ``hours`` hours, hour by hour."""
-    batch = [source for _, source in job.dataset.all_sources() if source.type != "kafka"]
-    jobs = [(g, j.name) for g, j in source_asset_jobs(job, batch, "files").items()] if batch else []
-    for _, source in job.dataset.all_sources():
-        if source.type == "kafka":
-            jobs += [(g, j.name) for g, j in source_asset_jobs(job, [source], source.name).items()]
+    jobs = [(granularity, name) for name, granularity, _ in _source_job_names(job)]
     runs: list[LaunchedRun] = []
     seen: set[tuple[str, str]] = set()
     for hour in range(hours):
         start = job.dataset.start + timedelta(hours=hour)
         for granularity, name in jobs:
-            key = start.strftime("%Y-%m-%d-%H:%M" if granularity == "hour" else "%Y-%m-%d")
+            key = _partition_key(granularity, start)
             if (name, key) not in seen:
                 seen.add((name, key))
                 runs.append(LaunchedRun(name, key))
@@ -363,9 +440,10 @@ def failure_message(instance: DagsterInstance, run_id: str) -> str:
     return "  (no failure event recorded)"
 
 
-def train_day(job: JobSpec, location: ReferenceLocation, console: Console) -> tuple[Table, list[LaunchedRun]]:
-    """Run the training job for the partition of the second day; the AUC table (and the run if it failed)."""
-    partition = (job.dataset.start + timedelta(days=1)).strftime("%Y-%m-%d")
+def train_partition(
+    job: JobSpec, location: ReferenceLocation, console: Console, partition: str
+) -> tuple[Table, list[LaunchedRun]]:
+    """Run the training job for ``partition``; the AUC table (and the run if it failed)."""
     job_name = training_asset_job(job).name
     console.print(f"training {job.training.model.type} ({job.training.mode}) on partition {partition}: {job_name} ...")
     began = time.perf_counter()
@@ -404,9 +482,14 @@ def train_day(job: JobSpec, location: ReferenceLocation, console: Console) -> tu
 def materialize_hours(
     job: JobSpec, location: ReferenceLocation, hours: int, console: Console
 ) -> tuple[Table, list[LaunchedRun]]:
-    """Run the source jobs for the first ``hours`` hours; rows, bytes, versions and checks per asset (and the
-    runs that failed)."""
-    runs = source_jobs(job, hours)
+    """Run the source jobs for the first ``hours`` hours (:func:`materialize`)."""
+    return materialize(job, location, source_jobs(job, hours), console)
+
+
+def materialize(
+    job: JobSpec, location: ReferenceLocation, runs: Sequence[LaunchedRun], console: Console
+) -> tuple[Table, list[LaunchedRun]]:
+    """Run the source jobs' ``runs``; rows, bytes, versions and checks per asset (and the runs that failed)."""
     per_key: dict[str, list[LaunchedRun]] = {}
     for run in runs:
         per_key.setdefault(run.partition_key, []).append(run)

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -29,15 +30,23 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+
+import psutil
 
 from primus_dagster import paths
 from primus_dagster.devtools.processes import stop_process_tree
 from primus_dagster.ports import free_port
 
 _BIN = Path(sys.executable).parent
+
+#: Set (to a value of its own) on a ``dagster dev`` / ``dagster-webserver`` this module or the demo starts, so
+#: that a code server its webserver or daemon started while they were being stopped -- out of their process
+#: tree by then, waiting for a heartbeat timeout -- is found and stopped too (:func:`stop_stragglers`).
+STRAGGLER_ENV = "PRIMUS_SERVER_TOKEN"
 
 
 class DevError(RuntimeError):
@@ -56,11 +65,16 @@ def serve_mlflow(
     port: int | None = None,
     artifact_root: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start an MLflow tracking server (one worker, its own session: stop it with
-    :func:`~.processes.stop_process_tree`) on ``tracking_uri``'s store; returns the process and its URL.
+    """Start an MLflow tracking server (one worker, no job runner unless ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION``
+    says so, its own session: stop it with :func:`~.processes.stop_process_tree`) on ``tracking_uri``'s store;
+    returns the process and its URL.
     ``port`` None: a free one. ``artifact_root``: where runs of experiments it creates keep artifacts (a
     local folder, written by the clients directly, as with the SQLite store itself)."""
     port = port or free_port()
+    # MLflow 3's server also starts a job runner (huey consumers, for its GenAI scorers and periodic jobs) that
+    # polls all the time -- over a runnable task of load on an idle machine; a tracking server needs none.
+    env = {**(os.environ if env is None else env)}
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     command = [str(_BIN / "mlflow"), "server", "--backend-store-uri", tracking_uri]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     if artifact_root is not None:
@@ -91,6 +105,31 @@ def wait_http(
     if log_path is not None and log_path.exists():
         tail = "\n" + "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
     raise DevError(f"{url} did not answer within {timeout_s:g}s{tail}")
+
+
+def _marked(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(STRAGGLER_ENV) == token and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    return found
+
+
+def stop_stragglers(token: str, grace_s: float = 5.0) -> None:
+    """Stop what is left of a server whose tree was stopped (:data:`STRAGGLER_ENV` is ``token``): SIGTERM, then
+    SIGKILL after ``grace_s``."""
+    left = _marked(token)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def _start_broker(print_line: Callable[[str], None]) -> None:
@@ -126,6 +165,7 @@ def run_dev(args: argparse.Namespace) -> int:
     if not env.get(KAFKA_ENV):
         _start_broker(say)
     servers: list[subprocess.Popen[bytes]] = []
+    token = uuid.uuid4().hex
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -146,7 +186,10 @@ def run_dev(args: argparse.Namespace) -> int:
         workspace = Path(args.workspace).resolve()
         command = [str(_BIN / "dagster"), "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(args.port)]
         dagster = subprocess.Popen(
-            [*command, *args.dagster_args], env=env, cwd=workspace.parent, start_new_session=True
+            [*command, *args.dagster_args],
+            env={**env, STRAGGLER_ENV: token},
+            cwd=workspace.parent,
+            start_new_session=True,
         )
         servers.append(dagster)
         say(f"Dagster: http://127.0.0.1:{args.port} (Ctrl-C stops Dagster and MLflow)")
@@ -157,3 +200,4 @@ def run_dev(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         for proc in reversed(servers):
             stop_process_tree(proc)
+        stop_stragglers(token)

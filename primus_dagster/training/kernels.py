@@ -116,7 +116,8 @@ def active() -> KernelSet:
 
 @contextmanager
 def using(kernels: KernelSet) -> Iterator[None]:
-    """Run the body's lookups, backward passes and optimizer steps on ``kernels`` (this thread)."""
+    """Run the body's backward passes and optimizer steps on ``kernels`` (this thread's: autograd runs a
+    CPU backward on the thread that called it)."""
     previous = active()
     _local.kernels = kernels
     try:

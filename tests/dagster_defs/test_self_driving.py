@@ -9,6 +9,7 @@ published (polled through the webserver's GraphQL API; :mod:`primus_dagster.devt
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(600)  # measure_freshness bounds itself (420 s); 2-4 min on 2 shared cores
 def test_new_data_is_trained_and_published_by_the_sensors_alone(tmp_path: Path, kafka_broker) -> None:
-    result = measure_freshness(tmp_path, kafka_broker.bootstrap_servers, sensor_interval_s=5, timeout_s=420)
+    began = time.monotonic()
+    result = measure_freshness(
+        tmp_path,
+        kafka_broker.bootstrap_servers,
+        sensor_interval_s=5,
+        timeout_s=420,
+        log=lambda line: print(f"[{time.monotonic() - began:5.0f}s] {line}"),  # shown with a failure
+    )
     assert result["batch_run"] and result["live_run"] and result["live_run"] != result["batch_run"]
     assert result["live_model_uri"].startswith("models:/")
     assert result["batch_landed_to_trained_s"] > 0 and result["stream_record_to_model_s"] > 0

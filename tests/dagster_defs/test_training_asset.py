@@ -86,7 +86,7 @@ def test_auc_check_passes_within_tolerance_and_fails_past_it(tmp_path: Path) -> 
 
 def test_a_version_registered_through_an_mlflow_server_links_to_its_page_and_the_registry(tmp_path: Path) -> None:
     """The tracker here is a stand-in for its two calls (an MLflow server's answers are not what is tested:
-    tests/devtools/test_dev.py serves one): the metadata a version gets from them."""
+    tests/devtools/test_demo.py serves one with make dev): the metadata a version gets from them."""
 
     class ServerTracker:
         tracking_uri = "http://127.0.0.1:5000"

@@ -1,6 +1,8 @@
 """The reference deployment's training asset through ``dagster asset materialize`` (embedded
 defaults: SQLite Dagster instance, MLflow on SQLite under ``$PRIMUS_HOME``, local executor
-processes, the embedded Kafka-compatible broker), then the model back from MLflow."""
+processes, the embedded Kafka-compatible broker), then the model back from MLflow. The spec is the
+reference one with hourly training partitions (``locationkit.hourly_reference_spec``): the same code
+paths on an hour of data (the daily partitions: tests/dagster_defs/test_browser.py, `make demo`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from locationkit import DAGSTER, REPO, reference_env
+from locationkit import REPO, hourly_reference_spec, materialize_cli, reference_env
 
 pytestmark = pytest.mark.integration
 
@@ -43,29 +45,17 @@ print(json.dumps({"meta": meta, "checkpoints": checkpoints, "scored": int(scores
 
 
 def test_dagster_asset_materialize_trains_and_mlflow_holds_a_loadable_model(tmp_path: Path, own_kafka_broker) -> None:
-    # Two days and two hours: day 1 (batch, lagged 24 h), day 2 (stream), an evaluation hour, and
-    # one more hour so the stream has moved past the evaluation hour.
+    # A day and three hours: the batch hour a day before (lagged 24 h), the stream hour, an evaluation hour,
+    # and one more hour so the stream has moved past the evaluation hour.
     env = reference_env(
-        tmp_path / "primus_home", own_kafka_broker.bootstrap_servers, hours=50, rows_per_hour=150, timeout=400
-    )
-    proc = subprocess.run(
-        [
-            DAGSTER,
-            "asset",
-            "materialize",
-            "-m",
-            "definitions",
-            "--select",
-            "ctr_demo_model",
-            "--partition",
-            "2026-11-02",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+        tmp_path / "primus_home",
+        own_kafka_broker.bootstrap_servers,
+        hours=27,
+        rows_per_hour=150,
         timeout=400,
+        spec=hourly_reference_spec(tmp_path),
     )
+    proc = materialize_cli(env, "ctr_demo_model", "2026-11-02-00:00", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = subprocess.run(
         [sys.executable, "-c", READ_BACK, env["PRIMUS_DATA_ROOT"]],

@@ -172,10 +172,13 @@ def test_a_child_forked_from_the_holder_does_not_keep_the_lock(holder: list) -> 
 
 @pytest.mark.integration
 def test_a_second_train_of_one_window_exits_1_naming_the_first_which_finishes(tmp_path: Path, home: Path) -> None:
-    env = make_job(tmp_path / "job", mode="mixed", model="single", every=8, rows_per_hour=6000)
-    # ~70 batches over 2 executors at 0.6 s each: the first trains for ~20 s, far longer than the second needs
+    env = make_job(tmp_path / "job", mode="mixed", model="single", every=8, rows_per_hour=1000)
+    # The first holds its trainer after its first batch until the second was refused (the test removes the
+    # file): mid-training, its lock held, exactly as long as the second takes, then it trains on to the end.
+    pause = tmp_path / "hold-the-first"
+    pause.touch()
     first = subprocess.Popen(
-        dev_train_command(env, tmp_path / "samples.bin", slow_executors_ms=600),
+        [*dev_train_command(env, tmp_path / "samples.bin", slow_executors_ms=0), "--pause-while", str(pause)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -196,9 +199,11 @@ def test_a_second_train_of_one_window_exits_1_naming_the_first_which_finishes(tm
         command = [str(Path(sys.executable).parent / "primus-dagster"), "train", str(env["job_path"]), "--hours", "3"]
         command += ["--data-root", str(env["root"]), "--executors", "2", "--no-eval"]
         second = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-        assert first.poll() is None, "the first run ended before the second was refused: slow it down more"
+        assert first.poll() is None, "the first run ended while it was held"
+        pause.unlink()
         out, _ = first.communicate(timeout=240)
     finally:
+        pause.unlink(missing_ok=True)
         if first.poll() is None:
             first.kill()
             first.communicate(timeout=30)
