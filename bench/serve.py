@@ -12,13 +12,15 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   trainer reads no ``ts``/``sample_id``, so the executors decode only the model's columns), each
   reads through the Parquet adapter, normalises to the canonical schema and serves; the
   ``RemoteReader`` in this process claims every batch (exactly-once ledger) and hands it over as a
-  ``Batch`` with torch tensors (dense float32 [B, 13], sparse int64 [B, 5], label float32 [B]).
+  ``Batch`` with torch tensors (dense float32 [B, 13], sparse int64 [B, 5], label float32 [B]; dense and
+  sparse are column-major views over the served columns: the executors never interleave the dense
+  matrix, ``docs/shared_memory.md``).
   ``--transport shm`` (default): executors on this host, batches through shared-memory slots, Flight
   carries descriptors; ``--transport flight``: batches in the Flight stream (a reader on another host).
   **Counted**: this process (reader threads, claims, the driver serving the executors' RPCs, the
   consumer) + every executor process from the moment it announced it was ready until it exited
-  (its start-up -- interpreter and imports, about a second of CPU each -- is reported apart as
-  ``executor_startup_cpu_s``).
+  (its start-up -- interpreter, imports, warm-up: about 0.4 CPU-s each -- is reported apart: per run as
+  ``executor_startup_cpu_s``, per executor as ``executor_startup_cpu_s_per_executor``).
 * **primus_in_process** -- the same plane with ``DirectDataPlane(executors_in_process=True)``: the
   ``--workers`` executors are threads of this process (a trainer co-located with its data), the
   reader takes their batches by calling them -- the same driver, leases, exactly-once claims,
@@ -284,9 +286,9 @@ def run_primus(
         plane.wait_executors(30)
         if in_process:
             return rows, cpu, wall
-        startup.setdefault("executor_startup_cpu_s", []).append(
-            round(plane.cpu_seconds() - plane.cpu_seconds(include_startup=False), 3)
-        )
+        startup_cpu = plane.cpu_seconds() - plane.cpu_seconds(include_startup=False)
+        startup.setdefault("executor_startup_cpu_s", []).append(round(startup_cpu, 3))
+        startup.setdefault("executor_startup_cpu_s_per_executor", []).append(round(startup_cpu / workers, 3))
         startup.setdefault("reader_process_cpu_s", []).append(round(cpu, 3))  # reader, driver, claims
         startup.setdefault("executors_cpu_s", []).append(round(plane.cpu_seconds(include_startup=False), 3))
         cpu += plane.cpu_seconds(include_startup=False)

@@ -22,8 +22,12 @@ its 1-rank figure is below part 1's.
    driver; plus the executors after they were ready, ``plane.cpu_seconds(include_startup=False)``),
    from the first batch asked for to the last step. ``in_memory_samples_per_s``: the same model on
    the same rows from in-memory tensors (the ceiling), per CPU-second of this process.
-   ``pipeline_ratio`` = pipeline / in_memory, **both per CPU-second**; the wall-clock figures
+   ``pipeline_ratio`` = pipeline / in_memory, **both per CPU-second**, of the medians of
+   ``--pipeline-repeat`` (3) interleaved runs of each (a run is about a second: one is at the mercy of
+   the machine's other load; ``detail.pipeline_ratios_per_repeat`` pairs them); the wall-clock figures
    (``pipeline_wall_samples_per_s``, ``in_memory_wall_samples_per_s``) are reported beside them.
+   ``executor_startup_cpu_s_per_executor``: what each executor process spent before it announced it
+   was ready (interpreter, imports, warm-up; not in the ratio), the mean of the run's executors.
 3. ``ddp_speedup``: aggregate samples per wall-second of 2 ranks x 1 thread over 1 rank x 1 thread
    (world_size 2 vs 1, ``_ddp.run_ddp_in_memory``: the round protocol of
    ``primus_dagster.training.distributed`` that multi-trainer jobs run; ``--ddp-pin`` binds each rank
@@ -214,6 +218,7 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
         wall, cpu_trainer = time.perf_counter() - wall0, cpu_self() - cpu0
         plane.wait_executors(30)
         cpu_exec = plane.cpu_seconds(include_startup=False)
+        startup = plane.cpu_seconds() - cpu_exec
     samples = trainer.counters.samples
     cpu = cpu_trainer + cpu_exec
     return {
@@ -223,6 +228,8 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
         "wall_s": round(wall, 3),
         "trainer_process_cpu_s": round(cpu_trainer, 3),
         "executors_cpu_s": round(cpu_exec, 3),
+        "executor_startup_cpu_s": round(startup, 3),  # not in the ratio: interpreter, imports, warm-up
+        "executor_startup_cpu_s_per_executor": round(startup / executors, 3),
         "train_s": round(trainer.counters.train_s, 3),
         "samples_per_cpu_s": round(samples / cpu),
         "samples_per_wall_s": round(samples / wall),
@@ -734,6 +741,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batch-rows", type=int, default=65536, help="rows per executor batch (pipeline)")
     parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument(
+        "--pipeline-repeat", type=int, default=3, help="interleaved (in-memory, pipeline) runs of part 2; medians"
+    )
     parser.add_argument("--skip-dense-ddp", action="store_true", help="skip the dense all-reduce baseline")
     parser.add_argument("--skip-ddp", action="store_true")
     parser.add_argument("--ddp-pin", action="store_true", help="bind each DDP rank to a core of its own")
@@ -783,16 +793,23 @@ def main() -> None:
 
     write_world(job, SourceContext(str(root)), world, range(args.hours), files_per_hour=2, progress=False)
     window = TimeWindow(start, start + timedelta(hours=args.hours))
-    detail["in_memory"] = train_in_memory(
-        single, [batch.slice(s, s + args.batch_size) for s in range(0, batch.rows, args.batch_size)]
-    )
-    detail["pipeline"] = run_pipeline(job_path, root, window, single, args.executors)
-    for name in ("in_memory", "pipeline"):
-        d = detail[name]
-        print(
-            f"{name:10s} {d['samples']:,} samples (single tower): {d['samples_per_cpu_s']:,} samples/CPU-s, "
-            f"{d['samples_per_wall_s']:,} samples/s wall"
-        )
+    in_memory_micro = [batch.slice(s, s + args.batch_size) for s in range(0, batch.rows, args.batch_size)]
+    repeats: dict[str, list[dict]] = {"in_memory": [], "pipeline": []}
+    for _ in range(args.pipeline_repeat):  # interleaved: drifting background load hits both alike
+        repeats["in_memory"].append(train_in_memory(single, in_memory_micro))
+        repeats["pipeline"].append(run_pipeline(job_path, root, window, single, args.executors))
+        for name in ("in_memory", "pipeline"):
+            d = repeats[name][-1]
+            print(
+                f"{name:10s} {d['samples']:,} samples (single tower): {d['samples_per_cpu_s']:,} samples/CPU-s, "
+                f"{d['samples_per_wall_s']:,} samples/s wall"
+            )
+    for name, runs in repeats.items():  # the median repeat (by samples per CPU-second), all of them beside it
+        detail[name] = {**sorted(runs, key=lambda d: d["samples_per_cpu_s"])[len(runs) // 2], "repeats": runs}
+    detail["pipeline_ratios_per_repeat"] = [
+        round(p["samples_per_cpu_s"] / m["samples_per_cpu_s"], 3)
+        for p, m in zip(repeats["pipeline"], repeats["in_memory"], strict=True)
+    ]
     pipe, mem = detail["pipeline"], detail["in_memory"]
 
     result = {
@@ -806,6 +823,7 @@ def main() -> None:
         "pipeline_wall_samples_per_s": pipe["samples_per_wall_s"],
         "in_memory_wall_samples_per_s": mem["samples_per_wall_s"],
         "pipeline_model": "single",
+        "executor_startup_cpu_s_per_executor": pipe["executor_startup_cpu_s_per_executor"],
     }
     if not args.skip_ddp:
         speedup, one, two = ddp_speedup(micro, mtrm, root, "row_sparse", args.ddp_pin)

@@ -17,6 +17,8 @@ Example::
                 logits = model(batch.dense, batch.sparse, batch.kind)
 """
 
+from typing import TYPE_CHECKING, Any
+
 from primus_dagster.data.batch import (
     Batch,
     BatchMeta,
@@ -37,8 +39,7 @@ from primus_dagster.data.canonical import (
     quality_summary,
     schema_hash,
 )
-from primus_dagster.data.data_check import GATED_RULES, PartitionFindings, RuleFinding, scan_with_findings
-from primus_dagster.data.direct_plane import DirectDataPlane, reader_for
+from primus_dagster.data.direct_plane import DirectDataPlane, reader_for  # its modules load here anyway
 from primus_dagster.data.driver import (
     DataAbortedError,
     DataDriver,
@@ -48,7 +49,6 @@ from primus_dagster.data.driver import (
     DriverServer,
 )
 from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
-from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
 from primus_dagster.data.plane import DataPlane, DataPlaneStarter
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
 from primus_dagster.data.shm import sweep_dead_executors
@@ -66,10 +66,44 @@ from primus_dagster.data.sources import (
     scan_problems,
 )
 from primus_dagster.data.sources.base import PackFailure, pack_failure
-from primus_dagster.data.sources.kafka import KafkaSource, TailOffsetError, TailPlan
 from primus_dagster.data.task_batches import read_batches, task_batches
 from primus_dagster.data.tasks import BatchId, DataTask, read_location
 from primus_dagster.data.versions import source_versions
+
+if TYPE_CHECKING:
+    from primus_dagster.data.data_check import GATED_RULES, PartitionFindings, RuleFinding, scan_with_findings
+    from primus_dagster.data.graph import ListingCache, NotReady, Plan, Planner, plan_report, render_plan
+    from primus_dagster.data.sources.kafka import KafkaSource, TailOffsetError, TailPlan
+
+# Loaded on first use (PEP 562): a data executor process imports this package but none of these (the
+# planner, the data checks, the Kafka client stack): ~0.09 CPU-s of its start-up.
+_LAZY = {
+    "GATED_RULES": "primus_dagster.data.data_check",
+    "PartitionFindings": "primus_dagster.data.data_check",
+    "RuleFinding": "primus_dagster.data.data_check",
+    "scan_with_findings": "primus_dagster.data.data_check",
+    "ListingCache": "primus_dagster.data.graph",
+    "NotReady": "primus_dagster.data.graph",
+    "Plan": "primus_dagster.data.graph",
+    "Planner": "primus_dagster.data.graph",
+    "plan_report": "primus_dagster.data.graph",
+    "render_plan": "primus_dagster.data.graph",
+    "KafkaSource": "primus_dagster.data.sources.kafka",
+    "TailOffsetError": "primus_dagster.data.sources.kafka",
+    "TailPlan": "primus_dagster.data.sources.kafka",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "GATED_RULES",

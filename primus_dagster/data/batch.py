@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from primus_dagster.data.canonical import WEIGHTS_SUFFIX
+from primus_dagster.data.canonical import WEIGHTS_SUFFIX, dense_parts, join_dense, join_dense_schema
 from primus_dagster.data.tasks import BatchId
 
 if TYPE_CHECKING:  # torch is imported on the first conversion: executor processes never need it
@@ -136,16 +137,35 @@ class Batch:
     Tensors (``dense``, ``sparse``, ``label``, ``ts``, ``sample_id``) are converted from
     ``columns`` on first access and kept; views over Arrow memory are read-only: clone before
     writing into them.
+
+    A batch may hold its columns in the serving layout (``dense`` as ``dense.0`` ...:
+    :func:`~primus_dagster.data.canonical.split_dense_schema`), as data executors serve them: then
+    ``dense`` is a column-major view over them and ``columns`` interleaves the canonical ``dense``
+    column on first access; ``wire`` is what the batch holds either way.
     """
 
-    __slots__ = ("_tensors", "columns", "meta")
+    __slots__ = ("_columns", "_tensors", "meta", "wire")
 
     def __init__(self, columns: pa.RecordBatch, meta: BatchMeta):
         if meta.rows != columns.num_rows:
             raise ValueError(f"batch {meta.batch_id.key()}: metadata says {meta.rows} rows, got {columns.num_rows}")
-        self.columns = columns
+        #: The Arrow columns as they travel (the serving layout, or canonical).
+        self.wire = columns
+        self._columns: pa.RecordBatch | None = None
         self.meta = meta
         self._tensors: BatchTensors | None = None
+
+    @property
+    def columns(self) -> pa.RecordBatch:
+        """The canonical Arrow columns (without ``source``/``kind``)."""
+        if self._columns is None:
+            self._columns = join_dense(self.wire)
+        return self._columns
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The canonical schema of :attr:`columns` (without building them)."""
+        return _canonical_schema(self.wire.schema)
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -261,7 +281,7 @@ class Batch:
         meta = BatchMeta(
             self.meta.task_id, self.meta.first_row + start, stop - start, self.stream, self.kind, self.source
         )
-        out = Batch(self.columns.slice(start, stop - start), meta)
+        out = Batch(self.wire.slice(start, stop - start), meta)
         if self._tensors is not None:
             out._tensors = self._tensors.slice(start, stop)
         return out
@@ -270,7 +290,7 @@ class Batch:
     @property
     def tensors(self) -> BatchTensors:
         if self._tensors is None:
-            self._tensors = arrow_to_tensors(self.columns)
+            self._tensors = arrow_to_tensors(self.wire)
         return self._tensors
 
     @property
@@ -285,7 +305,7 @@ class Batch:
 
     @property
     def sparse_names(self) -> list[str]:
-        return sparse_feature_names(self.columns.schema)
+        return sparse_feature_names(self.wire.schema)
 
     @property
     def lists(self) -> dict[str, Jagged]:
@@ -294,7 +314,7 @@ class Batch:
 
     @property
     def list_names(self) -> list[str]:
-        return list_feature_names(self.columns.schema)
+        return list_feature_names(self.wire.schema)
 
     @property
     def label(self) -> torch.Tensor:
@@ -322,7 +342,8 @@ class Batch:
 
     def __setstate__(self, state: tuple[bytes, BatchMeta]) -> None:
         data, self.meta = state
-        self.columns = pa.ipc.open_stream(data).read_next_batch()
+        self.wire = pa.ipc.open_stream(data).read_next_batch()
+        self._columns = None
         self._tensors = None
 
     def __repr__(self) -> str:
@@ -346,14 +367,58 @@ def list_feature_names(schema: pa.Schema) -> list[str]:
 
 def _jagged(column: pa.Array, weights: pa.Array | None) -> Jagged:
     """A canonical ``list<int64>`` column (null lists: empty) as :class:`Jagged` (values zero-copy)."""
-    offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    first, last = int(offsets[0]), int(offsets[-1])
+    native = column.offsets.to_numpy(zero_copy_only=False)
+    first, last = int(native[0]), int(native[-1])
+    offsets = np.subtract(native, first, dtype=np.int64)  # one new array (int32 -> int64, from 0)
     values = column.values.slice(first, last - first)
     w = None
     if weights is not None:
         w_offsets = weights.offsets.to_numpy(zero_copy_only=False)
         w = _torch(_numpy(weights.values.slice(int(w_offsets[0]), last - first), np.nan).astype(np.float32))
-    return Jagged(_torch(_numpy(values, 0)), _torch(offsets - first), w)
+    return Jagged(_torch(_numpy(values, 0)), _torch(offsets), w)
+
+
+class _Layout:
+    """Where a canonical schema keeps each tensor's columns (column indices), worked out once per schema:
+    a reader converts batch after batch of one schema, and looking the columns up by name through
+    ``RecordBatch.schema`` (a new schema object on every access) cost about a third of a conversion."""
+
+    __slots__ = ("dense", "dense_parts", "label", "lists", "sample_id", "schema", "sparse", "sparse_int64", "ts")
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.dense = schema.get_field_index("dense")
+        self.dense_parts = dense_parts(schema)  # the serving layout's dense columns
+        self.label = schema.get_field_index("label")
+        self.ts = schema.get_field_index("ts")
+        self.sample_id = schema.get_field_index("sample_id")
+        names = sparse_feature_names(schema)
+        self.sparse = [schema.get_field_index(n) for n in names]
+        self.sparse_int64 = all(schema.field(i).type == pa.int64() for i in self.sparse)
+        self.lists = [
+            (schema.get_field_index(n), schema.get_field_index(n + WEIGHTS_SUFFIX)) for n in list_feature_names(schema)
+        ]
+
+
+_layouts = threading.local()
+
+
+def _canonical_schema(schema: pa.Schema) -> pa.Schema:
+    """The canonical schema of a batch's (maybe split) schema; the last one this thread asked for is kept."""
+    if dense_parts(schema) is None:
+        return schema
+    last: tuple[pa.Schema, pa.Schema] | None = getattr(_layouts, "canonical", None)
+    if last is None or not last[0].equals(schema):
+        last = _layouts.canonical = (schema, join_dense_schema(schema))
+    return last[1]
+
+
+def _layout(schema: pa.Schema) -> _Layout:
+    """The layout of ``schema``: the last one this thread used when it is the same schema."""
+    last: _Layout | None = getattr(_layouts, "last", None)
+    if last is None or not (last.schema is schema or last.schema.equals(schema)):
+        last = _layouts.last = _Layout(schema)
+    return last
 
 
 def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
@@ -364,62 +429,74 @@ def arrow_to_tensors(columns: pa.RecordBatch) -> BatchTensors:
     ``sparse`` is a view too when its columns lie at equal distances in one buffer (a batch read
     from an Arrow IPC stream: shared memory or Flight): then it is column-major ([B, F] with
     strides (1, distance)), not contiguous; otherwise the columns are stacked into a copy."""
-    schema = columns.schema
-    dense_index = schema.get_field_index("dense")
-    if dense_index >= 0:
-        dense = _dense(columns.column(dense_index))
+    layout = _layout(columns.schema)
+    rows = columns.num_rows
+    if layout.dense_parts is not None:
+        parts = [columns.column(i) for i in layout.dense_parts]
+        dense = _strided_view(parts, np.float32)
+        if dense is None:
+            dense = np.stack([_numpy(a, np.nan) for a in parts], axis=1)
+    elif layout.dense >= 0:
+        dense = _dense(columns.column(layout.dense))
     else:  # no dense feature
-        dense = np.zeros((columns.num_rows, 0), dtype=np.float32)
-    label = _numpy(columns.column(schema.get_field_index("label")))
-    ts_index = schema.get_field_index("ts")
+        dense = np.zeros((rows, 0), dtype=np.float32)
+    label = _numpy(columns.column(layout.label))
     ts = None
-    if ts_index >= 0:
-        ts = _torch(columns.column(ts_index).view(pa.int64()).to_numpy(zero_copy_only=False))
-    sid_index = schema.get_field_index("sample_id")
-    sid = columns.column(sid_index) if sid_index >= 0 else None
-    sample_id = None if sid is None or sid.null_count == len(sid) else _torch(_numpy(sid, -1))
-    names = sparse_feature_names(schema)
-    if names:
-        arrays = [columns.column(schema.get_field_index(n)) for n in names]
-        sparse = _strided_view(arrays)
+    if layout.ts >= 0:
+        ts = columns.column(layout.ts).view(pa.int64()).to_numpy(zero_copy_only=False)
+    sid = columns.column(layout.sample_id) if layout.sample_id >= 0 else None
+    sample_id = None if sid is None or sid.null_count == len(sid) else _numpy(sid, -1)
+    if layout.sparse:
+        arrays = [columns.column(i) for i in layout.sparse]
+        sparse = _strided_view(arrays, np.int64) if layout.sparse_int64 else None
         if sparse is None:
             sparse = np.stack([_numpy(a, 0) for a in arrays], axis=1)
     else:
-        sparse = np.zeros((columns.num_rows, 0), dtype=np.int64)
+        sparse = np.zeros((rows, 0), dtype=np.int64)
     lists = {}
-    for name in list_feature_names(schema):
-        w_index = schema.get_field_index(name + WEIGHTS_SUFFIX)
+    for index, w_index in layout.lists:
         weights = columns.column(w_index) if w_index >= 0 else None
-        lists[name] = _jagged(columns.column(schema.get_field_index(name)), weights)
-    return BatchTensors(_torch(dense), _torch(sparse), _torch(label), ts, sample_id, lists)
+        lists[layout.schema.field(index).name] = _jagged(columns.column(index), weights)
+    import torch
+
+    with warnings.catch_warnings():  # Arrow memory is read-only; torch warns once about that
+        warnings.simplefilter("ignore", UserWarning)
+        return BatchTensors(
+            torch.from_numpy(dense),
+            torch.from_numpy(sparse),
+            torch.from_numpy(label),
+            None if ts is None else torch.from_numpy(ts),
+            None if sample_id is None else torch.from_numpy(sample_id),
+            lists,
+        )
 
 
-def _strided_view(arrays: list[pa.Array]) -> np.ndarray | None:
-    """``np.stack(arrays, axis=1)`` without the copy: a [B, F] view with strides (8, d) when the
-    int64 columns have no nulls and lie at one distance d >= 8 B from each other inside one parent
-    buffer (an IPC body); None otherwise."""
-    n = len(arrays[0])
-    if n == 0 or any(a.type != pa.int64() or a.null_count for a in arrays):
+def _strided_view(arrays: list[pa.Array], dtype: type[np.generic]) -> np.ndarray | None:
+    """``np.stack(arrays, axis=1)`` without the copy: a [B, F] view with strides (itemsize, d) when the
+    columns of ``dtype`` have no nulls and lie at one distance d from each other inside one parent
+    buffer (an IPC body: a shared-memory slot or a Flight message); None otherwise."""
+    n, size = len(arrays[0]), np.dtype(dtype).itemsize
+    kind = pa.from_numpy_dtype(dtype)
+    if n == 0 or any(a.type != kind or a.null_count for a in arrays):
         return None
     buffers = [a.buffers()[1] for a in arrays]
     parent = buffers[0].parent if buffers[0] is not None else None
     if parent is None:
         return None
-    starts = [b.address + a.offset * 8 for a, b in zip(arrays, buffers, strict=True)]
-    stride = starts[1] - starts[0] if len(starts) > 1 else n * 8
-    if stride < n * 8 or any(starts[i + 1] - starts[i] != stride for i in range(len(starts) - 1)):
+    starts = [b.address + a.offset * size for a, b in zip(arrays, buffers, strict=True)]
+    stride = starts[1] - starts[0] if len(starts) > 1 else n * size
+    if stride < n * size or any(starts[i + 1] - starts[i] != stride for i in range(len(starts) - 1)):
         return None
     for b in buffers[1:]:  # every column inside the same parent buffer: the view covers valid memory only
         p = b.parent
         if p is None or p.address != parent.address or p.size != parent.size:
             return None
     offset = starts[0] - parent.address
-    if offset < 0 or offset + stride * (len(arrays) - 1) + n * 8 > parent.size:
+    if offset < 0 or offset % size or offset + stride * (len(arrays) - 1) + n * size > parent.size:
         return None
-    base = np.frombuffer(parent, dtype=np.uint8)
-    return np.lib.stride_tricks.as_strided(
-        base[offset:].view(np.int64), shape=(n, len(arrays)), strides=(8, stride), writeable=False
-    )
+    view = np.ndarray((n, len(arrays)), dtype=dtype, buffer=parent, offset=offset, strides=(size, stride))
+    view.flags.writeable = False
+    return view
 
 
 def _numpy(array: pa.Array, fill: Any = None) -> np.ndarray:

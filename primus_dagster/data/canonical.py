@@ -46,6 +46,83 @@ OPTIONAL_FIELDS = ("sample_id", "ts")
 WEIGHTS_SUFFIX = ".weights"
 #: The canonical fields (sparse: every sparse feature column).
 FIELDS = ("sample_id", "ts", "label", "dense", "sparse")
+#: The serving layout's dense columns: ``dense.0``, ``dense.1``, ... (see :func:`split_dense_schema`).
+DENSE_PART = "dense."
+
+
+def split_dense_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its ``dense`` column (fixed-size list of float32, width n) as n float32 columns
+    ``dense.0 .. dense.{n-1}`` in its place: the layout data executors serve (the normaliser's
+    ``split_dense``). The dense matrix is then never interleaved on the serving path -- decoded columns
+    go into the shared-memory slot as they are, and the reader's ``Batch.dense`` is a column-major view
+    over them; ``Batch.columns`` interleaves it only when something asks for the canonical columns.
+
+    >>> split_dense_schema(pa.schema([("label", pa.float32()), ("dense", pa.list_(pa.float32(), 2))])).names
+    ['label', 'dense.0', 'dense.1']
+    """
+    index = schema.get_field_index("dense")
+    if index < 0:
+        return schema
+    width = schema.field(index).type.list_size
+    parts = [pa.field(f"{DENSE_PART}{i}", pa.float32()) for i in range(width)]
+    fields = list(schema)
+    return pa.schema([*fields[:index], *parts, *fields[index + 1 :]], metadata=schema.metadata)
+
+
+def dense_parts(schema: pa.Schema) -> list[int] | None:
+    """The indices of a split dense matrix's columns (``dense.0`` ...) in ``schema``; None when the
+    schema has none (a canonical schema, or no dense feature)."""
+    first = schema.get_field_index(f"{DENSE_PART}0")
+    if first < 0:
+        return None
+    out = [first]
+    while out[-1] + 1 < len(schema) and schema.field(out[-1] + 1).name == f"{DENSE_PART}{len(out)}":
+        out.append(out[-1] + 1)
+    return out
+
+
+def join_dense_schema(schema: pa.Schema) -> pa.Schema:
+    """The canonical schema of a split one (:func:`split_dense_schema` undone)."""
+    parts = dense_parts(schema)
+    if parts is None:
+        return schema
+    fields = list(schema)
+    dense = pa.field("dense", pa.list_(pa.float32(), len(parts)))
+    return pa.schema([*fields[: parts[0]], dense, *fields[parts[-1] + 1 :]], metadata=schema.metadata)
+
+
+def join_dense(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of the split layout as canonical: its dense columns interleaved into the ``dense``
+    fixed-size list (null -> NaN); a canonical batch as it is."""
+    parts = dense_parts(batch.schema)
+    if parts is None:
+        return batch
+    n = batch.num_rows
+    columns = [batch.column(i) for i in parts]
+    names = [f"{DENSE_PART}{i}" for i in range(len(parts))]
+    matrix = pa.RecordBatch.from_arrays(columns, names=names).to_tensor(null_to_nan=True, row_major=True)
+    values = pa.array(np.asarray(matrix).reshape(n * len(parts)))
+    arrays = [*batch.columns[: parts[0]], pa.FixedSizeListArray.from_arrays(values, len(parts))]
+    arrays += batch.columns[parts[-1] + 1 :]
+    return pa.RecordBatch.from_arrays(arrays, schema=join_dense_schema(batch.schema))
+
+
+def split_dense(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A canonical batch in the split layout (its ``dense`` column as ``dense.0`` ...); one copy of the
+    dense values. A batch without a ``dense`` column, or already split, as it is."""
+    index = batch.schema.get_field_index("dense")
+    if index < 0:
+        return batch
+    dense = batch.column(index)
+    width, n = dense.type.list_size, batch.num_rows
+    values = dense.values.slice(dense.offset * width, n * width).to_numpy(zero_copy_only=False)
+    matrix = np.asarray(values, dtype=np.float32).reshape(n, width)
+    if dense.null_count:
+        matrix = matrix.copy()
+        matrix[dense.is_null().to_numpy(zero_copy_only=False)] = np.nan
+    columns = [pa.array(np.ascontiguousarray(matrix[:, i])) for i in range(width)]
+    arrays = [*batch.columns[:index], *columns, *batch.columns[index + 1 :]]
+    return pa.RecordBatch.from_arrays(arrays, schema=split_dense_schema(batch.schema))
 
 
 #: The data-quality rules, in the order they are checked (a ``fail`` names the first one broken).
@@ -417,6 +494,9 @@ class _Rules:
 class Normalizer:
     """Turns native record batches of one source into canonical record batches, applying its quality policy.
 
+    ``split_dense``: the serving layout (:func:`split_dense_schema`): the dense matrix as one float32
+    column per feature, which the decoder's columns usually are already -- no interleaving pass.
+
     ``fields`` (default: all): the canonical fields to produce -- ``sample_id`` and ``ts`` may be
     left out when no consumer reads them (a data executor serving trainers that only train), so
     their native columns are neither decoded nor copied, nor checked (the event-time rules then do
@@ -439,8 +519,12 @@ class Normalizer:
         *,
         fields: Iterable[str] | None = None,
         constants: bool = True,
+        split_dense: bool = False,
     ):
         self.spec = spec
+        #: Produce the dense matrix as its columns ``dense.0`` ... (:func:`split_dense_schema`), not as the
+        #: interleaved ``dense`` list: what a data executor serves.
+        self.split_dense = split_dense
         self.mapping = spec.columns
         self.fields = check_fields(fields)
         self.constants = constants
@@ -459,6 +543,7 @@ class Normalizer:
         self._source = pa.array([spec.name]).dictionary_encode()
         self._kind = pa.array([spec.kind]).dictionary_encode()
         self.schema: pa.Schema | None = self._schema(dense_width) if dense_width is not None else None
+        self._split_schema: tuple[pa.Schema, pa.Schema] | None = None  # (schema, its split layout)
 
     def _schema(self, dense_width: int) -> pa.Schema:
         return canonical_schema(self.mapping, dense_width, self.fields, self.constants)
@@ -510,7 +595,36 @@ class Normalizer:
         tensor = pa.RecordBatch.from_arrays(columns, names=dense).to_tensor(null_to_nan=True, row_major=True)
         return np.asarray(tensor).reshape(n, len(dense)), nulls, list(dense)
 
-    def _dense(self, batch: pa.RecordBatch | _Columns, n: int, where: str, rules: _Rules) -> pa.Array | None:
+    def _dense_parts(self, batch: _Columns, where: str) -> list[pa.Array] | None:
+        """The split layout's dense columns as they are (cast to float32) when none has a null or a
+        non-finite value -- the common case, no dense rule to apply and nothing interleaved; else None."""
+        dense = self.mapping.dense
+        if not isinstance(dense, list):
+            return None
+        columns = []
+        for name in dense:
+            column = _numeric(batch(name), pa.float32(), f"dense column {name!r}", where)
+            if column.null_count or not _all_finite(column.to_numpy(zero_copy_only=False)):
+                return None
+            columns.append(column)
+        return columns
+
+    def _dense(
+        self, batch: pa.RecordBatch | _Columns, n: int, where: str, rules: _Rules
+    ) -> pa.Array | list[pa.Array] | None:
+        """The ``dense`` column (None: no dense feature), or with :attr:`split_dense` its columns."""
+        if self.split_dense and isinstance(batch, _Columns):
+            parts = self._dense_parts(batch, where)
+            if parts is not None:
+                return parts or None
+        out = self._dense_fixed(batch, n, where, rules)
+        if out is None or not self.split_dense:
+            return out
+        width = out.type.list_size
+        matrix = out.values.to_numpy(zero_copy_only=False).reshape(n, width)
+        return [pa.array(np.ascontiguousarray(matrix[:, i])) for i in range(width)]
+
+    def _dense_fixed(self, batch: pa.RecordBatch | _Columns, n: int, where: str, rules: _Rules) -> pa.Array | None:
         matrix, nulls, names = self._dense_matrix(batch, n, where)
         if not names:
             return None  # no dense feature: no dense column
@@ -632,14 +746,21 @@ class Normalizer:
         for _, native in m.sparse_pairs():
             ids = self._id_column(cols, native, "sparse column", where, rules)
             sparse.append(pc.fill_null(ids, 0) if ids.null_count else ids)
-        arrays += [label, *([dense] if dense is not None else []), *sparse, *self._list_columns(cols, where, rules)]
+        parts = dense if isinstance(dense, list) else [] if dense is None else [dense]
+        arrays += [label, *parts, *sparse, *self._list_columns(cols, where, rules)]
         if self.constants:
             zeros = pa.array(np.zeros(n, dtype=np.int32))
             arrays.append(pa.DictionaryArray.from_arrays(zeros, self._source.dictionary))
             arrays.append(pa.DictionaryArray.from_arrays(zeros, self._kind.dictionary))
         if self.schema is None:
-            self.schema = self._schema(dense.type.list_size if dense is not None else 0)
-        out = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+            width = len(dense) if isinstance(dense, list) else dense.type.list_size if dense is not None else 0
+            self.schema = self._schema(width)
+        schema = self.schema
+        if self.split_dense:
+            if self._split_schema is None or self._split_schema[0] is not schema:
+                self._split_schema = (schema, split_dense_schema(schema))
+            schema = self._split_schema[1]
+        out = pa.RecordBatch.from_arrays(arrays, schema=schema)
         rules.count(self.counts, self.examples)
         if rules.drop is not None:
             out = out.filter(pa.array(~rules.drop))

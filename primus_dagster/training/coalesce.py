@@ -44,13 +44,13 @@ class _OpenMicroBatch:
     """The rows held for one kind's next micro-batch (fewer than ``size``)."""
 
     def __init__(self, first: Batch) -> None:
-        self.kind, self.schema = first.kind, first.columns.schema
+        self.kind, self.schema = first.kind, first.schema
         self.parts: list[Batch] = []
         self.rows = 0
         self.finished: list[Batch] = []  # reader batches whose last rows are in the parts
 
     def takes(self, batch: Batch) -> bool:
-        return batch.kind == self.kind and batch.columns.schema.equals(self.schema)
+        return batch.kind == self.kind and batch.schema.equals(self.schema)
 
     def close(self) -> MicroBatch:
         parts = self.parts

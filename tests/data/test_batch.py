@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from primus_dagster.data import Batch, BatchId, BatchMeta, Normalizer
+from primus_dagster.data.canonical import dense_parts, join_dense, split_dense
 from tests.data.executor.datakit import T0, job_spec, native
 
 
@@ -89,3 +90,57 @@ def test_a_pickled_slice_carries_only_its_rows() -> None:
     back = pickle.loads(pickle.dumps(part))
     assert len(pickle.dumps(part)) < len(pickle.dumps(big)) / 50
     assert back.meta == part.meta and back.columns.equals(part.columns)
+
+
+def served(data: pa.RecordBatch) -> pa.RecordBatch:
+    """``data`` in the serving layout, through an IPC stream (as a slot or a Flight message holds it)."""
+    sink = pa.BufferOutputStream()
+    wire = split_dense(data)
+    with pa.ipc.new_stream(sink, wire.schema) as writer:
+        writer.write_batch(wire)
+    return pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+
+
+def test_the_serving_layout_is_the_same_batch() -> None:
+    data = canonical(1000)
+    wire = served(data)
+    assert wire.schema.names[2:5] == ["label", "dense.0", "dense.1"] and dense_parts(wire.schema) == [3, 4]
+    batch = Batch(wire, BatchMeta("t", 0, 1000, "history", "batch", "src"))
+    assert batch.schema.equals(data.schema) and batch.sparse_names == ["user_id"]
+    # dense: a column-major view over the two columns (no interleaving), the same values
+    distance = wire.column(4).buffers()[1].address - wire.column(3).buffers()[1].address
+    assert batch.dense.stride() == (1, distance // 4)
+    assert batch.dense.data_ptr() == wire.column(3).buffers()[1].address
+    np.testing.assert_array_equal(batch.dense.numpy(), Batch.from_arrow(data).dense.numpy())
+    assert batch.columns.equals(data)  # canonical on demand
+    head = batch.slice(10, 20)
+    assert head.columns.equals(data.slice(10, 10)) and torch.equal(head.dense, batch.dense[10:20])
+    assert Batch.concat([head, batch.slice(20, 25)]).columns.equals(data.slice(10, 15))
+    again = pickle.loads(pickle.dumps(batch.slice(0, 3)))
+    assert again.columns.equals(data.slice(0, 3)) and torch.equal(again.dense, batch.dense[:3])
+
+
+def test_split_dense_round_trip_keeps_nulls_as_nan() -> None:
+    data = canonical(50)
+    dense = data.column("dense")
+    masked = pa.FixedSizeListArray.from_arrays(dense.values, 2, mask=pa.array([i == 3 for i in range(50)]))
+    data = data.set_column(data.schema.get_field_index("dense"), data.schema.field("dense"), masked)
+    back = join_dense(split_dense(data))
+    assert back.schema.equals(data.schema)
+    got = back.column("dense").flatten().to_numpy(zero_copy_only=False).reshape(50, 2)
+    assert np.isnan(got[3]).all() and np.array_equal(got[4], dense[4].values.to_numpy())
+    assert join_dense(data) is data and split_dense(split_dense(data)).schema.equals(split_dense(data).schema)
+
+
+def test_the_normaliser_serves_split_dense_columns_as_decoded() -> None:
+    source = job_spec().dataset.source("src")
+    raw = native(T0, 200, 0).to_batches()[0]
+    canonical_out = Normalizer(source)(raw)
+    split = Normalizer(source, split_dense=True)(raw)
+    assert join_dense(split).equals(canonical_out)
+    assert split.column("dense.0").buffers()[1].address == raw.column("d0").buffers()[1].address  # not copied
+    broken = raw.set_column(raw.schema.get_field_index("d1"), "d1", pa.array([np.nan] * 200, pa.float32()))
+    norm = Normalizer(source, split_dense=True)
+    got, want = join_dense(norm(broken)), Normalizer(source)(broken)
+    assert got.schema.equals(want.schema) and norm.take() == {"dense_invalid": 200}
+    np.testing.assert_array_equal(got.column("dense").flatten(), want.column("dense").flatten())  # NaN == NaN here

@@ -9,13 +9,14 @@ Example::
     client = DriverClient(server.location)   # the same DriverAPI as the DataDriver itself
 """
 
-from primus_dagster.data.driver.api import DriverAPI, ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.driver.api import Completion, DriverAPI, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
 from primus_dagster.data.driver.server import DriverServer
 from primus_dagster.data.driver.state import DataDriver
 from primus_dagster.data.driver.task_record import DataAbortedError, DataFailedError
 
 __all__ = [
+    "Completion",
     "DataAbortedError",
     "DataDriver",
     "DataFailedError",

@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from primus_dagster.data.driver.api import ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.driver.api import Completion, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.driver.task_record import DataAbortedError, DataFailedError
 from primus_dagster.data.tasks import BatchId, DataTask
 
@@ -52,6 +52,7 @@ ACTIONS: dict[str, str] = {
 #: report = {"executor_id", "address", "running": [task_id], "metrics": {name: float}}
 #: batch  = {"task_id", "first_row", "rows"}
 #: member = {"uri", "retryable", "served_members"} (a file of a pack failed: MemberFailure)
+#: completion = {"task_id", "rows", "batches", "quality"?: {rule: rows}, "places"?: {uri: {rule: rows}}}
 DEDUP_ACTIONS = frozenset({"lease", "claim", "claim_many"})
 
 
@@ -92,6 +93,21 @@ def batch_to_dict(batch: BatchId) -> dict[str, Any]:
 
 def batch_from_dict(data: dict[str, Any]) -> BatchId:
     return BatchId(task_id=data["task_id"], first_row=int(data["first_row"]), rows=int(data["rows"]))
+
+
+def completion_to_dict(done: Completion) -> dict[str, Any]:
+    out: dict[str, Any] = {"task_id": done.task_id, "rows": done.rows, "batches": done.batches}
+    if done.quality:
+        out["quality"] = done.quality
+    if done.places:
+        out["places"] = done.places
+    return out
+
+
+def completion_from_dict(data: dict[str, Any]) -> Completion:
+    quality = {str(rule): int(n) for rule, n in dict(data["quality"]).items()} if data.get("quality") else None
+    places = places_from_dict(data["places"]) if data.get("places") else None
+    return Completion(str(data["task_id"]), int(data["rows"]), int(data["batches"]), quality, places)
 
 
 def member_to_dict(member: MemberFailure) -> dict[str, Any]:

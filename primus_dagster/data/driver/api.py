@@ -7,6 +7,7 @@ protocol only, so they run the same against either.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +35,22 @@ class MemberFailure:
     served_members: int = 0
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A task an executor finished serving: :meth:`DriverAPI.complete`'s arguments, sent with its
+    next :meth:`DriverAPI.lease` (one round trip per task instead of two).
+
+    >>> Completion("s:part-0.parquet", rows=99_000, batches=2).quality is None
+    True
+    """
+
+    task_id: str
+    rows: int
+    batches: int
+    quality: dict[str, int] | None = None
+    places: dict[str, dict[str, int]] | None = None
+
+
 #: Prefix of the heartbeat metrics ``buffered_rows.<kind>``: rows of that kind in the executor's serving buffers.
 BUFFERED_ROWS = "buffered_rows."
 
@@ -50,8 +67,9 @@ class ExecutorReport:
 
 
 class DriverAPI(Protocol):
-    def lease(self, executor_id: str, max_tasks: int = 1) -> list[Lease]:
-        """Up to ``max_tasks`` pending tasks, in chronological order, now running for this executor."""
+    def lease(self, executor_id: str, max_tasks: int = 1, completed: Sequence[Completion] = ()) -> list[Lease]:
+        """Up to ``max_tasks`` pending tasks, in chronological order, now running for this executor;
+        the tasks in ``completed`` are completed first (as by :meth:`complete`, in order)."""
 
     def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:
         """Extend the leases of ``report.running``; returns {"cancel": [task ids no longer owned], "done": bool}."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow.flight as flight
@@ -28,13 +28,14 @@ import pyarrow.flight as flight
 from primus_dagster.data.driver.actions import (
     DEDUP_ACTIONS,
     batch_to_dict,
+    completion_to_dict,
     error_from_info,
     lease_from_dict,
     member_to_dict,
     report_from_dict,
     report_to_dict,
 )
-from primus_dagster.data.driver.api import ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.driver.api import Completion, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.tasks import BatchId, DataTask
 
 ADD_TASKS_CHUNK = 2000
@@ -98,8 +99,11 @@ class DriverClient:
         self.close()
 
     # -- DriverAPI --------------------------------------------------------------------------
-    def lease(self, executor_id: str, max_tasks: int = 1) -> list[Lease]:
-        reply = self.call("lease", {"executor_id": executor_id, "max_tasks": max_tasks})
+    def lease(self, executor_id: str, max_tasks: int = 1, completed: Sequence[Completion] = ()) -> list[Lease]:
+        body: dict[str, Any] = {"executor_id": executor_id, "max_tasks": max_tasks}
+        if completed:
+            body["completed"] = [completion_to_dict(c) for c in completed]
+        reply = self.call("lease", body)
         return [lease_from_dict(x) for x in reply["leases"]]
 
     def heartbeat(self, report: ExecutorReport) -> dict[str, Any]:

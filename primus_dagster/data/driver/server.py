@@ -30,6 +30,7 @@ from primus_dagster.data.driver.actions import (
     CHUNK_BYTES,
     DEDUP_ACTIONS,
     batch_from_dict,
+    completion_from_dict,
     error_info,
     lease_to_dict,
     member_from_dict,
@@ -92,7 +93,16 @@ def _raise_if_failed(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]
 
 
 HANDLERS: dict[str, Handler] = {
-    "lease": lambda d, b: {"leases": [lease_to_dict(x) for x in d.lease(b["executor_id"], int(b.get("max_tasks", 1)))]},
+    "lease": lambda d, b: {
+        "leases": [
+            lease_to_dict(x)
+            for x in d.lease(
+                b["executor_id"],
+                int(b.get("max_tasks", 1)),
+                [completion_from_dict(c) for c in b.get("completed", ())],
+            )
+        ]
+    },
     "heartbeat": lambda d, b: d.heartbeat(report_from_dict(b["report"])),
     "complete": _complete,
     "fail": _fail,

@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from primus_dagster.data.driver.api import BUFFERED_ROWS, ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.driver.api import BUFFERED_ROWS, Completion, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.driver.barrier import BarrierTracker
 from primus_dagster.data.driver.delivery import DeliveryWatch
 from primus_dagster.data.driver.snapshot import read_snapshot, save_snapshot
@@ -326,8 +326,11 @@ class DataDriver:
 
     # -- executors --------------------------------------------------------------------------
     @_api
-    def lease(self, executor_id: str, max_tasks: int = 1) -> list[Lease]:
-        """Up to ``max_tasks`` tasks in chronological order, now running for ``executor_id``."""
+    def lease(self, executor_id: str, max_tasks: int = 1, completed: Sequence[Completion] = ()) -> list[Lease]:
+        """Up to ``max_tasks`` tasks in chronological order, now running for ``executor_id``; the tasks in
+        ``completed`` are completed first (:meth:`complete`: an executor's finished task rides with its next lease)."""
+        for done in completed:
+            self.complete(executor_id, done.task_id, done.rows, done.batches, done.quality, done.places)
         report = self._executors.get(executor_id, (ExecutorReport(executor_id, ""), 0.0))[0]
         self._executors[executor_id] = (report, self._clock())  # seen (alive) now
         if self._tasks_failed():

@@ -33,8 +33,8 @@ from typing import Any
 import pyarrow as pa
 
 from primus_dagster.data.batch import Batch, BatchMeta
-from primus_dagster.data.canonical import OPTIONAL_FIELDS, check_fields, is_permanent
-from primus_dagster.data.driver.api import BUFFERED_ROWS, DriverAPI, ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.canonical import OPTIONAL_FIELDS, check_fields, is_permanent, split_dense
+from primus_dagster.data.driver.api import BUFFERED_ROWS, Completion, DriverAPI, ExecutorReport, Lease, MemberFailure
 from primus_dagster.data.executor.buffers import TrainerBuffers
 from primus_dagster.data.executor.dataset_server import DatasetServer
 from primus_dagster.data.executor.metrics import RateMeter
@@ -47,6 +47,9 @@ from primus_dagster.data.tasks import BatchId, DataTask
 from primus_dagster.spec import JobSpec
 
 log = logging.getLogger(__name__)
+
+# A queued completion waits at most about this long for a lease to ride with (then it goes alone).
+_COMPLETION_DELAY_S = 0.1
 
 
 @dataclass
@@ -142,6 +145,10 @@ class DataExecutor:
         self._threads: list[threading.Thread] = []
         self._local = threading.local()
         self._started = False
+        # Tasks served completely while a runner reads another: their completion rides with that runner's
+        # next lease (one round trip per task); (queued at, completion). _reading: runners inside a task.
+        self._completions: list[tuple[float, Completion]] = []
+        self._reading = 0
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> DataExecutor:
@@ -207,6 +214,7 @@ class DataExecutor:
         self._hb_stop.set()
         for t in self._threads:
             t.join(timeout=5)
+        self._flush_completions()
         self._release_unfinished()
         if self.server is not None:
             self.server.shutdown()
@@ -277,10 +285,16 @@ class DataExecutor:
                 if self.buffers.waiting or self.buffers.fill_ratio(self.targets) >= 1.0:
                     self._stop.wait(self.poll_s)
                     continue
+                completed = self._take_completions()
                 try:
-                    leases = self.driver.lease(self.executor_id, 1)
+                    leases = (
+                        self.driver.lease(self.executor_id, 1, completed)
+                        if completed
+                        else self.driver.lease(self.executor_id, 1)
+                    )
                 except Exception as exc:  # driver briefly unreachable: retry
                     log.warning("%s: lease failed: %s", self.executor_id, exc)
+                    self._requeue_completions(completed)
                     leases = []
                 if not leases:
                     if self._driver_says_done():
@@ -293,7 +307,13 @@ class DataExecutor:
                     continue
                 backoff = self.poll_s
                 for lease in leases:
-                    self._run(lease)
+                    with self._lock:
+                        self._reading += 1
+                    try:
+                        self._run(lease)
+                    finally:
+                        with self._lock:
+                            self._reading -= 1
         finally:
             for adapter in getattr(self._local, "adapters", {}).values():
                 adapter.close()
@@ -324,7 +344,12 @@ class DataExecutor:
         key = (source, projected)
         if key not in adapters:
             adapter = make_adapter(self.job.dataset.source(source), self.context)
-            adapters[key] = adapter.project(self.fields, constants=False) if projected else adapter
+            if projected:
+                adapter = adapter.project(self.fields, constants=False)
+                # Served batches keep the dense matrix as its columns (canonical.split_dense_schema): no
+                # interleaving pass here; in this process (serve=False) the reader would interleave it.
+                adapter.normalize.split_dense = self.server is not None
+            adapters[key] = adapter
         return adapters[key]
 
     def _project(self, columns: pa.RecordBatch) -> pa.RecordBatch:
@@ -358,6 +383,8 @@ class DataExecutor:
             for arrow_batch in task_batches(task, adapter_for):
                 if abort():
                     return self._abandon(run)
+                if self._completions:
+                    self._flush_completions(older_than=_COMPLETION_DELAY_S)
                 n = arrow_batch.num_rows
                 if n == 0:
                     continue
@@ -371,6 +398,7 @@ class DataExecutor:
                     columns = arrow_batch
                 else:
                     columns = self._project(Batch.from_arrow(arrow_batch, kind=task.kind).columns)
+                    columns = split_dense(columns) if self.server is not None else columns
                 batch = Batch(self._conform(columns, task), meta)
                 with self._lock:
                     run.outstanding += 1
@@ -435,18 +463,44 @@ class DataExecutor:
             run.finished = True
             self._tasks.pop(run.lease.task.task_id, None)
             self.counters.tasks_completed += 1
-        task_id = run.lease.task.task_id
+        done = Completion(run.lease.task.task_id, run.rows, run.batches, run.quality or None, run.places or None)
+        with self._lock:
+            if self._reading and not self._stop.is_set():  # a runner leases again soon: it takes this along
+                self._completions.append((time.monotonic(), done))
+                return
+        self._complete(done)
+
+    def _complete(self, done: Completion) -> None:
         try:
-            if run.places:
+            if done.places:
                 self.driver.complete(
-                    self.executor_id, task_id, run.rows, run.batches, quality=run.quality, places=run.places
+                    self.executor_id, done.task_id, done.rows, done.batches, quality=done.quality, places=done.places
                 )
-            elif run.quality:
-                self.driver.complete(self.executor_id, task_id, run.rows, run.batches, quality=run.quality)
+            elif done.quality:
+                self.driver.complete(self.executor_id, done.task_id, done.rows, done.batches, quality=done.quality)
             else:
-                self.driver.complete(self.executor_id, task_id, run.rows, run.batches)
+                self.driver.complete(self.executor_id, done.task_id, done.rows, done.batches)
         except Exception as exc:  # the lease will expire; the re-run's batches are deduplicated by claims
-            log.warning("%s: could not complete %s: %s", self.executor_id, task_id, exc)
+            log.warning("%s: could not complete %s: %s", self.executor_id, done.task_id, exc)
+
+    def _take_completions(self) -> list[Completion]:
+        with self._lock:
+            taken, self._completions = self._completions, []
+        return [done for _, done in taken]
+
+    def _requeue_completions(self, completed: list[Completion]) -> None:
+        if completed:
+            with self._lock:
+                self._completions[:0] = [(time.monotonic(), done) for done in completed]
+
+    def _flush_completions(self, older_than: float = 0.0) -> None:
+        """Send the queued completions now (when the oldest waited ``older_than`` seconds): a runner
+        that reads on, or waits for room, does not lease soon."""
+        with self._lock:
+            if not self._completions or time.monotonic() - self._completions[0][0] < older_than:
+                return
+        for done in self._take_completions():
+            self._complete(done)
 
     def cancel(self, task_ids: list[str]) -> None:
         """The driver no longer considers these tasks ours: stop them, drop their buffered batches."""
@@ -498,4 +552,5 @@ class DataExecutor:
 
     def _heartbeat_loop(self) -> None:
         while not self._hb_stop.wait(self.heartbeat_s):
+            self._flush_completions(older_than=_COMPLETION_DELAY_S)  # a runner blocked on a full buffer
             self._heartbeat_once()

@@ -113,7 +113,7 @@ class DatasetServer(fl.FlightServerBase):
                     with self._slow_lock:
                         time.sleep(self.slow_s)
                 pending = item
-                yield item.columns, item.meta.encode()
+                yield item.wire, item.meta.encode()
                 # Flight asks for the next message only after writing this one.
                 pending = None
                 with self._lock:
@@ -170,9 +170,9 @@ class DatasetServer(fl.FlightServerBase):
                         time.sleep(self.slow_s)
                 if not pool.wait(lambda: pool.inflight() < pool.max_inflight, stop):
                     return
-                put = pool.put(item.columns)
+                put = pool.put(item.wire)
                 if put is None:  # no free slot (the trainer holds them all) or no space: inline
-                    yield item.columns, item.meta.encode()
+                    yield item.wire, item.meta.encode()
                     pending = None
                     self.feed.served(item)
                 else:

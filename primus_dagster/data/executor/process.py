@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.abc
 import json
 import logging
 import os
@@ -180,9 +181,36 @@ def warm_up(job: JobSpec) -> None:
     task does not pay for (and steady-state measurements do not include) those imports."""
     for source_type in sorted({source.type for _, source in job.dataset.all_sources()}):
         importlib.import_module(f"primus_dagster.data.sources.{source_type}")
-    # pyarrow imports pandas (about 0.15 CPU-s) the first time it converts Python objects, which
-    # every adapter's normaliser does: pay that here too.
-    pa.array(["warm-up"])
+    without_pandas_lookup()
+    pa.array(["warm-up"])  # the first conversion of Python objects (every normaliser makes some)
+
+
+def without_pandas_lookup() -> None:
+    """Let pyarrow's one look for pandas find none, so that it does not import pandas.
+
+    pyarrow imports pandas (0.15-0.2 CPU-s, a quarter of an executor's start-up, measured) the first
+    time it converts a Python object -- any ``pa.scalar``/``pa.array`` of Python values, which every
+    normaliser makes -- only to learn whether the object is a pandas one. An executor hands it none.
+    pyarrow asks once (its ``_have_pandas_internal``) and remembers the answer; an explicit use of
+    pandas later (``to_pandas``) still imports it. A process that imported pandas already is left as it is.
+    """
+    if "pandas" in sys.modules:
+        return
+    blocker = _NoPandas()
+    sys.meta_path.insert(0, blocker)
+    try:
+        pa.scalar(0)  # pyarrow's lookup happens here
+    finally:
+        sys.meta_path.remove(blocker)
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """An import finder under which ``import pandas`` raises ImportError."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "pandas" or fullname.startswith("pandas."):
+            raise ImportError(f"{fullname} is not looked up in a data executor")
+        return None
 
 
 def use_jemalloc() -> None:
@@ -203,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one executor until the driver is done or SIGTERM; see the module docstring."""
     config, token = parse_args(argv)
     use_jemalloc()
+    without_pandas_lookup()
     logging.basicConfig(
         level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -189,14 +189,22 @@ class Slot:
     def seq(self) -> int:
         return int(self.header[1]) if self.header is not None else -1
 
-    def write(self, batch: pa.RecordBatch, seq: int, length: int) -> None:
-        """Write ``batch`` (``length`` IPC bytes) into the slot and mark it ``SENT`` as ``seq``."""
+    def write(self, batch: pa.RecordBatch, seq: int, length: int | None = None) -> int | None:
+        """Write ``batch`` into the slot and mark it ``SENT`` as ``seq``: its IPC length; None (the slot
+        left ``FREE``) when it does not fit. ``length``: the IPC length, when known."""
         assert self._mm is not None and self.header is not None
-        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memoryview(self._mm)[HEADER : HEADER + length]))
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch)
+        room = self.size - HEADER if length is None else length
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memoryview(self._mm)[HEADER : HEADER + room]))
+        try:
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+        except (pa.ArrowInvalid, OSError):  # out of room
+            if length is not None:
+                raise
+            return None
         self.header[1] = seq
         self.header[0] = SENT  # last: the reader trusts the data once it sees SENT and seq
+        return int(sink.tell())
 
     def close(self) -> None:
         """Unlink (if the reader has not yet) and unmap the executor's side."""
@@ -252,15 +260,20 @@ class SlotPool:
     def put(self, batch: pa.RecordBatch) -> tuple[dict[str, Any], Slot] | None:
         """Write ``batch`` into a free slot: its descriptor (for the metadata) and the slot; None
         when no slot is free or there is no space (then send it inline)."""
-        length = ipc_size(batch)
-        slot = self._free_slot(HEADER + length)
-        if slot is None:
-            self.inline_batches += 1
-            return None
+        written, slot = None, self._free_slot(self._largest) if self._largest else None
+        if slot is not None:  # a slot made for the largest batch so far mostly fits: no dry run to size it first
+            written = slot.write(batch, self._seq + 1)
+        if written is None:
+            length = ipc_size(batch)
+            slot = self._free_slot(HEADER + length)
+            if slot is None:
+                self.inline_batches += 1
+                return None
+            written = slot.write(batch, self._seq + 1, length)
+        assert slot is not None and written is not None
         self._seq += 1
-        slot.write(batch, self._seq, length)
         self.shm_batches += 1
-        return {"slot": slot.index, "file": slot.path.name, "seq": self._seq, "length": length}, slot
+        return {"slot": slot.index, "file": slot.path.name, "seq": self._seq, "length": written}, slot
 
     def _free_slot(self, need: int) -> Slot | None:
         free = [slot for slot in self.slots.values() if slot.state() == FREE]

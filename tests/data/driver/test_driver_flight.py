@@ -10,6 +10,7 @@ import pyarrow.flight as flight
 import pytest
 
 from primus_dagster.data.driver import (
+    Completion,
     DataDriver,
     DataFailedError,
     DriverClient,
@@ -183,3 +184,21 @@ def test_concurrent_claims_yield_each_batch_once(served, task_factory):
     for t in threads:
         t.join()
     assert sum(wins) == len(batches) and driver.status()["claimed_batches"] == len(batches)
+
+
+def test_a_lease_carries_the_executors_completed_tasks(served, task_factory):
+    """One round trip per task: the completions an executor queued ride with its next lease, in order,
+    exactly as separate ``complete`` calls (quality counts included); a retried lease applies them once."""
+    driver, _, client = served
+    tasks = [task_factory(i) for i in range(3)]
+    client.add_tasks(tasks)
+    first = client.lease("exec-a")
+    done = Completion(first[0].task.task_id, rows=10, batches=1, quality={"null_label": 2})
+    second = client.lease("exec-a", completed=[done])
+    assert [lease.task.task_id for lease in second] == [tasks[1].task_id]
+    info = driver.task_info(tasks[0].task_id)
+    assert info["state"] == "succeeded" and info["rows"] == 10 and driver.quality_counts()["total"] == {"null_label": 2}
+    assert driver.lease("exec-b", completed=[Completion(second[0].task.task_id, rows=5, batches=1)])[
+        0
+    ].task.task_id == (tasks[2].task_id)
+    assert driver.task_info(tasks[1].task_id)["state"] == "succeeded"

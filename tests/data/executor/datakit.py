@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from primus_dagster.data.batch import Batch
 from primus_dagster.data.direct_plane import DirectDataPlane
-from primus_dagster.data.driver.api import ExecutorReport, Lease
+from primus_dagster.data.driver.api import Completion, ExecutorReport, Lease
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.data.tasks import BatchId, DataTask
 from primus_dagster.spec import JobSpec, parse_job_spec
@@ -196,7 +196,9 @@ class FakeDriver:
         self.consumed: dict[str, list[BatchId]] = {}
         self.leases: list[tuple[str, str]] = []
 
-    def lease(self, executor_id: str, max_tasks: int = 1) -> list[Lease]:
+    def lease(self, executor_id: str, max_tasks: int = 1, completed: Sequence[Completion] = ()) -> list[Lease]:
+        for done in completed:
+            self.complete(executor_id, done.task_id, done.rows, done.batches)
         with self._lock:
             out = []
             for task_id in self.order:

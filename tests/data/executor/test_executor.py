@@ -248,3 +248,34 @@ def test_rebalance_sends_more_to_the_trainer_that_keeps_up(tmp_path: Path) -> No
         thread.join(20)
     assert sorted(sample_ids(fast) + sample_ids(slow)) == sorted(ids)
     assert len(fast) > 4 * len(slow)
+
+
+def test_a_finished_task_is_completed_with_the_next_lease(tmp_path: Path) -> None:
+    """One round trip per task: a task served completely while the runner reads the next one is
+    completed by that runner's next lease, not by a call of its own; the last ones go alone."""
+    ids = write_tree(tmp_path, hours=2, files=3, rows=120)
+    job = job_spec(batch_rows=50, buffer_batches=8)
+    tasks = plan(job, tmp_path)
+
+    class Counting(FakeDriver):
+        def __init__(self, tasks: list[DataTask]) -> None:
+            super().__init__(tasks)
+            self.alone: list[str] = []
+            self.carried: list[str] = []
+
+        def lease(self, executor_id: str, max_tasks: int = 1, completed=()):  # type: ignore[no-untyped-def]
+            self.carried += [done.task_id for done in completed]
+            return super().lease(executor_id, max_tasks, completed)
+
+        def complete(self, executor_id: str, task_id: str, rows: int, batches: int) -> None:
+            if task_id not in self.carried:
+                self.alone.append(task_id)
+            super().complete(executor_id, task_id, rows, batches)
+
+    driver = Counting(tasks)
+    executor = DataExecutor(driver, job, "data-0", str(tmp_path), serve=False, heartbeat_s=0.05)
+    (items,) = run_all(executor)
+    assert sorted(sample_ids(items)) == sorted(ids)
+    assert all(r.state == "succeeded" and r.rows == 120 and r.batches == 3 for r in driver.tasks.values())
+    assert sorted(driver.carried + driver.alone) == sorted(t.task_id for t in tasks)  # each completed once
+    assert len(driver.carried) >= len(tasks) - 2, (driver.carried, driver.alone)

@@ -125,6 +125,29 @@ def test_a_larger_batch_replaces_a_free_slot(shm_root: Path) -> None:
     shm.close()
 
 
+def test_batches_go_into_a_fitting_slot_without_a_dry_run(shm_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first batch, a free slot sized for the largest batch is written at once; a batch that
+    does not fit it is sized (the IPC dry run) and gets a larger slot -- either way the same bytes."""
+    import primus_dagster.data.shm.slots as slots
+
+    sized: list[int] = []
+    real = slots.ipc_size
+    monkeypatch.setattr(slots, "ipc_size", lambda b: sized.append(b.num_rows) or real(b))
+    shm = ShmDir()
+    pool = SlotPool(shm, max_slots=1)
+    client = ShmClient(shm.path)
+    for n, first in ((1000, 0), (900, 5), (50_000, 9)):
+        desc, _ = pool.put(batch(n, first))  # type: ignore[misc]
+        assert desc["length"] == real(batch(n, first))
+        got = client.read(desc)
+        assert got.equals(batch(n, first))
+        del got
+        gc.collect()
+    assert sized == [1000, 50_000]  # the first batch and the one too large for the slot; not the 900
+    pool.close()
+    shm.close()
+
+
 def test_a_new_slot_fits_the_largest_batch_so_far(shm_root: Path) -> None:
     # A task's short last batch must not get a small slot that the next full batch replaces again.
     shm = ShmDir()
