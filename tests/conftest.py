@@ -167,27 +167,35 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
         _watch.after_module(request.node.nodeid)
 
 
-#: The longest test files (minutes each, longest first, as measured on 2 cores), run first: `make test` hands
-#: whole files to two workers (pytest-xdist ``--dist loadfile --no-loadscope-reorder``: xdist would otherwise
-#: reorder files by their number of tests and leave these for the end) in collection order, and starting
-#: with the longest lets both workers end at about the same time. The three that serve the reference deployment
-#: under `dagster dev` (browser; demo then make dev; self-driving) go first: the browser test on one worker,
-#: the other two one after the other on the other, the rest after them in turn.
+#: The longest test files, longest first (seconds each as measured with `make test`'s two workers on 2 busy
+#: cores), run first: `make test` hands whole files to two workers (pytest-xdist ``--dist loadfile
+#: --no-loadscope-reorder``: xdist would otherwise reorder files by their number of tests and leave these for the
+#: end) in collection order, each worker taking the next file when it is done with its own. Longest first (every
+#: file over ~20 s, so that only short ones are left for the end) lets both workers end at about the same time:
+#: the end-to-end test of the reference deployment on one, the next few on the other, the rest after them in turn.
 LONGEST_FIRST = (
-    "tests/dagster_defs/test_browser.py",  # ~3.5-4.5 min: the demo's runs, two servers, a backfill, ten pages
-    "tests/devtools/test_demo.py",  # ~2.5-3 min: the demo, then make dev with its sensors and a UI run
-    "tests/dagster_defs/test_self_driving.py",  # ~1.5-2.5 min
-    "tests/training/test_multi_trainer.py",
-    "tests/cluster/test_autoscaler_live.py",  # ~1 min
-    "tests/dagster_defs/test_training_asset_cli.py",
-    "tests/dagster_defs/test_reference_location_cli.py",
-    "tests/training/test_distributed.py",
-    "tests/training/test_job.py",
-    "tests/test_cli_cancellation.py",
+    "tests/devtools/test_demo.py",  # ~200-340 s: make demo, then make dev with its sensors, the UI in a browser
+    "tests/training/test_multi_trainer.py",  # ~135
+    "tests/training/test_distributed.py",  # ~135
+    "tests/training/test_custom_model_train.py",  # ~125
+    "tests/training/test_job.py",  # ~75
+    "tests/cluster/test_autoscaler_live.py",  # ~70
+    "tests/dagster_defs/test_training_asset_cli.py",  # ~65
+    "tests/test_cli_cancellation.py",  # ~50
+    "tests/dagster_defs/test_batch_sensor.py",
+    "tests/training/test_declared_features_train.py",
+    "tests/dagster_defs/test_run_termination.py",
     "tests/test_secrets.py",
+    "tests/dagster_defs/test_reference_location_cli.py",  # ~40
+    "tests/data/shm/test_shm.py",
     "tests/training/test_live.py",
-    "tests/dagster_defs/test_training_order.py",
+    "tests/devtools/test_broker_records.py",  # ~30
     "tests/training/test_run_lock.py",
+    "tests/dagster_defs/test_model_registry.py",
+    "tests/cluster/kubernetes/test_k8s_deployment.py",  # ~25
+    "tests/data/test_exactly_once.py",
+    "tests/training/test_failed_tasks_reported.py",
+    "tests/training/test_kernels.py",  # ~20
 )
 
 

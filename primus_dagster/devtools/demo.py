@@ -63,9 +63,6 @@ from primus_dagster.training.tracking import default_tracking_uri
 REPO = Path(__file__).resolve().parents[2]
 _BIN = Path(sys.executable).parent
 
-# A local run executes its steps in its own process: the demo's runs are small, and a process per step would
-# cost more than the step. Kubernetes deployments keep their executor's own configuration.
-_IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 _DONE = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 # Source runs side by side: those of one hour (files job + Kafka job) on 2 cores, a few hours on more.
 _CONCURRENT_RUNS = max(2, min(8, (os.cpu_count() or 2) // 2))
@@ -227,7 +224,8 @@ class ReferenceLocation:
             run.job_name,
             repository_location_name=self.location_name,
             repository_name=self.repository_name,
-            run_config=run_config if run_config is not None else _default_run_config(),
+            # none: the location's executor as configured (a local run's steps in its run worker: resources/)
+            run_config=run_config if run_config is not None else {},
             tags={"dagster/partition": run.partition_key, "primus/trigger": "demo"}
             if run.partition_key
             else {"primus/trigger": "demo"},
@@ -261,11 +259,6 @@ class ReferenceLocation:
             if time.monotonic() > deadline:
                 raise DemoError(f"runs not done within {timeout_s:g}s: {[(r.job_name, r.run_id) for r in running]}")
         return list(runs)
-
-
-def _default_run_config() -> dict[str, Any]:
-    deployment = os.environ.get("PRIMUS_DEPLOYMENT") or "local"
-    return _IN_PROCESS if deployment == "local" else {}
 
 
 def run_demo(args: argparse.Namespace) -> int:

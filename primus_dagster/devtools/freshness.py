@@ -14,7 +14,8 @@ latencies by polling the webserver's GraphQL API:
    consumed offsets include every one of them.
 
 Nothing is simulated: the sensors, the run queue, run workers, data executors and MLflow are the real
-ones. Dev-only (``bench/freshness.py`` and the end-to-end test call it).
+ones. Dev-only: ``bench/freshness.py`` calls it (``tests/devtools/test_demo.py`` checks the same behaviour in
+``make dev`` after ``make demo``); :func:`graphql` serves the demo and the tests too.
 
 Example::
 

@@ -231,8 +231,11 @@ def _train(
         stats = trainer.stats(run)
         status = "FINISHED"
         return build_result(run, model_uri, stats, evaluation, resume, warm_from, cold_start, started, skipped)
-    except KeyboardInterrupt:  # a cancelled run (SIGINT / SIGTERM through the CLI): MLflow says KILLED
-        status = "KILLED"
+    except BaseException as exc:
+        # Interrupted, not failed: SIGINT / SIGTERM through the CLI (KeyboardInterrupt), a host's interruption
+        # (Dagster's Terminate raises its own BaseException in the step): MLflow says KILLED.
+        if not isinstance(exc, Exception):
+            status = "KILLED"
         raise
     finally:
         tracker.finish(status)

@@ -1,10 +1,10 @@
 """The reference code location through Dagster's own CLI and webserver (real processes).
 
 `dagster asset materialize -m definitions --select <sources> --partition <hour>` of the four source
-kinds at once against data written by `synth` (resources from `EnvVar`s resolved in the step
-processes), then each asset's metadata and checks are read back from the Dagster instance; a partition
+kinds at once against data written by `synth` (resources from `EnvVar`s resolved in the run's
+process: its steps run there), then each asset's metadata and checks are read back from the Dagster instance; a partition
 whose rows lie in another hour is materialised and fails its blocking check; `dg launch` materialises
-one too. (`dagster dev` serving the code location over GraphQL: tests/dagster_defs/test_browser.py.)
+one too. (`dagster dev` serving the code location over GraphQL and in a browser: tests/devtools/test_demo.py.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 defaults: SQLite Dagster instance, MLflow on SQLite under ``$PRIMUS_HOME``, local executor
 processes, the embedded Kafka-compatible broker), then the model back from MLflow. The spec is the
 reference one with hourly training partitions (``locationkit.hourly_reference_spec``): the same code
-paths on an hour of data (the daily partitions: tests/dagster_defs/test_browser.py, `make demo`)."""
+paths on an hour of data (the daily partitions: `make demo`; the UI's backfill: tests/devtools/test_demo.py)."""
 
 from __future__ import annotations
 

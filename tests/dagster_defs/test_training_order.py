@@ -2,7 +2,7 @@
 partitions materialised through one instance each continue the model of the one before; a partition
 whose predecessor never trained fails naming it, or starts fresh (logged, in metadata) under
 ``automation.cold_start: allow``. A backfill through the daemon (``dagster dev``) runs two partitions one
-after the other, the second continuing the first's model: tests/dagster_defs/test_browser.py launches it from
+after the other, the second continuing the first's model: tests/devtools/test_demo.py launches it from
 the UI's Materialize dialog and checks that."""
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 every value from the environment (``load_incluster_config`` swapped for a dummy kubeconfig, which the
 client parses without contacting anyone). The reference location loads through ``workspace.yaml``, as
 ``dagster dev`` does, with ``PRIMUS_DEPLOYMENT=kubernetes`` and then runs its steps with dagster-k8s's
-``k8s_job_executor`` (owner references on); unset, Dagster's default executor; any other value fails
-the load naming the variable.
+``k8s_job_executor`` (owner references on); unset (``local``), Dagster's ``multi_or_in_process_executor``
+running a run's steps in its run worker unless the run's config asks for ``multiprocess``; any other value
+fails the load naming the variable.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ INSTANCE_ENV = {
     "PRIMUS_ENV_CONFIG_MAP": "primus-env",
     "PRIMUS_ENV_SECRET": "primus-secrets",
 }
+# The executor of every job, and the execution config a run gets from run config ``sys.argv[1]`` (JSON; none: {}).
 SHOW_EXECUTOR = """
-import json, definitions
+import json, sys, definitions
 from dagster import Definitions
 Definitions.validate_loadable(definitions.defs)
 jobs = definitions.defs.resolve_all_job_defs()
 from dagster import validate_run_config
-config = validate_run_config(definitions.defs.resolve_implicit_global_asset_job_def(), {})
+run_config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+config = validate_run_config(definitions.defs.resolve_implicit_global_asset_job_def(), run_config)
 print(json.dumps({"executors": sorted({j.executor_def.name for j in jobs}), "execution": config["execution"]}))
 """
 
@@ -103,10 +106,9 @@ def reference_env(tmp_path: Path, deployment: str | None) -> dict[str, str]:
     return env
 
 
-def show_executor(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", SHOW_EXECUTOR], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
-    )
+def show_executor(env: dict[str, str], run_config: dict[str, object] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", SHOW_EXECUTOR, *([json.dumps(run_config)] if run_config is not None else [])]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 
 
 def test_reference_location_loads_in_kubernetes_mode_with_the_k8s_job_executor(tmp_path: Path) -> None:
@@ -128,9 +130,20 @@ def test_reference_location_loads_in_kubernetes_mode_with_the_k8s_job_executor(t
     assert out["execution"]["k8s"]["enable_owner_references"] is True
 
 
-def test_reference_location_uses_the_default_executor_unless_told(tmp_path: Path) -> None:
-    shown = show_executor(reference_env(tmp_path, None))
+def test_reference_location_runs_steps_in_process_unless_told(tmp_path: Path) -> None:
+    # A local run's steps run in its run worker (resources/__init__.py says why; tests/dagster_defs/
+    # test_run_termination.py terminates such a run); run config brings a process per step back.
+    env = reference_env(tmp_path, None)
+    shown = show_executor(env)
     assert shown.returncode == 0, shown.stderr[-3000:]
-    assert json.loads(shown.stdout.strip().splitlines()[-1])["executors"] == ["multi_or_in_process_executor"]
+    out = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert out["executors"] == ["multi_or_in_process_executor"]
+    assert list(out["execution"]["multi_or_in_process_executor"]) == ["in_process"], out
+    multiprocess = show_executor(env, {"execution": {"config": {"multiprocess": {"max_concurrent": 2}}}})
+    assert multiprocess.returncode == 0, multiprocess.stderr[-3000:]
+    chosen = json.loads(multiprocess.stdout.strip().splitlines()[-1])["execution"]["multi_or_in_process_executor"]
+    assert chosen["multiprocess"]["max_concurrent"] == 2, chosen
+    wrong = show_executor(env, {"execution": {"config": {"multiprocess": {"max_concurent": 2}}}})
+    assert wrong.returncode != 0 and "max_concurent" in wrong.stderr, wrong.stderr[-3000:]  # Dagster's schema checks it
     bad = show_executor(reference_env(tmp_path, "k8s"))
     assert bad.returncode != 0 and "PRIMUS_DEPLOYMENT='k8s': expected 'local' or 'kubernetes'" in bad.stderr
