@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,11 +52,19 @@ def partitions_covering(granularity: str, duration: timedelta) -> int:
     return math.ceil(duration / granularity_step(granularity))
 
 
-def partitioned_check_spec(name: str, partitions: PartitionsDefinition | None, **kwargs: Any) -> AssetCheckSpec:
-    """An ``AssetCheckSpec`` partitioned as its asset, so that each evaluation is recorded against the
+@contextmanager
+def partitioned_checks() -> Iterator[None]:
+    """Where checks partitioned as their asset are defined, so that each evaluation is recorded against the
     partition it checked (not "Partition -" in the check history). Dagster 1.13 (pinned in constraints.txt)
     marks a check's ``partitions_def`` as a preview and warns at every definitions load; the warning is
-    silenced here only, and the behaviour is asserted by the source and training asset tests."""
+    silenced in this block only, and the behaviour is asserted by the source, training asset and schedule tests.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PreviewWarning)
+        yield
+
+
+def partitioned_check_spec(name: str, partitions: PartitionsDefinition | None, **kwargs: Any) -> AssetCheckSpec:
+    """An ``AssetCheckSpec`` partitioned as its asset (:func:`partitioned_checks`)."""
+    with partitioned_checks():
         return AssetCheckSpec(name, partitions_def=partitions, **kwargs)

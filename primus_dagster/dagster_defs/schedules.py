@@ -19,7 +19,8 @@ the minute the labels of a training partition's held-out hours complete (window 
 the label delay, :func:`~primus_dagster.training.evaluation.labels_complete_at`), a check-only run of
 the training asset's ``auc_final`` check (:func:`auc_final_job`) for the newest partition whose labels
 are complete (one run per partition: the run key). Partitions it did not catch (the schedule was
-stopped) are scored by launching ``<job>_auc_final_job`` by hand with the op config ``partition``.
+stopped) are scored by launching ``<job>_auc_final_job`` with the run tag ``dagster/partition`` set to the
+partition (the check is partitioned as its asset: each evaluation is listed under its partition).
 
 Example::
 
@@ -48,7 +49,6 @@ from dagster import (
 
 from primus_dagster.dagster_defs.training_asset import (
     AUC_FINAL_CHECK_NAME,
-    build_auc_final_check,
     latest_complete_partition,
     training_asset_name,
     training_partitions_def,
@@ -103,16 +103,6 @@ def auc_final_job(job: JobSpec, key_prefix: list[str] | None = None) -> AssetJob
     return _TRAINING_JOBS[cache_key]
 
 
-def auc_final_request(job: JobSpec, partition_key: str, key_prefix: list[str] | None = None) -> RunRequest:
-    """The run request of ``auc_final`` for the training partition ``partition_key``."""
-    op_name = build_auc_final_check(job, key_prefix).node_def.name
-    return RunRequest(
-        run_key=f"auc_final/{partition_key}",
-        run_config={"ops": {op_name: {"config": {"partition": partition_key}}}},
-        tags={"primus/trigger": "auc_final schedule", "primus/partition": partition_key},
-    )
-
-
 def build_schedules(
     job: JobSpec,
     key_prefix: list[str] | None = None,
@@ -155,6 +145,10 @@ def build_schedules(
         key = latest_complete_partition(job, partitions, now) if now is not None else None
         if key is None:
             return SkipReason("no training partition has complete labels yet")
-        return auc_final_request(job, key, key_prefix)
+        # The partition as a tag: Dagster 1.13 gives a check-only job no partitions of its own (a request's
+        # partition_key fails there), yet a run tagged with one runs its partitioned check for that partition.
+        return RunRequest(
+            run_key=f"auc_final/{key}", tags={"dagster/partition": key, "primus/trigger": "auc_final schedule"}
+        )
 
     return [_training_schedule, _auc_final_schedule]

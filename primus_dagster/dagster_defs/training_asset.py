@@ -58,7 +58,6 @@ from dagster import (
     AssetRecordsFilter,
     AssetsDefinition,
     DagsterInstance,
-    Field,
     MaterializeResult,
     MetadataValue,
     PartitionsDefinition,
@@ -75,7 +74,7 @@ from primus_dagster.dagster_defs.lineage import (
     tag_run_with_mlflow,
     training_column_schema,
 )
-from primus_dagster.dagster_defs.partitions import partitioned_check_spec, time_partitions
+from primus_dagster.dagster_defs.partitions import partitioned_check_spec, partitioned_checks, time_partitions
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource, MlflowResource, PrimusStorageResource
 from primus_dagster.dagster_defs.run_log import engine_logs_to
 from primus_dagster.dagster_defs.source_assets import COLUMN_LINEAGE, source_column_lineage
@@ -485,8 +484,10 @@ def _not_evaluated(why: str, metadata: Mapping[str, Any]) -> AssetCheckResult:
 
 
 def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> AssetChecksDefinition:
-    """The non-blocking ``auc_final`` check of the training asset (module docstring). Its op config
-    ``partition`` names the training partition to score (empty: the newest whose labels are complete).
+    """The non-blocking ``auc_final`` check of the training asset (module docstring), partitioned as the asset: a
+    run scores its training partition (the run tag ``dagster/partition``, as the schedule's requests set it; a run
+    without one: the newest partition whose labels are complete), and the check's history lists each evaluation
+    under its partition.
 
     It passes when the final AUC beats chance (> 0.5) and, where the popularity prior of the partition's
     training rows could be counted, the verdict of :func:`~primus_dagster.training.baseline.verdict` (above
@@ -502,18 +503,6 @@ def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> 
     key = AssetKey([*(key_prefix or []), training_asset_name(job)])
     partitions = training_partitions_def(job)
 
-    @asset_check(
-        asset=key,
-        name=AUC_FINAL_CHECK_NAME,
-        blocking=False,
-        description=(
-            f"AUC of the partition's model on the {job.training.eval_hours} hour(s) after its window, once their "
-            "complete labels exist (window end + eval hours + label delay); recorded, never blocking"
-        ),
-        config_schema={
-            "partition": Field(str, default_value="", description="training partition; empty: the newest complete")
-        },
-    )
     def _auc_final(
         context: AssetCheckExecutionContext, storage: PrimusStorageResource, mlflow: MlflowResource
     ) -> AssetCheckResult:
@@ -522,11 +511,8 @@ def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> 
         now = datetime.now(timezone.utc)
         # Selected along with a materialisation (the UI's "Materialize", `dagster asset materialize`), it
         # scores that run's partition: usually "labels not complete until ...".
-        partition_key = (
-            context.op_execution_context.op_config["partition"]
-            or context.op_execution_context.run.tags.get("dagster/partition")
-            or latest_complete_partition(job, partitions, now)
-        )
+        run = context.op_execution_context
+        partition_key = run.partition_key if run.has_partition_key else latest_complete_partition(job, partitions, now)
         if not partition_key:
             return _not_evaluated("no training partition has complete labels yet", {})
         if not partitions.has_partition_key(partition_key):
@@ -596,7 +582,17 @@ def build_auc_final_check(job: JobSpec, key_prefix: list[str] | None = None) -> 
             metadata=metadata,
         )
 
-    return _auc_final
+    with partitioned_checks():
+        return asset_check(
+            asset=key,
+            name=AUC_FINAL_CHECK_NAME,
+            blocking=False,
+            description=(
+                f"AUC of the partition's model on the {job.training.eval_hours} hour(s) after its window, once their "
+                "complete labels exist (window end + eval hours + label delay); recorded, never blocking"
+            ),
+            partitions_def=partitions,
+        )(_auc_final)
 
 
 def load_model(tracking_uri: str, model_uri: str) -> Any:

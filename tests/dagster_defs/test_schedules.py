@@ -7,7 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from dagster import (
+    AssetCheckKey,
     AssetCheckSeverity,
+    AssetKey,
     DefaultScheduleStatus,
     DefaultSensorStatus,
     Definitions,
@@ -23,7 +25,7 @@ from primus_dagster.dagster_defs import (
     build_sensors,
     default_resources,
 )
-from primus_dagster.dagster_defs.schedules import auc_final_request, schedule_offset
+from primus_dagster.dagster_defs.schedules import schedule_offset
 from primus_dagster.run_queue import RUN_KIND_TAG
 from primus_dagster.spec import JobSpec, parse_job_spec
 
@@ -91,8 +93,7 @@ def test_the_final_auc_tick_asks_for_the_newest_partition_with_complete_labels()
     for now, partition in [(at(6, 1), "2026-11-04"), (at(6, 0), "2026-11-03"), (at(4, 1), "2026-11-02")]:
         with build_schedule_context(scheduled_execution_time=now) as context:
             request = final(context)
-        assert request.run_key == f"auc_final/{partition}" and request.tags["primus/partition"] == partition
-        assert request.run_config == {"ops": {"sched_model_auc_final": {"config": {"partition": partition}}}}
+        assert request.run_key == f"auc_final/{partition}" and request.tags["dagster/partition"] == partition
     with build_schedule_context(scheduled_execution_time=at(4, 0)) as context:
         assert "no training partition has complete labels yet" in final(context).skip_message
 
@@ -110,9 +111,13 @@ def test_the_final_auc_check_does_not_evaluate_before_the_labels_are_complete(tm
     now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     recent = (now - timedelta(hours=2)).strftime("%Y-%m-%d-%H:00")  # its labels: complete in ~23 h
     with instance_for_test() as instance:
-        result = defs.resolve_job_def("sched_auc_final_job").execute_in_process(
-            run_config=auc_final_request(job, recent).run_config, instance=instance
-        )
+        # a run as the schedule launches it: the partition as its run tag
+        final = defs.resolve_job_def("sched_auc_final_job")
+        result = final.execute_in_process(tags={"dagster/partition": recent}, instance=instance)
+        # recorded against its partition in the check's history (the UI's "Partition" column)
+        key = AssetCheckKey(AssetKey("sched_model"), "auc_final")
+        (row,) = instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
+    assert row.partition == recent and row.status.value == "FAILED"
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.check_name == "auc_final" and not evaluation.passed
     assert evaluation.severity == AssetCheckSeverity.WARN  # not blocking, not an error: not evaluated yet
@@ -120,11 +125,9 @@ def test_the_final_auc_check_does_not_evaluate_before_the_labels_are_complete(tm
     assert evaluation.description == f"labels not complete until {complete.isoformat()}"
     assert evaluation.metadata["partition"].value == recent
     with instance_for_test() as instance:
-        result = defs.resolve_job_def("sched_auc_final_job").execute_in_process(
-            run_config=auc_final_request(job, "2026-13-01-00:00").run_config, instance=instance
-        )
+        result = final.execute_in_process(tags={"dagster/partition": "2020-01-01-00:00"}, instance=instance)
     (evaluation,) = result.get_asset_check_evaluations()
-    assert "'2026-13-01-00:00' is not a training partition of job sched" in evaluation.description
+    assert "'2020-01-01-00:00' is not a training partition of job sched" in evaluation.description
 
 
 def test_schedules_and_sensors_load_with_the_job(tmp_path) -> None:

@@ -32,7 +32,7 @@ from primus_dagster.dagster_defs import (
     build_training_asset,
 )
 from primus_dagster.dagster_defs import training_asset as training_asset_module
-from primus_dagster.dagster_defs.schedules import auc_final_job, auc_final_request
+from primus_dagster.dagster_defs.schedules import auc_final_job
 from primus_dagster.dagster_defs.training_asset import (
     auc_check,
     build_auc_final_check,
@@ -356,7 +356,7 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
         assets=[asset], asset_checks=[build_auc_final_check(job)], jobs=[auc_final_job(job)], resources=resources
     )
     final = defs.resolve_job_def("train_test_auc_final_job").execute_in_process(
-        run_config={**QUIET, **auc_final_request(job, "2026-11-01-01:00").run_config}, instance=instance
+        run_config=QUIET, tags={"dagster/partition": "2026-11-01-01:00"}, instance=instance
     )
     (evaluation,) = final.get_asset_check_evaluations()
     assert evaluation.check_name == "auc_final" and evaluation.asset_key == key

@@ -36,7 +36,8 @@ overlapping what waits with what can be done meanwhile (each phase's duration is
    materialize`` of one partition. The sensors and the demo are the paths that keep lineage whole.)
 5. *Load*: all the while the deployment's load -- the kernel's 1-minute load average counted over the tasks of
    `make dev`'s processes, as if they had the machine to themselves (:class:`Load`) -- stays at or below 2 x
-   cores. SIGTERM then stops the servers and all they started.
+   cores (judged while other processes leave it measurable: their own load within 2 x cores; printed always).
+   SIGTERM then stops the servers and all they started.
 """
 
 from __future__ import annotations
@@ -343,13 +344,18 @@ class Load(threading.Thread):
     share ``C / max(C, r + o)`` of a CPU instead of ``C / max(C, r)``: it stays runnable ``max(C, r + o) / max(C,
     r)`` times as long for the same work, so each sample counts its runnable tasks times ``max(C, r) / max(C, r +
     o)`` (tasks waiting for a disk as they are). The bound applies to ``own``: what the deployment puts on a
-    machine, however busy the machine is otherwise."""
+    machine, however busy the machine is otherwise.
+
+    That correction assumes fair sharing and counts others at an instant; when other processes alone keep more
+    than ``2 x C`` tasks runnable (their own 1-minute average: a second `make test` beside this one), it no longer
+    tells the deployment's load from theirs. ``own_peak`` is therefore taken over the samples where the others'
+    average stayed within ``2 x C`` (``measured`` of them; ``others_peak``: the others' highest average)."""
 
     def __init__(self, root: int, state: Path, dagster_home: Path) -> None:
         super().__init__(daemon=True)
         self.root, self.state, self.dagster_home = root, state, dagster_home
-        self.value = self.peak = self.own = self.own_peak = 0.0
-        self.samples = self.trainings = 0
+        self.value = self.peak = self.own = self.own_peak = self.others = self.others_peak = 0.0
+        self.samples = self.measured = self.trainings = 0
         self.by_process: dict[str, int] = {}  # runnable task samples per command: where the load comes from
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -382,8 +388,12 @@ class Load(threading.Thread):
         alone = cpu * max(cores, cpu) / max(cores, cpu + others) + disk
         self.value = self.value * decay + (cpu + disk) * (1 - decay)
         self.own = self.own * decay + alone * (1 - decay)
+        self.others = self.others * decay + others * (1 - decay)
         self.samples += 1
-        self.peak, self.own_peak = max(self.peak, self.value), max(self.own_peak, self.own)
+        self.peak, self.others_peak = max(self.peak, self.value), max(self.others_peak, self.others)
+        if self.others <= 2 * cores:
+            self.measured += 1
+            self.own_peak = max(self.own_peak, self.own)
         started = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
         self.trainings = max(self.trainings, sum(_trains(run) for run in started))
         return now
@@ -395,8 +405,9 @@ class Load(threading.Thread):
     def __str__(self) -> str:
         by = sorted(self.by_process.items(), key=lambda item: -item[1])
         return (
-            f"{self.samples} samples, load peak {self.own_peak:.2f} of its own ({self.peak:.2f} with the waits other "
-            f"processes caused) on {machine_cores()} cores; runnable tasks per sample "
+            f"{self.samples} samples, load peak {self.own_peak:.2f} of its own over the {self.measured} where other "
+            f"processes' load stayed within 2 x cores (theirs peaked at {self.others_peak:.2f}; {self.peak:.2f} with "
+            f"the waits they caused) on {machine_cores()} cores; runnable tasks per sample "
             "by command: " + ", ".join(f"{k} {v / max(1, self.samples):.2f}" for k, v in by[:8])
         )
 
@@ -847,6 +858,10 @@ def _after(dev: MakeDev, job: JobSpec) -> None:
     overlaps = [(a[2], b[2]) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
     assert overlaps == [], f"training runs overlapped: {overlaps}"
     assert dev.load.trainings == 1, f"{dev.load.trainings} runs trained at once"
+    print(f"make dev's load: {dev.load}")
+    if dev.load.measured == 0:  # the machine was never left to it: the figure above is printed, not judged
+        print("make dev's own load not measurable: other processes kept more than 2 x cores runnable all along")
+        return
     assert dev.load.own_peak <= 2 * machine_cores(), (
         f"the deployment's load reached {dev.load.own_peak:.2f}: {dev.load}"
     )
