@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from primus_dagster.spec import JobSpec, parse_job_spec
@@ -60,6 +63,33 @@ dataset:
           path: parquet/impressions
           columns: {COLUMNS}
 """
+
+
+# Decodes the Parquet files given as arguments over and over until killed; prints "decoding" first.
+_DECODER_LOOP = """
+import sys, pyarrow.parquet as pq
+print("decoding", flush=True)
+while True:
+    for path in sys.argv[1:]:
+        for _ in pq.ParquetFile(path).iter_batches(65536, use_threads=False):
+            pass
+"""
+
+
+@contextlib.contextmanager
+def decoding_beside(files: list[str]) -> Iterator[None]:
+    """Another process decodes ``files`` in a loop (a data executor's work without the executor) for
+    the duration of the block: what data work on another core does to this process's CPU per unit of
+    work (shared caches, memory bandwidth). It has started decoding when the block begins."""
+    decoder = subprocess.Popen([sys.executable, "-c", _DECODER_LOOP, *files], stdout=subprocess.PIPE, text=True)
+    try:
+        assert decoder.stdout is not None
+        if decoder.stdout.readline().strip() != "decoding":  # returns at once if the process died
+            raise RuntimeError(f"the decoding process ended before it started (exit code {decoder.wait(10)})")
+        yield
+    finally:
+        decoder.kill()
+        decoder.wait(30)
 
 
 def cpu_self() -> float:

@@ -28,6 +28,13 @@ its 1-rank figure is below part 1's.
    (``pipeline_wall_samples_per_s``, ``in_memory_wall_samples_per_s``) are reported beside them.
    ``executor_startup_cpu_s_per_executor``: what each executor process spent before it announced it
    was ready (interpreter, imports, warm-up; not in the ratio), the mean of the run's executors.
+   ``in_memory_beside_decoder_ratio`` (diagnostic, not a pipeline figure): the in-memory run again,
+   each repeat, while one other process decodes the same Parquet files in a loop on another core (a
+   data executor's work without the executor): the trainer's samples per CPU-second with it beside
+   over alone, the median of the repeats. Below 1, the trainer's own CPU per sample grows when data
+   work runs beside it (shared caches and memory bandwidth; on this 2-vCPU VM 0.72-0.81 over three
+   paired runs): the pipeline's trainer runs beside its executors, the in-memory ceiling alone, so
+   ``pipeline_ratio`` cannot reach 1 by removing the data path's own CPU alone. Null on one core.
 3. ``ddp_speedup``: aggregate samples per wall-second of 2 ranks x 1 thread over 1 rank x 1 thread
    (world_size 2 vs 1, ``_ddp.run_ddp_in_memory``: the round protocol of
    ``primus_dagster.training.distributed`` that multi-trainer jobs run; ``--ddp-pin`` binds each rank
@@ -104,6 +111,7 @@ its 1-rank figure is below part 1's.
 
 Last line: {"bench": "train_throughput", "mtrm_samples_per_s", "single_samples_per_s",
 "mtrm_overhead_ratio", "pipeline_samples_per_s", "in_memory_samples_per_s", "pipeline_ratio",
+"in_memory_beside_decoder_ratio",
 "ddp_speedup", "ddp_exchange_bytes_per_step", "ddp_speedup_dense_allreduce", "ratio_vs_torchrec",
 "ratio_vs_torchrec_eager", "torchrec_samples_per_s", "torchrec_mode", "single_dlrm_shape_samples_per_s",
 "single_dlrm_shape_eager_samples_per_s", "ratio_vs_torchrec_multihot", "ratio_vs_torchrec_multihot_eager",
@@ -138,7 +146,7 @@ from primus_dagster.training.features import FeatureLayout
 from primus_dagster.training.models import HashedEmbedding, build_model, model_summary, sparse_tables
 from primus_dagster.training.trainer import Trainer
 
-from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
+from _common import PARQUET_DATASET, bench_dir, cpu_self, decoding_beside, emit
 from _ddp import Exchange, run_ddp_in_memory
 
 JOB = (
@@ -204,6 +212,12 @@ def train_in_memory(spec: TrainingSpec, micro: list[Batch], warmup: int = 5) -> 
         "samples_per_cpu_s": round(samples / cpu),
         "samples_per_wall_s": round(samples / wall),
     }
+
+
+def train_beside_decoder(spec: TrainingSpec, micro: list[Batch], files: list[str]) -> dict:
+    """:func:`train_in_memory` while another process decodes ``files`` (the module docstring)."""
+    with decoding_beside(files):
+        return train_in_memory(spec, micro)
 
 
 def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingSpec, executors: int) -> dict:
@@ -795,9 +809,14 @@ def main() -> None:
     window = TimeWindow(start, start + timedelta(hours=args.hours))
     in_memory_micro = [batch.slice(s, s + args.batch_size) for s in range(0, batch.rows, args.batch_size)]
     repeats: dict[str, list[dict]] = {"in_memory": [], "pipeline": []}
+    beside: list[float] = []  # in-memory with a decoding process beside / alone, samples per CPU-second
+    files = [t.read.uri for t in Planner(job.dataset, SourceContext(str(root)), threads=2).plan(window).tasks]
     for _ in range(args.pipeline_repeat):  # interleaved: drifting background load hits both alike
         repeats["in_memory"].append(train_in_memory(single, in_memory_micro))
         repeats["pipeline"].append(run_pipeline(job_path, root, window, single, args.executors))
+        if (os.cpu_count() or 1) > 1:
+            busy = train_beside_decoder(single, in_memory_micro, files)
+            beside.append(round(busy["samples_per_cpu_s"] / repeats["in_memory"][-1]["samples_per_cpu_s"], 3))
         for name in ("in_memory", "pipeline"):
             d = repeats[name][-1]
             print(
@@ -824,7 +843,9 @@ def main() -> None:
         "in_memory_wall_samples_per_s": mem["samples_per_wall_s"],
         "pipeline_model": "single",
         "executor_startup_cpu_s_per_executor": pipe["executor_startup_cpu_s_per_executor"],
+        "in_memory_beside_decoder_ratio": statistics.median(beside) if beside else None,
     }
+    detail["in_memory_beside_decoder_ratios_per_repeat"] = beside
     if not args.skip_ddp:
         speedup, one, two = ddp_speedup(micro, mtrm, root, "row_sparse", args.ddp_pin)
         dense, d_one, d_two = (None, None, None) if args.skip_dense_ddp else ddp_speedup(micro, mtrm, root, "ddp_dense")

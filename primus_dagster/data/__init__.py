@@ -48,7 +48,7 @@ from primus_dagster.data.driver import (
     DriverClient,
     DriverServer,
 )
-from primus_dagster.data.executor import ExecutorConfig, start_executor_process, wait_ready
+from primus_dagster.data.executor import EXECUTOR_ENV, ExecutorConfig, start_executor_process, wait_ready
 from primus_dagster.data.plane import DataPlane, DataPlaneStarter
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
 from primus_dagster.data.shm import sweep_dead_executors
@@ -106,6 +106,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EXECUTOR_ENV",
     "GATED_RULES",
     "QUALITY_RULES",
     "Batch",

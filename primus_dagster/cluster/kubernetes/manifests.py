@@ -70,7 +70,7 @@ from kubernetes.client import (
 )
 
 from primus_dagster.cluster.pool import Resources, Role, memory_quantity
-from primus_dagster.data import ExecutorConfig
+from primus_dagster.data import EXECUTOR_ENV, ExecutorConfig
 
 MAX_NAME = 63
 #: The API server appends 5 random characters to a ``generateName`` prefix.
@@ -377,12 +377,15 @@ def data_executor_container(
     image: str, args: DataExecutorArgs, *, python: str = "python", **template: Any
 ) -> ContainerTemplate:
     """The container of a data executor: ``python -m primus_dagster.data.executor`` serving Flight on
-    the named port ``flight``; ``template``: further :class:`ContainerTemplate` fields."""
+    the named port ``flight``; ``template``: further :class:`ContainerTemplate` fields (its ``env`` over
+    the executor's defaults, ``EXECUTOR_ENV``)."""
+    env = {**EXECUTOR_ENV, **template.pop("env", {})}
     return ContainerTemplate(
         image=image,
         command=(python, "-m", EXECUTOR_MODULE),
         args=tuple(args.argv()),
         ports={FLIGHT_PORT_NAME: args.port},
+        env=env,
         **template,
     )
 

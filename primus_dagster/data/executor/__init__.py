@@ -16,6 +16,7 @@ from primus_dagster.data.executor.buffers import TrainerBuffers
 from primus_dagster.data.executor.data_executor import DataExecutor
 from primus_dagster.data.executor.dataset_server import DatasetServer
 from primus_dagster.data.executor.process import (
+    EXECUTOR_ENV,
     READY_PREFIX,
     TOKEN_ENV,
     ExecutorConfig,
@@ -27,6 +28,7 @@ from primus_dagster.data.executor.process import (
 )
 
 __all__ = [
+    "EXECUTOR_ENV",
     "READY_PREFIX",
     "TOKEN_ENV",
     "DataExecutor",

@@ -121,6 +121,9 @@ def test_env_carries_driver_ids_pod_ip_and_the_token_only_by_secret_reference() 
     assert ENV_TOKEN == TOKEN_ENV  # the variable the data executor reads
     assert env[TOKEN_ENV] == {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": "ctr-token", "key": "token"}}}
     assert "value" not in env[TOKEN_ENV]
+    assert env["OPENBLAS_NUM_THREADS"]["value"] == "1"  # the executor's defaults (EXECUTOR_ENV)
+    tuned = data_executor_container("i:1", DataExecutorArgs(job_spec="/j.yaml"), env={"OPENBLAS_NUM_THREADS": "2"})
+    assert tuned.env["OPENBLAS_NUM_THREADS"] == "2"  # the template's env wins
     # Executors get no API credentials and no service-link variables.
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["enableServiceLinks"] is False

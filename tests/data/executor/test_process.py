@@ -172,3 +172,22 @@ def test_an_executor_process_does_not_import_pandas() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_executor_starts_with_one_blas_thread_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's OpenBLAS pool would spin one thread per core at an executor's start (it does no linear
+    algebra): the child gets ``OPENBLAS_NUM_THREADS=1``; a value in the caller's environment wins."""
+    seen: list[dict[str, str]] = []
+
+    class Recorder:
+        def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: object):
+            seen.append(env)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorder)
+    config = ExecutorConfig(driver="grpc://127.0.0.1:1", executor_id="data-0", job_spec="/j.yaml")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    start_executor_process(config)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    start_executor_process(config)
+    start_executor_process(config, env={"PATH": os.environ["PATH"]})
+    assert [env.get("OPENBLAS_NUM_THREADS") for env in seen] == ["1", "4", "1"]
