@@ -174,20 +174,24 @@ def test_an_executor_process_does_not_import_pandas() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_an_executor_starts_with_one_blas_thread_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_executor_starts_with_one_blas_thread_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """numpy's OpenBLAS pool would spin one thread per core at an executor's start (it does no linear
-    algebra): the child gets ``OPENBLAS_NUM_THREADS=1``; a value in the caller's environment wins."""
-    seen: list[dict[str, str]] = []
-
-    class Recorder:
-        def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: object):
-            seen.append(env)
-
-    monkeypatch.setattr(subprocess, "Popen", Recorder)
+    algebra): the child gets ``OPENBLAS_NUM_THREADS=1``; a value in the caller's environment wins. The
+    "interpreter" started is a script that prints what the executor would have read."""
+    interpreter = tmp_path / "python"
+    interpreter.write_text('#!/bin/sh\nprintf "%s\\n" "${OPENBLAS_NUM_THREADS-unset}"\n')
+    interpreter.chmod(0o755)
     config = ExecutorConfig(driver="grpc://127.0.0.1:1", executor_id="data-0", job_spec="/j.yaml")
+
+    def started_with(env: dict[str, str] | None = None) -> str:
+        proc = start_executor_process(config, python=str(interpreter), env=env)
+        out, _ = proc.communicate(timeout=60)
+        return out.strip()
+
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    start_executor_process(config)
+    assert started_with() == "1"
+    assert started_with({"PATH": os.environ["PATH"]}) == "1"
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
-    start_executor_process(config)
-    start_executor_process(config, env={"PATH": os.environ["PATH"]})
-    assert [env.get("OPENBLAS_NUM_THREADS") for env in seen] == ["1", "4", "1"]
+    assert started_with() == "4"
