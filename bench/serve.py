@@ -8,9 +8,10 @@ count (the files' footers; a mismatch ends the bench with an error, ``"rows_chec
 the JSON says it held). The readers, measured in one run, ``--repeat`` times, interleaved:
 
 * **primus** -- the planner (DTGG) plans the window, the driver (Flight, loopback) hands the tasks to
-  ``--workers`` executor processes (``DirectDataPlane(fields=("label", "dense", "sparse"))``: the
-  trainer reads no ``ts``/``sample_id``, so the executors decode only the model's columns), each
-  reads through the Parquet adapter, normalises to the canonical schema and serves; the
+  ``--workers`` executor processes, each with ``--task-runners`` reading threads (default: the spec's
+  ``pools.data.task_runners``, 2; every other spec key at its default too)
+  (``DirectDataPlane(fields=("label", "dense", "sparse"))``: the trainer reads no ``ts``/``sample_id``,
+  so the executors decode only the model's columns), each reads through the Parquet adapter, normalises to the canonical schema and serves; the
   ``RemoteReader`` in this process claims every batch (exactly-once ledger) and hands it over as a
   ``Batch`` with torch tensors (dense float32 [B, 13], sparse int64 [B, 5], label float32 [B]; dense and
   sparse are column-major views over the served columns: the executors never interleave the dense
@@ -112,6 +113,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
+from primus_dagster.spec.job import PoolsSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
@@ -119,8 +121,7 @@ from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
 JOB = (
     """
 name: bench-serve
-data: {buffer_batches: 8, lease: 30s}
-pools: {data: {replicas: {workers}, max_replicas: 8, task_runners: {runners}}, training: {replicas: 1}}
+pools: {data: {replicas: {workers}, task_runners: {runners}}, training: {replicas: 1}}
 """
     + PARQUET_DATASET
 )
@@ -621,7 +622,12 @@ def main() -> None:
         help="executor processes = DataLoader workers = Ray CPUs (default: the cores, at most 2)",
     )
     parser.add_argument("--batch-rows", type=int, default=65536, help="rows per batch, for every reader")
-    parser.add_argument("--task-runners", type=int, default=1, help="reading threads per executor")
+    parser.add_argument(
+        "--task-runners",
+        type=int,
+        default=PoolsSpec().data.task_runners,
+        help="reading threads per executor (default: the spec's, pools.data.task_runners)",
+    )
     parser.add_argument(
         "--per-sample-rows",
         type=int,

@@ -59,6 +59,7 @@ from primus_dagster.data.shm.slots import FREE, ShmDir, SlotPool
 from primus_dagster.data.sources import make_adapter
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import load_job_spec
+from primus_dagster.spec.job import PoolsSpec
 
 from _common import bench_dir, cpu_self, decoding_beside, emit
 from serve import FIELDS, Shape, run_primus, run_tensors_1t, write_shape
@@ -200,7 +201,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="executor processes of the end-to-end run")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    args.task_runners, args.lists = 1, 0  # serve.py's defaults: its job template reads them
+    args.task_runners, args.lists = PoolsSpec().data.task_runners, 0  # serve.py's defaults: its job template reads them
     torch.set_num_threads(1)
     root = bench_dir("serve_breakdown")
     shutil.rmtree(root, ignore_errors=True)
