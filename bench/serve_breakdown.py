@@ -3,7 +3,7 @@
 ``bench/serve.py`` measures the data plane end to end against ``tensors_1t`` (one thread decoding the
 files and building the trainer's tensors). This bench measures, in one process and on the same files,
 what each step of the default path (executor processes, shared memory) costs by itself, so that the
-gap between the two has names (``docs/serving_profile.md`` reads the figures):
+gap between the two has names (``docs/data_plane.md``, "Issue 27", reads the figures):
 
 * ``decode`` -- the executor's reader alone: the Parquet adapter's ``open_file`` (memory-mapped,
   ``iter_batches`` of ``batch_rows``, one thread, the model's columns only), every batch dropped at once;
@@ -115,7 +115,7 @@ def executor_passes(shape: Shape, tasks: list[DataTask], hold: int) -> dict[str,
     return spent
 
 
-def task_rows(shape: Shape, tasks: list[DataTask]) -> list[int]:
+def task_rows(tasks: list[DataTask]) -> list[int]:
     """Rows per task (one file each here), from the footers."""
     return [pq.ParquetFile(task.read.uri).metadata.num_rows for task in tasks]
 
@@ -208,7 +208,7 @@ def main() -> None:
     shape = write_shape(args, Path(root), 0)
     job = load_job_spec(shape.job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(shape.root)), threads=4).plan(shape.window).tasks)
-    batches = sum(-(-rows // args.batch_rows) for rows in task_rows(shape, tasks))
+    batches = sum(-(-rows // args.batch_rows) for rows in task_rows(tasks))
     runs: dict[str, list[float]] = {}
     startup: dict = {}
 
