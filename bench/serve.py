@@ -9,7 +9,7 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
 
 * **primus** -- the planner (DTGG) plans the window, the driver (Flight, loopback) hands the tasks to
   ``--workers`` executor processes, each with ``--task-runners`` reading threads (default: the spec's
-  ``pools.data.task_runners``, 2; every other spec key at its default too)
+  ``pools.data.task_runners``, one per core of ``pools.data.cpu``: 1; every other spec key at its default)
   (``DirectDataPlane(fields=("label", "dense", "sparse"))``: the trainer reads no ``ts``/``sample_id``,
   so the executors decode only the model's columns), each reads through the Parquet adapter, normalises to the canonical schema and serves; the
   ``RemoteReader`` in this process claims every batch (exactly-once ledger) and hands it over as a

@@ -32,7 +32,7 @@ its 1-rank figure is below part 1's.
    each repeat, while one other process decodes the same Parquet files in a loop on another core (a
    data executor's work without the executor): the trainer's samples per CPU-second with it beside
    over alone, the median of the repeats. Below 1, the trainer's own CPU per sample grows when data
-   work runs beside it (shared caches and memory bandwidth; on this 2-vCPU VM 0.72-0.91 over nine
+   work runs beside it (shared caches and memory bandwidth; on this 2-vCPU VM 0.72-0.97 over twelve
    paired runs): the pipeline's trainer runs beside its executors, the in-memory ceiling alone, so
    ``pipeline_ratio`` cannot reach 1 by removing the data path's own CPU alone. Null on one core.
 3. ``ddp_speedup``: aggregate samples per wall-second of 2 ranks x 1 thread over 1 rank x 1 thread

@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -39,7 +41,14 @@ class PoolSpec(StrictModel):
     max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS)
     cpu: float = Field(default=1.0, gt=0, le=1024, description="CPU cores per executor.")
     memory: str = Field(default="2Gi", pattern=_QUANTITY, max_length=32, description="Memory per executor.")
-    task_runners: int = Field(default=2, ge=1, le=256, description="Concurrent task runners per executor (data pool).")
+    task_runners: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Concurrent task runners per executor (data pool); default: the executor's cpu, rounded down, "
+        "at least 1 (one reading thread per core it asks for: more threads than cores cost CPU per row, "
+        "docs/data_plane.md); more than cpu overlaps reads from a slow store.",
+    )
     restart: Literal["always", "on_failure", "never"] = Field(
         default="on_failure",
         description="When a finished executor is started again: always, after a failure or OOM kill, or never.",
@@ -66,6 +75,15 @@ class PoolSpec(StrictModel):
         if value is not None and float(re.match(r"[\d.]+", value).group()) <= 0:  # type: ignore[union-attr]
             raise ValueError(f"memory must be more than 0, got {value!r}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runners_follow_cpu(cls, data: Any) -> Any:
+        """``task_runners`` left out: one per whole core of ``cpu`` (an invalid ``cpu`` is reported by its own check)."""
+        if isinstance(data, dict) and "task_runners" not in data and "cpu" in data:
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                return {**data, "task_runners": min(256, max(1, math.floor(float(data["cpu"]))))}
+        return data
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:

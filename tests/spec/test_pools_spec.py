@@ -110,3 +110,27 @@ def test_in_trainer_rejects_what_only_a_pool_of_processes_uses(pools: str, extra
     found = problems(in_trainer(pools, extra))
     assert any(message in text for text in found.values()), found
     assert path in found or any(key.startswith(path) for key in found), found
+
+
+@pytest.mark.parametrize(
+    ("data", "runners"),
+    [
+        ("{replicas: 2}", 1),  # cpu 1 by default: one reading thread
+        ("{replicas: 2, cpu: 4}", 4),
+        ("{replicas: 2, cpu: 2.5}", 2),  # whole cores
+        ("{replicas: 2, cpu: 0.5}", 1),  # at least one
+        ("{replicas: 2, cpu: 4, task_runners: 8}", 8),  # written: as written
+        ("{replicas: 2, task_runners: 3}", 3),
+    ],
+)
+def test_task_runners_follow_the_executors_cpu_unless_written(data: str, runners: int) -> None:
+    """An executor of ``cpu`` cores reads with that many threads by default (more than its cores cost CPU
+    per row: 2 executors x 2 runners on 2 cores served at 0.57 of ``tensors_1t``, x 1 runner at 0.62)."""
+    job = parse_job_spec(one_source_spec("runners", f"pools: {{data: {data}}}\n"))
+    assert job.pools.data.task_runners == runners
+    assert PoolsSpec().data.task_runners == 1
+
+
+def test_a_malformed_cpu_is_named_not_hidden_by_the_runners_default() -> None:
+    found = problems(one_source_spec("runners", "pools: {data: {replicas: 2, cpu: lots}}\n"))
+    assert "pools.data.cpu" in found
