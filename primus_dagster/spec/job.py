@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -76,14 +75,17 @@ class PoolSpec(StrictModel):
             raise ValueError(f"memory must be more than 0, got {value!r}")
         return value
 
-    @model_validator(mode="before")
-    @classmethod
-    def _runners_follow_cpu(cls, data: Any) -> Any:
-        """``task_runners`` left out: one per whole core of ``cpu`` (an invalid ``cpu`` is reported by its own check)."""
-        if isinstance(data, dict) and "task_runners" not in data and "cpu" in data:
-            with contextlib.suppress(TypeError, ValueError, OverflowError):
-                return {**data, "task_runners": min(256, max(1, math.floor(float(data["cpu"]))))}
-        return data
+    @model_validator(mode="after")
+    def _runners_follow_cpu(self) -> PoolSpec:
+        """``task_runners`` left out: one per whole core of ``cpu``. Set past validation (it stays unwritten:
+        ``model_fields_set`` still tells what the spec wrote)."""
+        if "task_runners" not in self.model_fields_set:
+            object.__setattr__(self, "task_runners", self.default_task_runners())
+        return self
+
+    def default_task_runners(self) -> int:
+        """What ``task_runners`` is when the spec leaves it out: one per whole core of ``cpu``, at least 1."""
+        return min(256, max(1, math.floor(self.cpu)))
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
@@ -125,8 +127,10 @@ class PoolsSpec(StrictModel):
     def _training_keys(cls, value: PoolSpec) -> PoolSpec:
         """Trainer ranks are a fixed group (``replicas``) with ``cpu``, ``memory``, ``restart`` and
         ``max_restarts`` (docs/training.md); the data pool's other keys would do nothing there."""
-        keys = ("task_runners", "blacklist_after", "oom_memory_factor", "max_memory")
+        keys = ("blacklist_after", "oom_memory_factor", "max_memory")
         unused = [key for key in keys if getattr(value, key) != PoolSpec.model_fields[key].default]
+        if value.task_runners != value.default_task_runners():
+            unused.insert(0, "task_runners")
         if unused:
             raise ValueError(
                 f"pools.training does not use {', '.join(unused)} (data executors only): remove "

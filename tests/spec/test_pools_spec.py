@@ -134,3 +134,12 @@ def test_task_runners_follow_the_executors_cpu_unless_written(data: str, runners
 def test_a_malformed_cpu_is_named_not_hidden_by_the_runners_default() -> None:
     found = problems(one_source_spec("runners", "pools: {data: {replicas: 2, cpu: lots}}\n"))
     assert "pools.data.cpu" in found
+
+
+def test_a_training_pool_with_cores_takes_no_runners_of_its_own() -> None:
+    """``pools.training.cpu: 2`` is a rank's threads; the data pool's ``task_runners`` default that follows it
+    is not a key the spec wrote, so the training pool is not told to remove it -- one that differs from it is."""
+    job = parse_job_spec(one_source_spec("ranks", "pools: {training: {replicas: 1, cpu: 2}}\n"))
+    assert job.pools.training.cpu == 2
+    found = problems(one_source_spec("ranks", "pools: {training: {replicas: 1, task_runners: 3}}\n"))
+    assert any("task_runners" in message for message in found.values()), found
