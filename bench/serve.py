@@ -11,9 +11,9 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   ``--workers`` executor processes, each with ``--task-runners`` reading threads (default: the spec's
   ``pools.data.task_runners``, one per core of ``pools.data.cpu``: 1; every other spec key at its default)
   (``DirectDataPlane(fields=("label", "dense", "sparse"))``: the trainer reads no ``ts``/``sample_id``,
-  so the executors decode only the model's columns), each reads through the Parquet adapter, normalises to the canonical schema and serves; the
-  ``RemoteReader`` in this process claims every batch (exactly-once ledger) and hands it over as a
-  ``Batch`` with torch tensors (dense float32 [B, 13], sparse int64 [B, 5], label float32 [B]; dense and
+  so the executors decode only the model's columns), each reads through the Parquet adapter,
+  normalises to the canonical schema and serves; the ``RemoteReader`` in this process claims every
+  batch (exactly-once ledger) and hands it over as a ``Batch`` with torch tensors (dense float32 [B, 13], sparse int64 [B, 5], label float32 [B]; dense and
   sparse are column-major views over the served columns: the executors never interleave the dense
   matrix, ``docs/shared_memory.md``).
   ``--transport shm`` (default): executors on this host, batches through shared-memory slots, Flight

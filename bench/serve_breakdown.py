@@ -56,7 +56,7 @@ from primus_dagster.data import Planner, SourceContext
 from primus_dagster.data.batch import BatchMeta
 from primus_dagster.data.flight_protocol import with_shm
 from primus_dagster.data.shm.slots import FREE, ShmDir, SlotPool
-from primus_dagster.data.sources import make_adapter
+from primus_dagster.data.sources import SourceAdapter, make_adapter
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import PoolsSpec
@@ -80,12 +80,18 @@ def executor_pool() -> Iterator[None]:
         pa.set_memory_pool(before)
 
 
+def executor_adapter(shape: Shape, tasks: list[DataTask]) -> SourceAdapter:
+    """The tasks' source adapter as a serving executor holds it: the model's fields, no constant
+    columns, the dense matrix kept as its columns."""
+    job = load_job_spec(shape.job_path)
+    adapter = make_adapter(job.dataset.source(tasks[0].read.source), SourceContext(str(shape.root)))
+    adapter.project(FIELDS, constants=False).normalize.split_dense = True
+    return adapter
+
+
 def executor_passes(shape: Shape, tasks: list[DataTask], hold: int) -> dict[str, float]:
     """One pass over every task as an executor makes it, each step's CPU summed apart."""
-    job = load_job_spec(shape.job_path)
-    source = job.dataset.source(tasks[0].read.source)
-    adapter = make_adapter(source, SourceContext(str(shape.root))).project(FIELDS, constants=False)
-    adapter.normalize.split_dense = True  # as an executor that serves does
+    adapter = executor_adapter(shape, tasks)
     shm = ShmDir()
     pool = SlotPool(shm)
     kept: deque[pa.RecordBatch] = deque(maxlen=max(1, hold))
@@ -121,9 +127,7 @@ def task_rows(tasks: list[DataTask]) -> list[int]:
 
 
 def decode_only(shape: Shape, tasks: list[DataTask]) -> float:
-    job = load_job_spec(shape.job_path)
-    adapter = make_adapter(job.dataset.source(tasks[0].read.source), SourceContext(str(shape.root)))
-    adapter.project(FIELDS, constants=False)
+    adapter = executor_adapter(shape, tasks)
     cpu0 = cpu_self()
     for task in tasks:
         for _ in adapter.open_file(task.read):
@@ -133,9 +137,7 @@ def decode_only(shape: Shape, tasks: list[DataTask]) -> float:
 
 def fresh_slot_copy_ms(shape: Shape, tasks: list[DataTask], batches: int = 16) -> float:
     """CPU milliseconds per batch written into a slot made for it (and given back after)."""
-    job = load_job_spec(shape.job_path)
-    adapter = make_adapter(job.dataset.source(tasks[0].read.source), SourceContext(str(shape.root)))
-    adapter.project(FIELDS, constants=False).normalize.split_dense = True
+    adapter = executor_adapter(shape, tasks)
     outs = []
     for task in tasks:
         outs += [adapter.normalize(b, where=task.read.uri) for b in adapter.open_file(task.read)]
