@@ -14,8 +14,8 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   so the executors decode only the model's columns), each reads through the Parquet adapter,
   normalises to the canonical schema and serves; the ``RemoteReader`` in this process claims every
   batch (exactly-once ledger) and hands it over as a ``Batch`` with torch tensors (dense float32
-  [B, 13], sparse int64 [B, 5], label float32 [B]; dense and sparse are column-major views over the served columns: the executors never interleave the dense
-  matrix, ``docs/shared_memory.md``).
+  [B, 13], sparse int64 [B, 5], label float32 [B]; dense and sparse are column-major views over the
+  served columns: the executors never interleave the dense matrix, ``docs/shared_memory.md``).
   ``--transport shm`` (default): executors on this host, batches through shared-memory slots, Flight
   carries descriptors; ``--transport flight``: batches in the Flight stream (a reader on another host).
   **Counted**: this process (reader threads, claims, the driver serving the executors' RPCs, the
