@@ -120,10 +120,34 @@ def test_a_live_increment_is_a_registered_version_under_the_live_alias(tmp_path:
     assert any(m.startswith("phase ") and "data executors up" in m for m in messages)
 
 
+DEEPFM = str(repo_root() / "examples" / "models" / "deepfm.py") + ":build"
+TORCHREC_EBC = str(repo_root() / "examples" / "models" / "torchrec_ebc.py") + ":build"
+LOADED_MODELS = {  # what is registered -> the class the fresh venv must load
+    "mtrm": (
+        ModelSpec(type="mtrm", embedding_dim=8, hash_buckets=512, memory_hidden=[8], adapt_hidden=[8]),
+        "primus_dagster.training.models.MTRM",
+    ),
+    # a team's model (training.model.type: custom): examples/ is not in the wheel, nor on the venv's path
+    "custom_deepfm": (
+        ModelSpec(type="custom", factory=DEEPFM, params={"fm_dim": 4, "hidden": [8]}, hash_buckets=512),
+        "primus_dagster.training.models.CustomModel",
+    ),
+    "custom_torchrec_ebc": (  # where torchrec is installed (.[bench]); skipped otherwise
+        ModelSpec(type="custom", factory=TORCHREC_EBC, params={"hidden": [8]}, hash_buckets=512),
+        "primus_dagster.training.models.CustomModel",
+    ),
+}
+
+
 @pytest.mark.integration
-def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package_installed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", list(LOADED_MODELS))
+def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package_installed(
+    tmp_path: Path, kind: str
+) -> None:
     """``models:/<name>@champion`` loads, and scores as it did when logged, in a fresh virtualenv whose
-    ``primus_dagster`` comes from a wheel built from this checkout, with the working directory in tmp.
+    ``primus_dagster`` comes from a wheel built from this checkout, with the working directory in tmp --
+    the built-in MTRM, and a team's own model (the example DeepFM through ``type: custom``), whose code
+    travels inside the logged model: the venv cannot import ``examples``.
 
     What the venv borrows, to need no network install: it is made with ``python -m venv --without-pip``
     and its site-packages gets a ``.pth`` naming this venv's site-packages, for the third-party packages
@@ -137,7 +161,9 @@ def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = MlflowTracker(uri, "load-test")
     tracker.start("load-test/run", {"job": "load-test"})
-    spec = ModelSpec(type="mtrm", embedding_dim=8, hash_buckets=512, memory_hidden=[8], adapt_hidden=[8])
+    if kind == "custom_torchrec_ebc":
+        pytest.importorskip("torchrec", reason="torchrec is installed with .[bench] only")
+    spec, model_class = LOADED_MODELS[kind]
     model = build_model(spec, n_dense=3, n_sparse=2, seed=7)
     version = tracker.register_model(tracker.log_model(model), "load-test")
     tracker.set_alias("load-test", CHAMPION_ALIAS, version)
@@ -169,7 +195,7 @@ def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package
     answer = load_and_score(venv_python(venv), uri, f"models:/load-test@{CHAMPION_ALIAS}", cwd=work, rows=64, seed=3)
     assert Path(answer["primus_dagster_file"]).resolve().is_relative_to(site.resolve())
     assert answer["primus_dagster_version"] == installed
-    assert answer["model_class"] == "primus_dagster.training.models.MTRM" and answer["finite"]
+    assert answer["model_class"] == model_class and answer["finite"]
 
     generator = torch.Generator().manual_seed(3)  # the batch SCORE_SCRIPT scores
     dense = torch.randn(64, 3, generator=generator)

@@ -413,3 +413,57 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     with torch.no_grad():
         assert torch.allclose(champion(dense, sparse, "batch"), same(dense, sparse, "batch"))
     assert [spec.name for spec in signature.inputs.inputs] == ["dense", "sparse"]
+
+
+MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
+EXAMPLE_MODELS = {  # example -> (factory, params, its module's class)
+    "deepfm": (f"{MODELS / 'deepfm.py'}:build", {"fm_dim": 4, "hidden": [8]}, "DeepFM"),
+    "torchrec_ebc": (f"{MODELS / 'torchrec_ebc.py'}:build", {"hidden": [8]}, "EBCTower"),
+}
+
+
+@pytest.mark.parametrize("example", list(EXAMPLE_MODELS))
+def test_a_custom_model_materialises_a_partition_and_its_registered_version_scores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example: str
+) -> None:
+    """A team's own model (``training.model.type: custom``: the example DeepFM, and the TorchRec example
+    where torchrec is installed) through the training asset: the partition trains on the real data plane,
+    is registered and becomes champion, and the registered version loads back as the team's module and
+    scores."""
+    if example == "torchrec_ebc":
+        pytest.importorskip("torchrec", reason="torchrec is installed with .[bench] only")
+    factory, params, net = EXAMPLE_MODELS[example]
+    (tmp_path / "data").mkdir()
+    # the tiny world does not learn (see the two-partition test): the popularity guard is waived
+    monkeypatch.setattr(training_asset_module, "verdict", lambda auc, baseline: (True, "waived by the test"))
+    model = f"{{type: custom, factory: '{factory}', params: {json.dumps(params)}, hash_buckets: 4096}}"
+    env = make_job(
+        tmp_path / "data", mode="mixed", hours=2, model_block=model, extra_training="partition: hour\nbatch_lag: 1h"
+    )
+    resources = {
+        "storage": PrimusStorageResource(data_root=str(env["root"])),
+        "mlflow": MlflowResource(),
+        "executor_pool": ExecutorPoolResource(data_executors=1),
+    }
+    instance = DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    asset = build_training_asset(env["job"], env["job_path"])
+    result = materialize(
+        [asset], partition_key="2026-11-01-01:00", instance=instance, resources=resources, run_config=QUIET
+    )
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    meta = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
+    assert meta["samples"] > 0 and 0.0 <= meta["eval_auc"] <= 1.0
+    assert (meta["model_version"], meta["champion"]) == (1, True)
+    with use_tracking_uri(env["job"].tracking.tracking_uri):
+        loaded = mlflow.pytorch.load_model(meta["model_version_uri"]).eval()
+    assert type(loaded).__name__ == "CustomModel" and type(loaded.net).__name__ == net
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        scores = torch.sigmoid(
+            loaded.predict(
+                torch.randn(4, loaded.n_dense, generator=generator),
+                torch.randint(0, 2**40, (4, loaded.n_sparse), generator=generator),
+            )
+        )
+    assert scores.shape == (4,) and bool(((scores > 0) & (scores < 1)).all())

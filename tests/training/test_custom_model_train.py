@@ -112,8 +112,14 @@ def test_a_factory_that_breaks_the_protocol_stops_train_before_any_step(world: d
     assert f"training.model.factory '{broken}:build' failed on a batch of 2 rows" in done.stderr
 
 
-def test_a_custom_model_resumes_after_sigkill_with_each_sample_once(tmp_path: Path) -> None:
-    model = "custom, factory: '" + DEEPFM + "', params: {fm_dim: 8, hidden: [16]}, hash_buckets: 4096"
+@pytest.mark.parametrize("example", list(EXAMPLES))
+def test_a_custom_model_resumes_after_sigkill_with_each_sample_once(tmp_path: Path, example: str) -> None:
+    if example == "torchrec_ebc":
+        pytest.importorskip(
+            "torchrec", reason="torchrec is installed with .[bench] only (README: Bring your own model)"
+        )
+    factory, params, _ = EXAMPLES[example]
+    model = f"custom, factory: '{factory}', params: {json.dumps(params)}, hash_buckets: 4096"
     env = make_job(tmp_path, mode="mixed", model_block=f"{{type: {model}}}", every=8, rows_per_hour=6000)
     kill_at_first_checkpoint(env, tmp_path / "run1.bin", slow_executors_ms=40)
     _, kept, after = resume_and_count(env, tmp_path / "run1.bin", tmp_path / "run2.bin", 0, timeout_s=240)
