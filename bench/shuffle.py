@@ -55,8 +55,11 @@ runners already waits for buffer room: a backpressured executor used to lease ag
 a slot freed, so a slow one ended up holding ``task_runners`` half-read tasks that idle
 executors could have run. (2) Idle runners poll the driver at least every 0.25 s (was 1 s):
 every reader waits until every executor has seen the job done, and executors idle since before
-the end were up to a second late. Rebalance_ratio at the defaults over Flight, median of 3:
-0.81 with (1) alone, 0.84 with (2) alone, 0.91 with both. What the slowed executor still holds
+the end were up to a second late. Rebalance_ratio over Flight, median of 3, with the bench's
+former ``buffer_batches: 4`` and 2 task runners: 0.81 with (1) alone, 0.84 with (2) alone, 0.91
+with both. At the shipped defaults (``buffer_batches`` 8, one runner per core of ``cpu``; the bench
+sets neither since issue 27) the whole-run ratio is 0.85 and the steady one 1.01: the slowed
+executor's larger buffers lengthen the tail (1.5 s). What the slowed executor still holds
 at the end -- its T per-trainer buffers and the rest of one task -- only the driver could take
 over (backup leases of running tasks for idle executors; the claim ledger already drops the
 duplicates); a pull-based rebalance (one queue per executor, taken by whichever trainer stream
@@ -80,14 +83,15 @@ from typing import Any
 
 from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
+from primus_dagster.spec.job import DataPlaneSpec, PoolsSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 from _common import COLUMNS, bench_dir, cpu_self, emit
 
 JOB = """
 name: bench-shuffle
-data: {{buffer_batches: {buffer}, lease: 30s}}
-pools: {{data: {{replicas: {executors}, max_replicas: 8, task_runners: 2}},
+data: {{buffer_batches: {buffer}}}
+pools: {{data: {{replicas: {executors}, max_replicas: 8}},
         training: {{replicas: {trainers}, max_replicas: {trainers}}}}}
 dataset:
   start: 2026-11-01
@@ -244,7 +248,12 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=100.0, help="extra per-batch time of the slowed executor")
     parser.add_argument("--slow-executor", type=int, default=0)
     parser.add_argument("--batch-rows", type=int, default=1024)
-    parser.add_argument("--buffer", type=int, default=4, help="data.buffer_batches (per trainer, per executor)")
+    parser.add_argument(
+        "--buffer",
+        type=int,
+        default=DataPlaneSpec().buffer_batches,
+        help="data.buffer_batches (per trainer, per executor; default: the spec's)",
+    )
     parser.add_argument("--prefetch", type=int, default=4, help="reader queue (batches per trainer)")
     parser.add_argument("--hours", type=int, default=6)
     parser.add_argument("--rows-per-hour", type=int, default=160_000)
@@ -318,6 +327,8 @@ def main() -> None:
             "base_ms": args.base_ms,
             "slow_ms": args.slow_ms,
             "batch_rows": args.batch_rows,
+            "buffer_batches": args.buffer,
+            "task_runners": PoolsSpec().data.task_runners,  # the spec's default: the job leaves it out
             "tasks": len(tasks),
             "repeats": args.repeats,
             "detail": runs,
