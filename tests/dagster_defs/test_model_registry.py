@@ -146,8 +146,9 @@ def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package
 ) -> None:
     """``models:/<name>@champion`` loads, and scores as it did when logged, in a fresh virtualenv whose
     ``primus_dagster`` comes from a wheel built from this checkout, with the working directory in tmp --
-    the built-in MTRM, and a team's own model (the example DeepFM through ``type: custom``), whose code
-    travels inside the logged model: the venv cannot import ``examples``.
+    the built-in MTRM, and a team's own models (the example DeepFM through ``type: custom``, and the TorchRec
+    example where torchrec is installed), whose code travels inside the logged model: the venv cannot
+    import ``examples``.
 
     What the venv borrows, to need no network install: it is made with ``python -m venv --without-pip``
     and its site-packages gets a ``.pth`` naming this venv's site-packages, for the third-party packages
