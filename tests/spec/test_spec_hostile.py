@@ -231,7 +231,7 @@ def test_merge_keys_are_no_duplicates() -> None:
 
 def test_line_of_a_block_mapping_is_its_key() -> None:
     text = TEXT.replace(
-        "  data: {replicas: 2, min_replicas: 1, max_replicas: 4, task_runners: 2}",
+        "  data: {replicas: 2, min_replicas: 1, max_replicas: 4}   # task_runners: one per core of cpu (1)",
         "  data:\n    replicas: 9\n    max_replicas: 4",
     )
     where, _ = only_problem(text)
