@@ -83,7 +83,7 @@ from typing import Any
 
 from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
-from primus_dagster.spec.job import DataPlaneSpec, PoolsSpec
+from primus_dagster.spec.job import DataPlaneSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
 from _common import COLUMNS, bench_dir, cpu_self, emit
@@ -328,7 +328,7 @@ def main() -> None:
             "slow_ms": args.slow_ms,
             "batch_rows": args.batch_rows,
             "buffer_batches": args.buffer,
-            "task_runners": PoolsSpec().data.task_runners,  # the spec's default: the job leaves it out
+            "task_runners": job.pools.data.task_runners,  # the spec's default: the job leaves it out
             "tasks": len(tasks),
             "repeats": args.repeats,
             "detail": runs,

@@ -34,7 +34,7 @@ from primus_dagster.training.models import build_model
 from primus_dagster.training.tracking import MlflowTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from jobkit import make_job
+from jobkit import EXAMPLE_MODELS, make_job, skip_without_torchrec
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -120,8 +120,6 @@ def test_a_live_increment_is_a_registered_version_under_the_live_alias(tmp_path:
     assert any(m.startswith("phase ") and "data executors up" in m for m in messages)
 
 
-DEEPFM = str(repo_root() / "examples" / "models" / "deepfm.py") + ":build"
-TORCHREC_EBC = str(repo_root() / "examples" / "models" / "torchrec_ebc.py") + ":build"
 LOADED_MODELS = {  # what is registered -> the class the fresh venv must load
     "mtrm": (
         ModelSpec(type="mtrm", embedding_dim=8, hash_buckets=512, memory_hidden=[8], adapt_hidden=[8]),
@@ -129,11 +127,18 @@ LOADED_MODELS = {  # what is registered -> the class the fresh venv must load
     ),
     # a team's model (training.model.type: custom): examples/ is not in the wheel, nor on the venv's path
     "custom_deepfm": (
-        ModelSpec(type="custom", factory=DEEPFM, params={"fm_dim": 4, "hidden": [8]}, hash_buckets=512),
+        ModelSpec(
+            type="custom", factory=EXAMPLE_MODELS["deepfm"][0], params=EXAMPLE_MODELS["deepfm"][1], hash_buckets=512
+        ),
         "primus_dagster.training.models.CustomModel",
     ),
     "custom_torchrec_ebc": (  # where torchrec is installed (.[bench]); skipped otherwise
-        ModelSpec(type="custom", factory=TORCHREC_EBC, params={"hidden": [8]}, hash_buckets=512),
+        ModelSpec(
+            type="custom",
+            factory=EXAMPLE_MODELS["torchrec_ebc"][0],
+            params=EXAMPLE_MODELS["torchrec_ebc"][1],
+            hash_buckets=512,
+        ),
         "primus_dagster.training.models.CustomModel",
     ),
 }
@@ -162,8 +167,7 @@ def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = MlflowTracker(uri, "load-test")
     tracker.start("load-test/run", {"job": "load-test"})
-    if kind == "custom_torchrec_ebc":
-        pytest.importorskip("torchrec", reason="torchrec is installed with .[bench] only")
+    skip_without_torchrec(kind.removeprefix("custom_"))
     spec, model_class = LOADED_MODELS[kind]
     model = build_model(spec, n_dense=3, n_sparse=2, seed=7)
     version = tracker.register_model(tracker.log_model(model), "load-test")

@@ -52,7 +52,7 @@ from primus_dagster.training.result import TrainingResult
 from primus_dagster.training.tracking import MlflowTracker, use_tracking_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from jobkit import make_job
+from jobkit import EXAMPLE_MODELS, make_job, skip_without_torchrec
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -415,13 +415,6 @@ def test_two_partitions_materialise_with_metadata_and_the_check_compares_with_th
     assert [spec.name for spec in signature.inputs.inputs] == ["dense", "sparse"]
 
 
-MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
-EXAMPLE_MODELS = {  # example -> (factory, params, its module's class)
-    "deepfm": (f"{MODELS / 'deepfm.py'}:build", {"fm_dim": 4, "hidden": [8]}, "DeepFM"),
-    "torchrec_ebc": (f"{MODELS / 'torchrec_ebc.py'}:build", {"hidden": [8]}, "EBCTower"),
-}
-
-
 @pytest.mark.parametrize("example", list(EXAMPLE_MODELS))
 def test_a_custom_model_materialises_a_partition_and_its_registered_version_scores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example: str
@@ -430,8 +423,7 @@ def test_a_custom_model_materialises_a_partition_and_its_registered_version_scor
     where torchrec is installed) through the training asset: the partition trains on the real data plane,
     is registered and becomes champion, and the registered version loads back as the team's module and
     scores."""
-    if example == "torchrec_ebc":
-        pytest.importorskip("torchrec", reason="torchrec is installed with .[bench] only")
+    skip_without_torchrec(example)
     factory, params, net = EXAMPLE_MODELS[example]
     (tmp_path / "data").mkdir()
     # the tiny world does not learn (see the two-partition test): the popularity guard is waived

@@ -20,6 +20,24 @@ from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
+MODELS_DIR = Path(__file__).resolve().parents[2] / "examples" / "models"
+#: example -> (factory, params, its module's class): the team models of examples/models/
+EXAMPLE_MODELS = {
+    "deepfm": (f"{MODELS_DIR / 'deepfm.py'}:build", {"fm_dim": 8, "hidden": [32]}, "DeepFM"),
+    "torchrec_ebc": (f"{MODELS_DIR / 'torchrec_ebc.py'}:build", {"hidden": [32]}, "EBCTower"),
+}
+
+
+def skip_without_torchrec(example: str) -> None:
+    """Skip a test of the TorchRec example where torchrec is not installed (CI installs ``.[dev]`` only)."""
+    if example == "torchrec_ebc":
+        import pytest
+
+        pytest.importorskip(
+            "torchrec", reason="torchrec is installed with .[bench] only (README: Bring your own model)"
+        )
+
+
 JOB = """
 name: train-test
 data: {{lease: 5s, buffer_batches: 4}}

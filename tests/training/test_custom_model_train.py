@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from jobkit import expected_ids, kill_at_first_checkpoint, make_job, realistic_batch_world, resume_and_count
+from jobkit import (
+    EXAMPLE_MODELS,
+    expected_ids,
+    kill_at_first_checkpoint,
+    make_job,
+    realistic_batch_world,
+    resume_and_count,
+    skip_without_torchrec,
+)
 
 from primus_dagster.training.tracking import MlflowTracker
 
@@ -22,12 +30,9 @@ pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "primus_dagster.cli"]
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "examples" / "realistic" / "job.yaml"
-DEEPFM = f"{REPO / 'examples' / 'models' / 'deepfm.py'}:build"
-CUSTOM = {"type": "custom", "factory": DEEPFM, "params": {"fm_dim": 8, "hidden": [32]}, "hash_buckets": 4096}
-EXAMPLES = {  # example -> (factory, params, the module's class)
-    "deepfm": (DEEPFM, {"fm_dim": 8, "hidden": [32]}, "DeepFM"),
-    "torchrec_ebc": (f"{REPO / 'examples' / 'models' / 'torchrec_ebc.py'}:build", {"hidden": [32]}, "EBCTower"),
-}
+EXAMPLES = EXAMPLE_MODELS
+DEEPFM, _, _ = EXAMPLES["deepfm"]
+CUSTOM = {"type": "custom", "factory": DEEPFM, "params": EXAMPLES["deepfm"][1], "hash_buckets": 4096}
 
 # Run with -I from a temp dir: neither the checkout nor examples/ is on sys.path.
 LOAD = r"""
@@ -66,10 +71,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_the_example_models_train_on_one_or_two_ranks_and_load_without_their_code(
     world: dict, example: str, ranks: int
 ) -> None:
-    if example == "torchrec_ebc":
-        pytest.importorskip(
-            "torchrec", reason="torchrec is installed with .[bench] only (README: Bring your own model)"
-        )
+    skip_without_torchrec(example)
     factory, params, net = EXAMPLES[example]
     name = f"custom-{example.replace('_', '-')}"  # job and model names: no underscores
     spec = dict(world["spec"], name=f"{name}-r{ranks}")
@@ -114,10 +116,7 @@ def test_a_factory_that_breaks_the_protocol_stops_train_before_any_step(world: d
 
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_a_custom_model_resumes_after_sigkill_with_each_sample_once(tmp_path: Path, example: str) -> None:
-    if example == "torchrec_ebc":
-        pytest.importorskip(
-            "torchrec", reason="torchrec is installed with .[bench] only (README: Bring your own model)"
-        )
+    skip_without_torchrec(example)
     factory, params, _ = EXAMPLES[example]
     model = f"custom, factory: '{factory}', params: {json.dumps(params)}, hash_buckets: 4096"
     env = make_job(tmp_path, mode="mixed", model_block=f"{{type: {model}}}", every=8, rows_per_hour=6000)
