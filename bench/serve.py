@@ -16,6 +16,7 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   batch (exactly-once ledger) and hands it over as a ``Batch`` with torch tensors (dense float32
   [B, 13], sparse int64 [B, 5], label float32 [B]; dense and sparse are column-major views over the
   served columns: the executors never interleave the dense matrix, ``docs/shared_memory.md``).
+  The reader reads as a trainer does, at the reader's default prefetch (``reader_prefetch`` in the JSON).
   ``--transport shm`` (default): executors on this host, batches through shared-memory slots, Flight
   carries descriptors; ``--transport flight``: batches in the Flight stream (a reader on another host).
   **Counted**: this process (reader threads, claims, the driver serving the executors' RPCs, the
@@ -112,6 +113,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
+from primus_dagster.data.reader.remote_reader import DEFAULT_PREFETCH as READER_PREFETCH
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import PoolsSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
@@ -276,7 +278,7 @@ def run_primus(
     with plane:
         if not in_process:  # steady state: from the moment every executor is up (start-up reported apart)
             cpu0, wall0 = cpu_self(), time.perf_counter()
-        with plane.reader(0, prefetch=16) as reader:
+        with plane.reader(0) as reader:  # the trainers' own reader settings (prefetch READER_PREFETCH)
             for batch in reader:
                 rows += batch.rows
                 _ = batch.dense.sum()  # touch the tensor, as a training step would
@@ -575,6 +577,7 @@ def result(shape: Shape, runs: dict[str, list[dict]], args: argparse.Namespace, 
         "bytes_per_s_per_core": {name: round(rate * bytes_per_row) for name, rate in median.items()},
         "workers": args.workers,
         "transport": args.transport,
+        "reader_prefetch": READER_PREFETCH,
         "batch_rows": args.batch_rows,
         "repeat": args.repeat,
         "ratios_per_repeat": {

@@ -70,6 +70,9 @@ from primus_dagster.data.tasks import BatchId
 
 log = logging.getLogger(__name__)
 
+#: Batches each queue holds ahead of the trainer (``prefetch``), what every trainer of a job reads with.
+DEFAULT_PREFETCH = 4
+
 
 # -- the reorder buffer of a deterministic reader -------------------------------------------------------
 # Why releasing the smallest held ``first_row`` of the current task is safe: an executor serves a task's
@@ -236,7 +239,7 @@ class RemoteReader:
         *,
         token: str | None = None,
         queues: Sequence[str] = ("batch", "stream"),
-        prefetch: int = 4,
+        prefetch: int = DEFAULT_PREFETCH,
         choose_queue: ChooseQueue | None = None,
         refresh_s: float = 0.5,
         max_retries: int = 5,
