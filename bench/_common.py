@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: one-source job specs over the synthetic world."""
+"""Shared helpers of the benchmarks: one-source job specs over the synthetic world, the plane of
+executor processes they measure."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import json
 import resource
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from primus_dagster.spec import JobSpec, parse_job_spec
+
+if TYPE_CHECKING:  # imported where used: the benches that measure no plane do not load it
+    from primus_dagster.cluster.pooled_plane import PooledDataPlane
+    from primus_dagster.data import DataTask
 
 COLUMNS = (
     "{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, "
@@ -90,6 +96,27 @@ def decoding_beside(files: list[str]) -> Iterator[None]:
     finally:
         decoder.kill()
         decoder.wait(30)
+
+
+def local_plane(
+    job_path: str | Path, root: str | Path, tasks: Iterable[DataTask], *, executors: int, **kwargs: Any
+) -> PooledDataPlane:
+    """The plane of ``executors`` data executor processes on this machine that the benches measure: the
+    product's :class:`PooledDataPlane` over a ``LocalPool`` (the driver on loopback Flight, batches
+    through shared memory unless ``shm=False``; each executor pinned to ``ceil(pools.data.cpu)`` cores,
+    supervised by a watcher thread and a control thread of this process; no autoscaler). ``kwargs`` go
+    to the plane (``trainers``, ``shm``, ``fields``, ``slow_ms_per_batch``, ...)."""
+    from primus_dagster.cluster.pooled_plane import PooledDataPlane, local_data_pool
+
+    return PooledDataPlane(job_path, root, tasks, executors=executors, pool_factory=local_data_pool, **kwargs)
+
+
+def unrestarted(plane: PooledDataPlane) -> None:
+    """RuntimeError if an executor of ``plane`` was restarted or the pool failed (an OOM kill, a crash):
+    its figures would count the restart."""
+    summary = plane.summary()
+    if summary["restarts"] or summary["error"]:
+        raise RuntimeError(f"the data pool restarted executors ({summary['restarts']}): {summary['error']}")
 
 
 def cpu_self() -> float:

@@ -2,8 +2,8 @@
 
 * :class:`DenseDDPExchange` -- ``ddp_dense``: the exchange before the row-sparse one, kept as
   ``bench/train_throughput.py``'s baseline; a
-  :class:`~primus_dagster.training.distributed.GradientExchange` for
-  :class:`~primus_dagster.training.distributed.RankLoop`.
+  :class:`~primus_dagster.training.distributed.GradientExchange` for the
+  :class:`~primus_dagster.training.distributed.LockStep` coordinator of the phase loop.
 * :func:`run_ddp_in_memory` -- a group without a data plane: rank ``r`` trains the pickled list of
   :class:`Batch` at ``shard_paths[r]`` (:func:`ddp_in_memory_worker`), started with
   :class:`~primus_dagster.training.distributed.RankProcesses`.
@@ -23,8 +23,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,9 +36,8 @@ from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.distributed import (
     Divisor,
     GradientExchange,
-    RankLoop,
+    LockStep,
     RankProcesses,
-    RankResult,
     RoundMessages,
     RowSparseExchange,
     collect_results,
@@ -48,8 +46,9 @@ from primus_dagster.training.distributed import (
     serve_rank,
 )
 from primus_dagster.training.features import ModelInit
-from primus_dagster.training.models import MTRM, build_initial_model
-from primus_dagster.training.trainer import Trainer
+from primus_dagster.training.loop import PhaseContext, PhaseLoop, ProgressPoint, RankResult, SavedCheckpoint
+from primus_dagster.training.models import build_initial_model
+from primus_dagster.training.trainer import Trainer, TrainerStats
 
 Exchange = Literal["row_sparse", "ddp_dense"]
 
@@ -87,14 +86,14 @@ class DenseDDPExchange:
 
     Example::
 
-        loop = RankLoop(spec, pull, exchange=DenseDDPExchange())
+        loop = PhaseLoop(context, LockStep(DenseDDPExchange()), reader, sink, checkpoint_every=0)
     """
 
     round_messages = False
 
     def __init__(self) -> None:
         self.group: dict[int, str] = {}  # id(parameter) -> memory | adapt | all
-        self.divisor: Mapping[str, int] = {"memory": 1, "adapt": 1, "all": 1}  # the loop's, this round
+        self.divisor: Mapping[str, int] = {}  # the round's, per parameter group
         self.widths = (0, 0)
         self.sent, self.comm_s = 0, 0.0
 
@@ -105,7 +104,7 @@ class DenseDDPExchange:
     def reset_counters(self) -> None:
         self.sent, self.comm_s = 0, 0.0
 
-    def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
+    def build(self, spec: TrainingSpec, init: ModelInit, *, deterministic: bool = False) -> Trainer:
         """Dense embedding gradients: the comm hook reduces flat dense buckets. MTRM trains the paper's
         split here (``adapt_batch_weight`` 0): its adapt-tower loss on batch samples runs outside the
         module's forward, which DDP's hooks cannot see twice in one backward."""
@@ -114,13 +113,13 @@ class DenseDDPExchange:
         n_dense, n_sparse = init.layout.n_dense, init.layout.n_sparse
         ddp = DistributedDataParallel(
             model,
-            find_unused_parameters=isinstance(model, MTRM),
+            find_unused_parameters=len(model.parameter_groups().names) > 1,  # a micro-batch trains one group
             forward_sync_buffers=False,
             gradient_as_bucket_view=True,
         )
         ddp.register_comm_hook(self, _average_hook)
         self.group, self.widths = parameter_groups(model), (n_dense, n_sparse)
-        return Trainer(model, spec, module=ddp, observe_labels=False)
+        return Trainer(model, spec, module=ddp, observe_labels=False, deterministic=deterministic)
 
     def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
         return None  # the status alone (never called: no round messages)
@@ -156,6 +155,39 @@ class InMemoryPlan:
     timeout_s: float = 600.0
 
 
+class ShardReader:
+    """A rank's reader batches from memory (a :class:`~primus_dagster.training.loop.PhaseReader`): the
+    warm-up cycles its shard, then :meth:`timed` serves it once; no barriers (no checkpoints)."""
+
+    def __init__(self, shard: list[Batch]):
+        self.source: Iterator[Batch] = itertools.cycle(shard)
+        self.shard = shard
+
+    def timed(self) -> None:
+        self.source = iter(self.shard)
+
+    def next_batch(self, kind: str | None = None, timeout: float | None = None) -> Batch | None:
+        return next(self.source, None)
+
+    def barrier(self, barrier_id: int, wait_s: float = 0.0) -> dict[str, Any] | None:
+        return None
+
+
+class NoSink:
+    """A :class:`~primus_dagster.training.loop.LoopSink` that keeps nothing (a benchmark's rank)."""
+
+    wants_batches = False
+
+    def batch_trained(self, rank: int, step: int, batch: Batch) -> None:
+        pass
+
+    def progress(self, point: ProgressPoint) -> None:
+        pass
+
+    def checkpoint(self, rank: int, step: int, saved: SavedCheckpoint | None) -> None:
+        pass
+
+
 def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMemoryPlan) -> None:
     """One rank on in-memory micro-batches (a pickled list of :class:`Batch` at ``shard_paths[rank]``),
     bound to ``cores[rank]``: ``warmup_steps`` rounds, then the timed loop over the whole shard.
@@ -169,36 +201,36 @@ def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMe
         pin_cores(plan.cores[rank] if plan.cores else None)
         with open(plan.shard_paths[rank], "rb") as file:
             shard: list[Batch] = pickle.load(file)  # written by the caller (bench/train_throughput.py)
-        warm = itertools.cycle(shard)
         spec = TrainingSpec.model_validate_json(plan.training_spec_json)
+        context = PhaseContext.outside_run(spec, plan.world_size)  # the plain layout of the first batch's widths
         exchange = EXCHANGES[plan.exchange]()
-        loop = RankLoop(
-            spec, lambda _: next(warm), exchange=exchange, timeout_s=plan.timeout_s, transport=plan.transport
-        )
-        loop.run(max_rounds=plan.warmup_steps)
-        assert loop.trainer is not None
-        loop.reset_counters()
-        timed = iter(shard)
-        loop.pull, loop.pending = (lambda _: next(timed, None)), deque()
+        coordinator = LockStep(exchange, timeout_s=plan.timeout_s, transport=plan.transport)
+        reader = ShardReader(shard)
+        warm = PhaseLoop(context, coordinator, reader, NoSink(), checkpoint_every=0)
+        warm.run(max_rounds=plan.warmup_steps)
+        assert warm.state.trainer is not None
+        warm.state.trainer.counters, warm.state.null_steps = TrainerStats(), 0
+        coordinator.reset_counters()
+        reader.timed()
         dist.barrier()
-        started, cpu0 = time.perf_counter(), time.process_time()
+        loop = PhaseLoop(context, coordinator, reader, NoSink(), state=warm.state, checkpoint_every=0)
         loop.run()
         dist.barrier()
-        result = loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
-        per_step = loop.bytes_sent / max(1, result.steps + result.null_steps)
+        result = loop.result()
+        per_step = exchange.sent / max(1, result.steps + result.null_steps)
         longest = torch.tensor([per_step])  # the ranks' messages differ in size: probe the largest
         dist.all_reduce(longest, op=dist.ReduceOp.MAX)
         flat, probe0 = torch.zeros(int(longest) // 4), time.perf_counter()
         for _ in range(5):
             dist.all_reduce(flat)
         result.extra = {
-            "exchange_s": loop.exchange_s,
+            "exchange_s": exchange.seconds + coordinator.mesh_s,
             "exchange_bytes_per_step": per_step,
             "allreduce_probe_s": (time.perf_counter() - probe0) / 5,
         }
         if isinstance(exchange, RowSparseExchange) and exchange.active:  # a group of one exchanges nothing
-            result.extra.update(pack_s=exchange.pack_s, gather_s=loop.mesh_s, apply_s=exchange.apply_s)
-        loop.close()
+            result.extra.update(pack_s=exchange.pack_s, gather_s=coordinator.mesh_s, apply_s=exchange.apply_s)
+        coordinator.close()
         return result
 
     serve_rank(rank, plan.world_size, init_method, plan.n_threads, out_queue, body, timeout_s=plan.timeout_s)

@@ -9,8 +9,10 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
 
 * **primus** -- the planner (DTGG) plans the window, the driver (Flight, loopback) hands the tasks to
   ``--workers`` executor processes, each with ``--task-runners`` reading threads (default: the spec's
-  ``pools.data.task_runners``, one per core of ``pools.data.cpu``: 1; every other spec key at its default)
-  (``DirectDataPlane(fields=("label", "dense", "sparse"))``: the trainer reads no ``ts``/``sample_id``,
+  ``pools.data.task_runners``, one per core of ``pools.data.cpu``: 1; every other spec key at its default),
+  in the product's local pool (``PooledDataPlane`` over a ``LocalPool``, ``_common.local_plane``: each
+  executor pinned to its core, supervised by a watcher thread and a control thread of this process,
+  counted with it; with ``fields=("label", "dense", "sparse")``: the trainer reads no ``ts``/``sample_id``,
   so the executors decode only the model's columns), each reads through the Parquet adapter,
   normalises to the canonical schema and serves; the ``RemoteReader`` in this process claims every
   batch (exactly-once ledger) and hands it over as a ``Batch`` with torch tensors (dense float32
@@ -23,7 +25,7 @@ the JSON says it held). The readers, measured in one run, ``--repeat`` times, in
   consumer) + every executor process from the moment it announced it was ready until it exited
   (its start-up -- interpreter, imports, warm-up: about 0.4 CPU-s each -- is reported apart: per run as
   ``executor_startup_cpu_s``, per executor as ``executor_startup_cpu_s_per_executor``).
-* **primus_in_process** -- the same plane with ``DirectDataPlane(executors_in_process=True)``: the
+* **primus_in_process** -- the in-trainer plane (``InTrainerDataPlane``, ``pools.backend: in_trainer``): the
   ``--workers`` executors are threads of this process (a trainer co-located with its data), the
   reader takes their batches by calling them -- the same driver, leases, exactly-once claims,
   normaliser and ``Batch`` tensors, without the executor processes, the Flight stream and the copy
@@ -112,13 +114,14 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
-from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
+from primus_dagster.data import InTrainerDataPlane, Planner, SourceContext, TimeWindow
 from primus_dagster.data.reader.remote_reader import DEFAULT_PREFETCH as READER_PREFETCH
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import PoolsSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
-from _common import PARQUET_DATASET, bench_dir, cpu_self, emit
+from _common import PARQUET_DATASET, bench_dir, cpu_self, emit, local_plane, unrestarted
 
 JOB = (
     """
@@ -270,11 +273,12 @@ def run_primus(
     job = load_job_spec(job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(root)), threads=4).plan(window).tasks)
     rows = 0
-    plane = DirectDataPlane(
-        job_path, root, tasks, executors=workers, trainers=1, shm=shm, fields=FIELDS, executors_in_process=in_process
-    )
+    plane: InTrainerDataPlane | PooledDataPlane
     if in_process:  # the executors start in this process: count from before they start
+        plane = InTrainerDataPlane(job_path, root, tasks, executors=workers, trainers=1, fields=FIELDS)
         cpu0, wall0 = cpu_self(), time.perf_counter()
+    else:
+        plane = local_plane(job_path, root, tasks, executors=workers, trainers=1, shm=shm, fields=FIELDS)
     with plane:
         if not in_process:  # steady state: from the moment every executor is up (start-up reported apart)
             cpu0, wall0 = cpu_self(), time.perf_counter()
@@ -287,8 +291,9 @@ def run_primus(
         wall = time.perf_counter() - wall0
         cpu = cpu_self() - cpu0
         plane.wait_executors(30)
-        if in_process:
+        if isinstance(plane, InTrainerDataPlane):
             return rows, cpu, wall
+        unrestarted(plane)
         startup_cpu = plane.cpu_seconds() - plane.cpu_seconds(include_startup=False)
         startup.setdefault("executor_startup_cpu_s", []).append(round(startup_cpu, 3))
         startup.setdefault("executor_startup_cpu_s_per_executor", []).append(round(startup_cpu / workers, 3))

@@ -27,8 +27,10 @@ The model, and why it is built this way:
   stream buffers usually give enough slack to hide it. A synchronous trainer needs an end-of-data
   signal per trainer, or this join rule, to be safe.) While tasks are still pending, starving
   trainers wait: that is the cost being measured.
-* Executors: E real executor processes (``DirectDataPlane``) reading the same synthetic Parquet
-  files with the job spec's stream ``shuffle`` set per mode. On one small box the executors share
+* Executors: E real executor processes in the product's local pool (``PooledDataPlane`` over a
+  ``LocalPool``, ``_common.local_plane``: supervised, each pinned round robin to one of the host's
+  cores, batches through shared memory) reading the same synthetic Parquet files with the job spec's
+  stream ``shuffle`` set per mode. On one small box the executors share
   its cores, so their capacities are not independent as on separate nodes: whatever CPU a slowed
   executor leaves idle would simply go to the others, and no executor would ever be short. So
   every executor is *paced* to at most one served batch per ``--base-ms`` (the executor's own
@@ -81,12 +83,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from primus_dagster.data import DirectDataPlane, Planner, SourceContext, TimeWindow
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
+from primus_dagster.data import Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import DataPlaneSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
-from _common import COLUMNS, bench_dir, cpu_self, emit
+from _common import COLUMNS, bench_dir, cpu_self, emit, local_plane, unrestarted
 
 JOB = """
 name: bench-shuffle
@@ -112,7 +115,7 @@ dataset:
 class SyncGroup:
     """T trainer threads stepping in lock-step (see the module docstring)."""
 
-    def __init__(self, plane: DirectDataPlane, trainers: int, step_s: float, prefetch: int):
+    def __init__(self, plane: PooledDataPlane, trainers: int, step_s: float, prefetch: int):
         self.readers = [plane.reader(t, prefetch=prefetch, refresh_s=0.1) for t in range(trainers)]
         self.driver = plane.driver
         self.step_s = step_s
@@ -196,7 +199,7 @@ def run_once(job_path, root, tasks, args, slowed: bool) -> dict:
     slow = {i: args.base_ms for i in range(args.executors)}
     if slowed:
         slow[args.slow_executor] = args.base_ms + args.slow_ms
-    with DirectDataPlane(
+    with local_plane(
         job_path, root, tasks, executors=args.executors, trainers=args.trainers, slow_ms_per_batch=slow
     ) as plane:
         group = SyncGroup(plane, args.trainers, args.step_ms / 1000.0, args.prefetch)
@@ -204,6 +207,7 @@ def run_once(job_path, root, tasks, args, slowed: bool) -> dict:
         wall = group.run()
         cpu = cpu_self() + plane.cpu_seconds() - cpu0
         status = plane.driver.status()
+        unrestarted(plane)
     rows = sum(group.rows)
     if not status["done"] or status["failed"]:
         raise RuntimeError(f"data job did not finish cleanly: {status['counts']}")

@@ -16,8 +16,8 @@ its 1-rank figure is below part 1's.
    tower ignores the kind). Samples per CPU-second of this process (``getrusage``; wall figures in
    "detail"), after 5 warm-up steps. ``mtrm_overhead_ratio`` = single / mtrm (> 1: MTRM is slower).
 2. ``pipeline_samples_per_s``: the whole pipeline for the **single tower** on the batch copy --
-   Parquet written by ``write_world`` (2 files an hour) -> planner -> ``DirectDataPlane`` (driver +
-   2 executor processes, shared memory) -> ``RemoteReader`` -> ``Batch`` ->
+   Parquet written by ``write_world`` (2 files an hour) -> planner -> ``PooledDataPlane`` over a
+   ``LocalPool`` (driver + 2 executor processes, shared memory; ``_common.local_plane``) -> ``RemoteReader`` -> ``Batch`` ->
    ``Trainer.train`` -- in samples per CPU-second of *every* process (this one: trainer, reader,
    driver; plus the executors after they were ready, ``plane.cpu_seconds(include_startup=False)``),
    from the first batch asked for to the last step. ``in_memory_samples_per_s``: the same model on
@@ -137,16 +137,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from primus_dagster.data import Batch, DirectDataPlane, Jagged, Normalizer, Planner, SourceContext, TimeWindow
+from primus_dagster.data import Batch, Jagged, Normalizer, Planner, SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.distributed import RankResult
 from primus_dagster.training.features import FeatureLayout
+from primus_dagster.training.loop import RankResult
 from primus_dagster.training.models import HashedEmbedding, build_model, model_summary, sparse_tables
 from primus_dagster.training.trainer import Trainer
 
-from _common import PARQUET_DATASET, bench_dir, cpu_self, decoding_beside, emit
+from _common import PARQUET_DATASET, bench_dir, cpu_self, decoding_beside, emit, local_plane
 from _ddp import Exchange, run_ddp_in_memory
 
 JOB = (
@@ -223,7 +223,7 @@ def run_pipeline(job_path: Path, root: Path, window: TimeWindow, spec: TrainingS
     job = load_job_spec(job_path)
     tasks = list(Planner(job.dataset, SourceContext(str(root)), threads=2).plan(window).tasks)
     trainer = Trainer(build_model(spec.model, 13, 5, seed=0), spec)
-    with DirectDataPlane(job_path, root, tasks, executors=executors, trainers=1) as plane:
+    with local_plane(job_path, root, tasks, executors=executors, trainers=1) as plane:
         cpu0, wall0 = cpu_self(), time.perf_counter()
         with plane.reader(0) as reader:
             for batch in reader:

@@ -175,10 +175,10 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
 #: the end-to-end test of the reference deployment on one, the next few on the other, the rest after them in turn.
 LONGEST_FIRST = (
     "tests/devtools/test_demo.py",  # ~200-340 s: make demo, then make dev with its sensors, the UI in a browser
-    "tests/training/test_multi_trainer.py",  # ~135
+    "tests/training/test_rank_group.py",  # ~135
     "tests/training/test_distributed.py",  # ~135
     "tests/training/test_custom_model_train.py",  # ~125
-    "tests/training/test_job.py",  # ~75
+    "tests/training/test_window.py",  # ~75
     "tests/cluster/test_autoscaler_live.py",  # ~70
     "tests/dagster_defs/test_training_asset_cli.py",  # ~65
     "tests/test_cli_cancellation.py",  # ~50

@@ -30,7 +30,7 @@ marker = Path(sys.argv[1])
 train = cli.train_command
 
 def slow_train(args, hooks=None):
-    def on_batch(step, batch):
+    def on_batch(step, batch, trainer):
         marker.touch()
         time.sleep(0.2)
     return train(args, RunHooks(on_batch=on_batch))

@@ -241,8 +241,7 @@ class DataPoolAutoscaler:
         due = self.controller.due(now)
         resources = Resources(self.training_pool.cpu, memory_bytes(self.training_pool.memory))
         statuses = []
-        readers = getattr(plane, "readers", None)  # a plane without trainer readers here: no wait signal
-        for trainer_id, reader in (readers() if readers is not None else {}).items():
+        for trainer_id, reader in plane.readers().items():  # none made in this process: no wait signal
             wait = self.waits.setdefault(trainer_id, TrainerWait())
             try:
                 stats = reader.queue_stats()

@@ -4,9 +4,9 @@ strategies are disabled).
 
 * ``local`` -- :class:`~primus_dagster.cluster.local.LocalPool` processes; the driver listens on
   loopback;
-* ``in_trainer`` -- no pool: :func:`data_plane_starter` starts a
-  :class:`~primus_dagster.data.DirectDataPlane` whose executors are threads of the trainer's process
-  (``executors_in_process``); there is nothing for :func:`data_plane_setup` to set up;
+* ``in_trainer`` -- no pool: :func:`data_plane_starter` starts an
+  :class:`~primus_dagster.data.InTrainerDataPlane`, whose executors are threads of the trainer's
+  process; there is nothing for :func:`data_plane_setup` to set up;
 * ``kubernetes`` -- :class:`~primus_dagster.cluster.kubernetes.KubernetesPool` pods of
   ``pools.image`` in ``pools.namespace``, owned by this process's pod when it runs in one
   (``$HOSTNAME``; ``pools.namespace`` must then be that pod's: ``step_pod_owner``), with the
@@ -30,7 +30,7 @@ from typing import Any
 
 from primus_dagster.cluster.autoscaler import DataPoolAutoscaler
 from primus_dagster.cluster.pooled_plane import PooledDataPlane, local_data_pool
-from primus_dagster.data import DataPlaneStarter, DirectDataPlane
+from primus_dagster.data import DataPlaneStarter, InTrainerDataPlane
 from primus_dagster.spec import JobSpec
 
 DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
@@ -60,8 +60,8 @@ def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
 
 def data_plane_starter(job: JobSpec, *, run_id: str) -> DataPlaneStarter:
     """What starts ``job``'s data plane for a run (a :class:`~primus_dagster.data.DataPlaneStarter`):
-    a :class:`PooledDataPlane` on the pool of its ``pools.backend``, or for ``in_trainer`` a
-    :class:`~primus_dagster.data.DirectDataPlane` with its executors in this process.
+    a :class:`PooledDataPlane` on the pool of its ``pools.backend``, or for ``in_trainer`` an
+    :class:`~primus_dagster.data.InTrainerDataPlane` (its executors in this process).
 
     Example::
 
@@ -70,5 +70,5 @@ def data_plane_starter(job: JobSpec, *, run_id: str) -> DataPlaneStarter:
             ...
     """
     if job.pools.backend == "in_trainer":
-        return functools.partial(DirectDataPlane, executors_in_process=True)
+        return InTrainerDataPlane
     return functools.partial(PooledDataPlane, **data_plane_setup(job, run_id=run_id))

@@ -13,6 +13,13 @@ data executor, a trainer), then owns the process: a watcher thread notices exits
 * **Resize** is in place: new affinity and a new memory limit for the running process.
 * **Nodes**: every core is a placement "node" (``cpu0``, ``cpu1``, ...) so that the supervisor's
   blacklist has something to avoid on one machine; an executor's node is its first core.
+* **CPU seconds**: every attempt's, measured (``wait4`` at its exit, ``/proc`` while it runs), with
+  what each spent before it was ready kept apart (:meth:`LocalPool.cpu_seconds`).
+* **Signals**: :meth:`LocalPool.send_signal` delivers one to an executor's current process (SIGKILL:
+  a crash the supervisor handles like any failure; SIGSTOP / SIGCONT: a frozen node and its thaw).
+* **Logs**: each attempt's standard error goes to a file of the pool's log directory (by default its
+  own temporary one, ``primus-<role>-<pid>-*``, removed by :meth:`LocalPool.close`; one left by a
+  process killed before its close is removed by the next pool that starts on this machine).
 
 Example::
 
@@ -23,6 +30,8 @@ Example::
     with LocalPool("data", job.pools.data, launch) as pool:
         ids = pool.launch(2)
         pool.status()                       # [ExecutorStatus(executor_id="data-0", state="running", ...), ...]
+        pool.send_signal(ids[0], signal.SIGKILL)          # a crash: its state becomes "failed"
+        pool.cpu_seconds(include_startup=False)           # CPU both used since they were ready
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,6 +60,7 @@ from primus_dagster.spec import PoolSpec
 log = logging.getLogger(__name__)
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_OWN_LOG_DIR = re.compile(r"^primus-(?:data|training)-(\d+)-")  # a pool's own log directory: its process id
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class _Executor:
     oom: bool = False
     cpu_s_done: float = 0.0  # CPU seconds of finished attempts
     cpu_s_now: float = 0.0  # of the running attempt, sampled by the watcher
+    cpu_s_startup: float = 0.0  # of every attempt (this one included) until it was ready
     started: float = field(default_factory=time.monotonic)
 
 
@@ -119,7 +131,10 @@ class LocalPool:
         self.default_resources = Resources(spec.cpu, memory_bytes(spec.memory))
         self.watch_interval_s = watch_interval_s
         self._own_log_dir = log_dir is None
-        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"primus-{role}-"))
+        if log_dir is None:
+            _sweep_log_dirs_of_dead_pools()
+            log_dir = tempfile.mkdtemp(prefix=f"primus-{role}-{os.getpid()}-")
+        self.log_dir = Path(log_dir)
         self._lock = threading.RLock()
         self._executors: dict[str, _Executor] = {}
         self._next_index = 0
@@ -166,6 +181,7 @@ class LocalPool:
             cores = self._place(resources, avoid_nodes)
             fresh = self._start(executor_id, executor.index, executor.attempt + 1, resources, cores)
             fresh.cpu_s_done = executor.cpu_s_done + executor.cpu_s_now
+            fresh.cpu_s_startup = executor.cpu_s_startup
         self._await_ready(fresh)
 
     def resize(self, executor_id: str, resources: Resources) -> None:
@@ -192,10 +208,28 @@ class LocalPool:
         """The OS process id of the executor's current attempt (fault injection, accounting)."""
         return self._get(executor_id).proc.pid
 
-    def cpu_seconds(self) -> float:
-        """CPU seconds used by every attempt of every executor so far."""
+    def send_signal(self, executor_id: str, sig: int) -> None:
+        """Send ``sig`` to the process of the executor's current attempt; nothing once it has exited.
+        Its exit, if the signal ends it, is seen by the watcher like any other (SIGKILL: ``failed``)."""
+        executor = self._get(executor_id)
+        if executor.exit_code is None:
+            _signal(executor.proc, sig)
+
+    def cpu_seconds(self, include_startup: bool = True) -> float:
+        """CPU seconds (user + system) used by every attempt of every executor so far, live ones read
+        now; without ``include_startup``, only what each attempt used after it was ready (an executor
+        without a ``ready`` callable is ready at once: its start-up counts as work)."""
         with self._lock:
-            return sum(e.cpu_s_done + e.cpu_s_now for e in self._executors.values())
+            counts = [
+                (e.proc if e.exit_code is None else None, e.cpu_s_done, e.cpu_s_now, e.cpu_s_startup)
+                for e in self._executors.values()
+            ]
+        total = 0.0
+        for live, done, now, startup in counts:
+            if live is not None:  # read now: fresher than the watcher's last sample
+                now = max(now, _cpu_of(live))
+            total += done + now - (0.0 if include_startup else startup)
+        return total
 
     def close(self, grace_s: float = 10.0) -> None:
         """Stop every executor (SIGTERM, SIGKILL after ``grace_s``), stop the watcher; idempotent."""
@@ -264,8 +298,10 @@ class LocalPool:
             with self._lock:
                 executor.last_error = error
             raise PoolError(error) from None
+        startup = _cpu_of(executor.proc)  # what it used until it announced its address
         with self._lock:
             executor.address = address
+            executor.cpu_s_startup += startup
             if executor.state == "starting":
                 executor.state = "running"
 
@@ -383,3 +419,23 @@ class LocalPool:
 def _signal(proc: subprocess.Popen[str], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, sig)
+
+
+def _sweep_log_dirs_of_dead_pools() -> None:
+    """Remove the pools' own log directories in the temp directory whose process is gone (killed
+    before its pool's close could)."""
+    root = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            match = _OWN_LOG_DIR.match(entry.name)
+            if match and entry.is_dir() and not psutil.pid_exists(int(match.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _cpu_of(proc: subprocess.Popen[str]) -> float:
+    """User + system CPU seconds of a live process (0.0 once it is gone)."""
+    try:
+        times = psutil.Process(proc.pid).cpu_times()
+    except (psutil.Error, OSError):
+        return 0.0
+    return times.user + times.system

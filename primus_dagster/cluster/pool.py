@@ -11,6 +11,7 @@ Example::
     ids = pool.launch(2)                                   # two executors, the spec's cpu/memory
     pool.resize(ids[0], Resources(cpu=2.0, memory_bytes=4 << 30))
     [s.state for s in pool.status()]                       # ["running", "running"]
+    pool.cpu_seconds()                                     # 0.8: CPU its executors used (0.0: not measured)
     pool.close()                                           # nothing outlives the run
 """
 
@@ -116,6 +117,12 @@ class ExecutorPool(Protocol):
 
     def status(self) -> list[ExecutorStatus]:
         """Every executor launched and not removed, in launch order."""
+        ...
+
+    def cpu_seconds(self, include_startup: bool = True) -> float:
+        """CPU seconds (user + system) every attempt of every executor used so far, or 0.0 where the
+        backend does not measure them; without ``include_startup``, only what each attempt used after
+        it was ready (its start-up -- interpreter, imports -- left out)."""
         ...
 
     def close(self) -> None:

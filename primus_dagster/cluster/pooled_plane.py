@@ -12,10 +12,17 @@ are read again; the claim ledger keeps delivery exactly once.
 Teardown (``close``, also on an exception or a cancellation unwinding the ``with`` block) stops
 every executor: gracefully once the run's tasks are done (they have exited already), and with a short
 ``cancel_grace_s`` before SIGKILL when it is not (a cancelled or failed run: no trainer will take
-what the executors buffered, so their drain on SIGTERM would only delay the end of the run).
+what the executors buffered, so their drain on SIGTERM would only delay the end of the run) or when
+a live executor is silent (the driver no longer hears from it: frozen or wedged, it would not act
+on SIGTERM).
 
-It implements :class:`~primus_dagster.data.DataPlane`, as :class:`~primus_dagster.data.DirectDataPlane`
-does, so the training job runs on either.
+It implements :class:`~primus_dagster.data.DataPlane`, as :class:`~primus_dagster.data.InTrainerDataPlane`
+(executors as threads of the trainer's process) does, so the training job runs on either. On the
+default local pool it is also what tests, benchmarks and the dev tools run real executor processes
+with: ``slow_ms_per_batch`` slows chosen executors, ``shm`` / ``fields`` set how they serve,
+:meth:`PooledDataPlane.wait_executors` waits for their exits and :meth:`PooledDataPlane.cpu_seconds`
+measures them (with or without their start-up); ``plane.pool`` (a
+:class:`~primus_dagster.cluster.local.LocalPool`) signals one (``send_signal``).
 
 Example::
 
@@ -24,7 +31,9 @@ Example::
             for batch in reader:
                 ...
         plane.raise_if_failed()
+        plane.wait_executors(30)                     # [0, 0]: they exited by themselves
         plane.summary()        # {"data_executors_launched": 2, "restarts": 0, ...}
+        plane.cpu_seconds(include_startup=False)     # their CPU since they were ready
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,16 +53,14 @@ from primus_dagster.cluster.supervisor import ExecutorFailedError, Supervisor
 from primus_dagster.data import (
     DataDriver,
     DataPlane,
+    DataPlaneBase,
     DataTask,
-    DriverServer,
     ExecutorConfig,
-    RemoteReader,
-    reader_for,
     start_executor_process,
     sweep_dead_executors,
     wait_ready,
 )
-from primus_dagster.spec import JobSpec, load_job_spec
+from primus_dagster.spec import load_job_spec
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +81,15 @@ def local_data_pool(plane: PooledDataPlane) -> ExecutorPool:
     return LocalPool("data", plane.job.pools.data, plane.launch_local, ready=wait_ready)
 
 
-class PooledDataPlane:
-    """Driver + a supervised pool of data executors (see the module docstring)."""
+class PooledDataPlane(DataPlaneBase):
+    """Driver + a supervised pool of data executors (see the module docstring).
+
+    ``executors``: how many to launch (default ``pools.data.replicas``); ``fields``, ``heartbeat_s``,
+    ``driver_host``: :class:`~primus_dagster.data.DataPlaneBase`; ``shm``: local executors offer the
+    readers on this machine shared memory (False: every batch in the Flight stream);
+    ``slow_ms_per_batch``: a sleep per served batch (fault injection, pacing) of every local
+    executor, or by executor index (``{0: 150.0}``: executor ``data-0`` and its restarts only).
+    """
 
     def __init__(
         self,
@@ -95,39 +109,36 @@ class PooledDataPlane:
         check_s: float = 0.25,
         shm: bool = True,
         cancel_grace_s: float = 2.0,
-        slow_ms_per_batch: float = 0.0,
+        slow_ms_per_batch: float | Mapping[int, float] = 0.0,
+        fields: Sequence[str] | None = None,
     ):
-        self.job_path = str(job_path)
-        self.job: JobSpec = load_job_spec(job_path)
-        self.data_root = str(data_root)
-        self.token = token
-        self.kafka_bootstrap = kafka_bootstrap
-        self.trainers = trainers
-        self.heartbeat_s = heartbeat_s
+        replicas = executors if executors is not None else load_job_spec(job_path).pools.data.replicas
+        if replicas < 1:  # before the driver server binds its port
+            raise ValueError(f"a data plane needs at least one data executor, got {replicas}")
+        super().__init__(
+            job_path,
+            data_root,
+            tasks,
+            trainers=trainers,
+            token=token,
+            kafka_bootstrap=kafka_bootstrap,
+            driver=driver,
+            heartbeat_s=heartbeat_s,
+            fields=fields,
+            driver_host=driver_host,
+        )
+        self.executors = replicas
         self.shm = shm
-        self.executors = executors if executors is not None else self.job.pools.data.replicas
-        if self.executors < 1:
-            raise ValueError(f"a data plane needs at least one data executor, got {self.executors}")
-        self.driver = driver or DataDriver.for_job(self.job.data, trainers=trainers)
-        self.driver.add_tasks(tasks)
-        self.server = DriverServer(self.driver, host=driver_host, token=token)
         self.pool_factory = pool_factory
         self.pool: ExecutorPool | None = None
         self.supervisor: Supervisor | None = None
         self.controller = controller
         self.check_s = check_s
         self.cancel_grace_s = cancel_grace_s
-        self.slow_ms_per_batch = slow_ms_per_batch  # dev/test hook: every executor sleeps per batch
-        self._readers: dict[int, RemoteReader] = {}
-        self._readers_lock = threading.Lock()
-        self.started_at = time.monotonic()  # when the pool was launched (__enter__ sets it)
+        self.slow_ms_per_batch = slow_ms_per_batch
         self.error: str | None = None
         self._stop = threading.Event()
         self._control = threading.Thread(target=self._control_loop, name="data-plane-control", daemon=True)
-
-    @property
-    def location(self) -> str:
-        return self.server.location
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> PooledDataPlane:
@@ -143,9 +154,6 @@ class PooledDataPlane:
         self._control.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         """Stop the control thread, every executor and the driver server (idempotent). Before the
         run's tasks are done (cancellation, failure) executors get ``cancel_grace_s`` after SIGTERM, not
@@ -155,37 +163,34 @@ class PooledDataPlane:
             self._control.join(timeout=10)
         if self.pool is not None:
             try:
-                done = bool(self.driver.status()["done"])
-            except Exception:  # a broken driver must not keep the executors alive
-                done = False
-            if done:
+                status = self.driver.status()
+                live = {s.executor_id for s in self.pool.status() if not s.finished}
+                graceful = bool(status["done"]) and not live & set(status["silent_executors"])
+            except Exception:  # a broken driver or pool must not keep the executors alive
+                graceful = False
+            if graceful:
                 self.pool.close()
             else:
                 _close_quickly(self.pool, self.cancel_grace_s)
             sweep_dead_executors()
         self.server.shutdown()
 
-    def reader(self, trainer_id: int, *, in_process: bool = True, **kwargs: Any) -> RemoteReader:
-        """A trainer-side reader (see :meth:`primus_dagster.data.DirectDataPlane.reader`); kept for
-        :meth:`readers` (the autoscaler measures the trainers' wait on their queues)."""
-        reader = reader_for(self.driver, self.location, trainer_id, token=self.token, in_process=in_process, **kwargs)
-        with self._readers_lock:
-            self._readers[trainer_id] = reader
-        return reader
+    def cpu_seconds(self, include_startup: bool = True) -> float:
+        """CPU seconds of every data executor so far, as its pool measures them (a local pool: every
+        process, live and exited; Kubernetes: 0.0); without ``include_startup``, only what each used
+        after it was ready."""
+        return self.pool.cpu_seconds(include_startup=include_startup) if self.pool is not None else 0.0
 
-    def readers(self) -> dict[int, RemoteReader]:
-        """The latest reader of each trainer made by :meth:`reader` in this process."""
-        with self._readers_lock:
-            return dict(self._readers)
-
-    def raise_if_failed(self) -> None:
-        """The failure of the run's tasks (failed tasks past the threshold, or an aborting executor), raised."""
-        self.driver.raise_if_failed()
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds of every data executor process so far (local pools)."""
-        cpu_seconds = getattr(self.pool, "cpu_seconds", None) if self.pool is not None else None
-        return float(cpu_seconds()) if cpu_seconds is not None else 0.0
+    def wait_executors(self, timeout: float = 60.0, poll_s: float = 0.02) -> list[int | None]:
+        """Once the executors stopped by themselves (the run's tasks are done or failed, or they
+        failed): each one's exit code, in launch order, None for one still running after ``timeout``
+        (its pool's status read every ``poll_s``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = self.pool.status() if self.pool is not None else []
+            if all(s.finished for s in statuses) or time.monotonic() >= deadline:
+                return [s.exit_code if s.finished else None for s in statuses]
+            time.sleep(poll_s)
 
     def summary(self) -> dict[str, Any]:
         """What the pool did: executors launched, restarts, blacklist, CPU seconds, the error that
@@ -209,6 +214,7 @@ class PooledDataPlane:
     # ----------------------------------------------------------------- control
     def launch_local(self, request: LaunchRequest) -> Any:
         """Start one data executor process of this plane (the :class:`LocalPool` launcher)."""
+        slow = self.slow_ms_per_batch
         config = ExecutorConfig(
             driver=self.location,
             executor_id=request.executor_id,
@@ -220,7 +226,8 @@ class PooledDataPlane:
             heartbeat_s=self.heartbeat_s,
             linger_s=0.5,
             shm=self.shm,
-            slow_ms_per_batch=self.slow_ms_per_batch,
+            slow_ms_per_batch=float(slow.get(request.index, 0.0) if isinstance(slow, Mapping) else slow),
+            fields=self.fields,
         )
         return start_executor_process(
             config, token=self.token, env={**os.environ, **request.env}, stderr=request.stderr

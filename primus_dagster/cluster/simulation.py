@@ -235,6 +235,10 @@ class SimulatedPool:
             )
         ]
 
+    def cpu_seconds(self, include_startup: bool = True) -> float:
+        """0.0: simulated executors use no CPU of this machine (the load model accounts for theirs)."""
+        return 0.0
+
     def close(self) -> None:
         self.closed = True
 

@@ -7,11 +7,11 @@ subpackages' ``__init__``), never from their modules; ``make lint`` checks it.
 
 Example::
 
-    from primus_dagster.data import Batch, DataPlane, DirectDataPlane, Planner, SourceContext, TimeWindow
+    from primus_dagster.data import Batch, DataPlane, InTrainerDataPlane, Planner, SourceContext, TimeWindow
 
     with Planner.for_job(job, SourceContext(data_root)) as planner:
         plan = planner.plan(TimeWindow.hours_from(start, 24))
-    with DirectDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:  # a DataPlane
+    with InTrainerDataPlane("job.yaml", data_root, plan.tasks, executors=2) as plane:  # a DataPlane
         with plane.reader(0) as reader:
             for batch in reader:                      # Batch: Arrow columns, tensors, metadata
                 logits = model(batch.dense, batch.sparse, batch.kind)
@@ -39,7 +39,6 @@ from primus_dagster.data.canonical import (
     quality_summary,
     schema_hash,
 )
-from primus_dagster.data.direct_plane import DirectDataPlane, reader_for  # its modules load here anyway
 from primus_dagster.data.driver import (
     DataAbortedError,
     DataDriver,
@@ -49,7 +48,8 @@ from primus_dagster.data.driver import (
     DriverServer,
 )
 from primus_dagster.data.executor import EXECUTOR_ENV, ExecutorConfig, start_executor_process, wait_ready
-from primus_dagster.data.plane import DataPlane, DataPlaneStarter
+from primus_dagster.data.in_trainer_plane import InTrainerDataPlane  # its modules load here anyway
+from primus_dagster.data.plane import DataPlane, DataPlaneBase, DataPlaneStarter, reader_for
 from primus_dagster.data.reader import ChooseQueue, QueueStat, RemoteReader, RoundRobin, batch_first
 from primus_dagster.data.shm import sweep_dead_executors
 from primus_dagster.data.sources import (
@@ -118,13 +118,14 @@ __all__ = [
     "DataDriver",
     "DataFailedError",
     "DataPlane",
+    "DataPlaneBase",
     "DataPlaneStarter",
     "DataTask",
-    "DirectDataPlane",
     "DriverAPI",
     "DriverClient",
     "DriverServer",
     "ExecutorConfig",
+    "InTrainerDataPlane",
     "Jagged",
     "KafkaSource",
     "ListingCache",

@@ -12,6 +12,10 @@ Primus has two shuffles for stream data (``StreamSpec.shuffle``):
 
 Both are pure: they map the current queue fills to a trainer index.
 
+With ``data.deterministic`` and several trainers neither applies: which trainer gets a batch must not
+depend on timing, so every batch has a fixed one, :func:`ordered_trainer` (its task's place in the plan
+and its own place in the task's output), put through a :class:`FixedShuffle`.
+
 Example::
 
     >>> fwd = ForwardShuffle(executor_index=5, trainers=2)
@@ -106,6 +110,40 @@ class RebalanceShuffle:
 
     def __repr__(self) -> str:
         return f"RebalanceShuffle(trainers={self.trainers})"
+
+
+class FixedShuffle:
+    """Always the one trainer ``trainer`` (a batch whose trainer is fixed: :func:`ordered_trainer`).
+
+    >>> FixedShuffle(1, trainers=2).choose([9, 0])
+    1
+    """
+
+    def __init__(self, trainer: int, trainers: int):
+        _check_trainers(trainers)
+        if not 0 <= trainer < trainers:
+            raise ValueError(f"trainer {trainer} out of range for {trainers} trainers")
+        self.trainer, self.trainers = trainer, trainers
+
+    def choose(self, fills: Sequence[int]) -> int:
+        return self.trainer
+
+    def targets(self) -> list[int]:
+        return [self.trainer]
+
+
+def ordered_trainer(place: int, index: int, trainers: int) -> int:
+    """The trainer of batch ``index`` (its place in the task's output, skipped batches counted) of the task
+    at ``place`` in its kind's plan order, in a deterministic run: a task's batches are dealt round-robin
+    from the trainer its place picks, so every trainer gets its share of a task and of many one-batch tasks
+    alike, the same on every re-read of the task and in every run of the same plan (whatever the task ids,
+    which name where the data lies).
+
+    >>> [ordered_trainer(3, i, 2) for i in range(4)], ordered_trainer(4, 0, 2)
+    ([1, 0, 1, 0], 0)
+    """
+    _check_trainers(trainers)
+    return (place + index) % trainers
 
 
 def make_shuffle(kind: str, executor_index: int = 0, trainers: int = 1) -> ForwardShuffle | RebalanceShuffle:

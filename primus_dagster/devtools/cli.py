@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from primus_dagster import cli, paths
-from primus_dagster.data import DirectDataPlane
 from primus_dagster.devtools import model_load
 from primus_dagster.devtools.trained_sample_ids import TrainedSampleIdsLog
 from primus_dagster.training.run_state import RunHooks
@@ -80,11 +79,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def slow_data_plane(ms_per_batch: float) -> Any:
-    """A :class:`DirectDataPlane` factory whose every executor sleeps ``ms_per_batch`` per served batch."""
+    """A factory of :class:`PooledDataPlane` s on the local pool (executor processes on this machine,
+    supervised; no autoscaler, whatever the job's ``pools.backend`` and ``scaling``) whose every
+    executor sleeps ``ms_per_batch`` per served batch."""
+    from primus_dagster.cluster.pooled_plane import PooledDataPlane
 
-    def start(*args: Any, executors: int = 2, **kwargs: Any) -> DirectDataPlane:
-        slow = dict.fromkeys(range(executors), ms_per_batch)
-        return DirectDataPlane(*args, executors=executors, slow_ms_per_batch=slow, **kwargs)
+    def start(*args: Any, executors: int = 2, **kwargs: Any) -> PooledDataPlane:
+        return PooledDataPlane(*args, executors=executors, slow_ms_per_batch=ms_per_batch, **kwargs)
 
     return start
 
@@ -114,21 +115,21 @@ def slow_pool_plane(ms_per_batch: float) -> Any:
 def _slow_trainer(hook: Any, ms_per_batch: float) -> Any:
     """``on_batch`` that sleeps ``ms_per_batch`` per trained batch (a slower trainer), then calls ``hook``."""
 
-    def on_batch(step: int, batch: Any) -> None:
+    def on_batch(step: int, batch: Any, trainer: int) -> None:
         time.sleep(ms_per_batch / 1000.0)
         if hook is not None:
-            hook(step, batch)
+            hook(step, batch, trainer)
 
     return on_batch
 
 
-def _pause_while(hook: Any, path: str, poll_s: float = 0.05) -> Callable[[int, Any], None]:
+def _pause_while(hook: Any, path: str, poll_s: float = 0.05) -> Callable[[int, Any, int], None]:
     """``on_batch`` that calls ``hook``, then holds the trainer while ``path`` exists (a test removes it once it
     has seen what it waits for: the run is mid-training, its lock held, for exactly as long as needed)."""
 
-    def on_batch(step: int, batch: Any) -> None:
+    def on_batch(step: int, batch: Any, trainer: int) -> None:
         if hook is not None:
-            hook(step, batch)
+            hook(step, batch, trainer)
         while os.path.exists(path):
             time.sleep(poll_s)
 
@@ -144,7 +145,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         if args.record_samples:
             samples = stack.enter_context(TrainedSampleIdsLog(args.record_samples))
-            hooks.on_batch = lambda step, batch: samples.append(step, batch.sample_id)
+            hooks.on_batch = lambda step, batch, trainer: samples.append(step, batch.sample_id)
         if args.slow_trainer_ms:
             hooks.on_batch = _slow_trainer(hooks.on_batch, args.slow_trainer_ms)
         if args.pause_while:

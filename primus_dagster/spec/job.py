@@ -282,10 +282,12 @@ class DataPlaneSpec(StrictModel):
     buffer_batches: int = Field(default=8, ge=1, le=1_000_000, description="Per-executor buffer before backpressure.")
     deterministic: bool = Field(
         default=False,
-        description="The trainer takes the batches in one order fixed by the plan (task by task, each task's "
+        description="Each trainer takes its batches in one order fixed by the plan (task by task, each task's "
         "batches in order) whatever executor reads them when: with training.seed the same spec and data give the "
-        "same samples in the same order and the same model, with any number of executors; costs the reorder "
-        "wait (docs/data_plane.md). Default false: batches are trained as they arrive.",
+        "same samples in the same order and the same model, with any number of executors and trainers (with "
+        "several trainers each batch goes to a trainer fixed by its task and place, not by the streams' shuffle, "
+        "and the trainers wait for each other's next batch in order); costs the reorder wait "
+        "(docs/data_plane.md). Default false: batches are trained as they arrive.",
     )
     backup_after: float = Field(
         default=0.0,
@@ -613,18 +615,6 @@ class JobSpec(StrictModel):
             raise ValueError(
                 "pools.backend in_trainer has no executor pool to scale (its executors are threads of the "
                 "trainer): remove scaling or use backend local"
-            )
-        return value
-
-    @field_validator("data")
-    @classmethod
-    def _deterministic_single_trainer(cls, value: DataPlaneSpec, info: ValidationInfo) -> DataPlaneSpec:
-        pools = info.data.get("pools")  # absent when pools itself was invalid
-        if pools is not None and pools.training.replicas > 1 and value.deterministic:
-            raise ValueError(
-                f"data.deterministic orders the batches of one trainer; pools.training.replicas is "
-                f"{pools.training.replicas} (which rank gets which batch follows the executors' timing): use one "
-                "trainer, or set it to false"
             )
         return value
 

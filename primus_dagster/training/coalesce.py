@@ -18,9 +18,9 @@ Example::
     coalescer = BatchCoalescer(spec.batch_size)
     for batch in reader:
         for micro in coalescer.add(batch):
-            trainer.train_micro(micro.batch)
+            trainer.train_step(micro.batch)
     for micro in coalescer.flush():
-        trainer.train_micro(micro.batch)
+        trainer.train_step(micro.batch)
 """
 
 from __future__ import annotations

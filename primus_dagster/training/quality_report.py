@@ -64,21 +64,30 @@ def quality_places_text(places: dict[str, dict[str, Any]], limit: int) -> dict[s
     return out
 
 
+def add_phase_quality(run: TrainingRun, driver: DataDriver) -> dict[str, Any]:
+    """Add a phase's quality counts (its ``driver``'s) to the run's, and where they were; the phase's counts
+    (``DataDriver.quality_counts``). A resumed run adds a finished phase's from its closing checkpoint's
+    driver snapshot."""
+    kafka = {source.name for _, source in run.job.dataset.all_sources() if source.type == "kafka"}
+    quality = driver.quality_counts(offset_sources=kafka)
+    merge_quality_places(run.quality_places, quality["by_location"], QUALITY_PLACES_KEPT)
+    for name, counts in quality["by_source"].items():
+        mine = run.data_quality.setdefault(name, {})
+        for rule, rows in counts.items():
+            mine[rule] = mine.get(rule, 0) + rows
+    return quality
+
+
 def record_quality(run: TrainingRun, phase: Phase, driver: DataDriver, step: int) -> None:
     """The phase's data-quality counts (rows repaired or dropped per source and rule): added to the run's,
     logged (one warning line per source, naming the files / Kafka offset ranges) and sent to MLflow as
     ``data_quality.<source>.<rule>`` metrics at ``step`` -- every rule of every source the phase read,
     zeros included."""
     dataset = run.job.dataset
-    kafka = {source.name for _, source in dataset.all_sources() if source.type == "kafka"}
-    quality = driver.quality_counts(offset_sources=kafka)
+    quality = add_phase_quality(run, driver)
     phase_places: dict[str, dict[str, dict[str, Any]]] = {}
     merge_quality_places(phase_places, quality["by_location"], QUALITY_PLACES_LOGGED)
-    merge_quality_places(run.quality_places, quality["by_location"], QUALITY_PLACES_KEPT)
     for name, counts in quality["by_source"].items():
-        mine = run.data_quality.setdefault(name, {})
-        for rule, rows in counts.items():
-            mine[rule] = mine.get(rule, 0) + rows
         where = "; ".join(
             f"{rule} in {', '.join(lines)}"
             for rule, lines in quality_places_text(phase_places.get(name, {}), QUALITY_PLACES_LOGGED).items()

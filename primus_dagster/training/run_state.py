@@ -3,7 +3,7 @@ run keeps while it trains, whoever trains it (:class:`TrainingRun`).
 
 A *run* is one MLflow run of a job on one window (or one live increment): it is started, or resumed
 by its run key, by :func:`~primus_dagster.training.window.train_window`. The state here is what the
-skeleton and both :class:`~primus_dagster.training.window.PhaseTrainer` implementations share: the
+skeleton and both :class:`~primus_dagster.training.phase_trainer.PhaseTrainer` implementations share: the
 tracker, the planned tasks and their source versions, the run's scratch folder, the checkpoints it
 logged (the latest one is where a restart or a later phase starts from), what the data pools did and
 the data-quality counts, and the run log's stage lines.
@@ -11,7 +11,7 @@ the data-quality counts, and the run log's stage lines.
 Example::
 
     request = TrainingRequest(job, "job.yaml", "/data", TimeWindow(t0, t0 + timedelta(hours=24)))
-    result = train_window(request, RunHooks(on_batch=lambda step, batch: print(step, batch.rows)))
+    result = train_window(request, RunHooks(on_batch=lambda step, batch, trainer: print(step, batch.rows)))
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ from primus_dagster.training.tracking import MlflowTracker
 log = logging.getLogger(__name__)
 
 RankHook = Callable[[int, int], None]
-"""``(rank, round)``, called in every rank process of a rank group before each round (fault injection,
-audits); module-level functions only: it is pickled into the spawned ranks."""
+"""``(rank, round)``, called in every trainer before each round -- in the rank processes of a group --
+(fault injection, audits); module-level functions only: it is pickled into the spawned ranks."""
+
+BatchHook = Callable[[int, Batch, int], None]
+"""``(step, batch, trainer)``: a reader batch trained whole (:attr:`RunHooks.on_batch`)."""
 
 
 @dataclass
@@ -83,31 +86,34 @@ class RunHooks:
     """Extension points of :func:`~primus_dagster.training.window.train_window` that are not part of
     *what* to run.
 
-    ``on_batch(step, batch)`` is called after each trained reader batch (audits: which samples a
-    step consumed; a rank group forwards its ranks' batches); ``data_plane`` starts the data plane of
-    a phase (default: what :func:`~primus_dagster.cluster.backends.data_plane_starter` picks for the
-    job's ``pools.backend``; tests pass one with injected faults); ``rank_hook(rank, round)`` runs in
-    every rank of a rank group before each round (tests inject faults).
+    ``on_batch(step, batch, trainer)`` is called in the job process after trainer ``trainer`` (its rank,
+    0 for one trainer) trained reader batch ``batch`` whole at round ``step`` (audits: which samples a
+    step consumed, in each trainer's order); ``data_plane`` starts the data plane of a phase (default:
+    what :func:`~primus_dagster.cluster.backends.data_plane_starter` picks for the job's
+    ``pools.backend``; tests pass one with injected faults); ``rank_hook(rank, round)`` runs in every
+    trainer before each round -- in the rank processes of a group -- (tests inject faults).
 
     Example::
 
         seen = []
-        train_window(request, RunHooks(on_batch=lambda step, batch: seen.append(batch.rows)))
+        train_window(request, RunHooks(on_batch=lambda step, batch, trainer: seen.append(batch.rows)))
     """
 
-    on_batch: Callable[[int, Batch], None] | None = None
+    on_batch: BatchHook | None = None
     data_plane: DataPlaneStarter | None = None
     rank_hook: RankHook | None = None
 
 
 @dataclass(frozen=True)
 class CheckpointRef:
-    """A checkpoint this run logged (or resumed from): where its files are on this machine."""
+    """A checkpoint this run logged (or resumed from): where its files are on this machine, and the
+    counters of every rank it covers (``RankCounters.to_dict``)."""
 
     step: int
     phase: str
     phase_done: bool
     path: Path
+    ranks: tuple[dict[str, Any], ...] = ()
 
 
 class TrainingRun:
@@ -174,13 +180,23 @@ class TrainingRun:
             return None
         return load_checkpoint(self.latest.path)
 
-    def log_checkpoint(self, directory: Path, step: int, phase: str, *, phase_done: bool, what: str) -> None:
+    def log_checkpoint(
+        self,
+        directory: Path,
+        step: int,
+        phase: str,
+        *,
+        phase_done: bool,
+        what: str,
+        ranks: tuple[dict[str, Any], ...] = (),
+    ) -> None:
         """Upload a saved checkpoint to MLflow (keeping ``training.checkpoint_keep_last``), record it as
-        the latest and say so in the run log (``what``: the samples it covers)."""
+        the latest and say so in the run log (``what``: the samples it covers; ``ranks``: every rank's
+        counters in it)."""
         self.tracker.log_checkpoint(directory, step, keep_last=self.spec.checkpoint_keep_last)
         self.tracker.log_metrics({"checkpoint_step": step}, step)
         self.checkpoints.append(step)
-        self.latest = CheckpointRef(step, phase, phase_done, directory)
+        self.latest = CheckpointRef(step, phase, phase_done, directory, ranks)
         log.info("checkpoint at step %d (%s, phase %s%s)", step, what, phase, ", done" if phase_done else "")
         self.beat.quiet_stage(f"phase {phase}: training (step {step})")
 

@@ -33,14 +33,8 @@ from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training import kernels
 from primus_dagster.training.device import to_device
-from primus_dagster.training.models import (
-    RecModel,
-    huge_page_copy,
-    huge_page_zeros,
-    loss_function,
-    model_inputs,
-    sparse_tables,
-)
+from primus_dagster.training.huge_pages import huge_page_copy, huge_page_zeros
+from primus_dagster.training.models import RecModel, loss_function, model_inputs, sparse_tables
 from primus_dagster.training.row_sparse import sorted_row_sums
 
 _ALLOCATOR_TUNED = False
@@ -81,7 +75,7 @@ class LazyAdam(torch.optim.SparseAdam):
     * the touched rows of both moments are gathered with ``index_select``, updated with SparseAdam's
       arithmetic op for op, and written back as 16-byte words (:func:`_copy_rows`);
     * the parameter gets one ``index_add_`` of the (unique) rows;
-    * the moments live on 2 MB pages (:func:`~primus_dagster.training.models.huge_page_zeros`), as
+    * the moments live on 2 MB pages (:func:`~primus_dagster.training.huge_pages.huge_page_zeros`), as
       the tables do.
 
     tests/training/test_model_speed_equivalence.py checks parameters and moments bit for bit against
@@ -308,15 +302,14 @@ class Trainer:
             model.to(self.device)  # before the optimiser: its state is created beside the parameters
         self.model = model
         self.module = module if module is not None else model
-        # MTRM's label-delay calibration counts the labels it learns from (DDP ranks do not: their
-        # counts would differ, and so would the replicas)
-        self._observe = getattr(model, "observe", None) if observe_labels else None
+        # the model observes the labels it learns from (MTRM's label-delay calibration); the phase loop
+        # tells it every trainer's of a round itself (observe_labels=False), so the replicas agree
+        self.observe_labels = observe_labels
         self.spec = spec
         self.optimizer = RecOptimizer(model, spec.learning_rate)
         self.loss_fn = loss_function(spec.loss, model)
         self.counters = TrainerStats()
         self._last_loss = float("nan")
-        self.step_losses: list[tuple[int, float]] = []  # (step, loss) since the owner last took them
         self._recent: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=50)  # (logits, labels) of steps
         self.kernels = kernels.KernelPolicy.for_trainer(
             spec.compile, spec.compile_after_steps, device=self.device, deterministic=deterministic, replicas=replicas
@@ -346,8 +339,8 @@ class Trainer:
         if extra is not None:
             loss = loss + extra
         self._recent.append((logits.detach(), label))
-        if self._observe is not None:
-            self._observe(batch.kind, label)
+        if self.observe_labels:
+            self.model.observe_labels(batch.kind, float(label.sum()), label.numel())
         with kernels.using(self.kernels.current(self.counters.step + 1)):
             loss.backward()
         return loss
@@ -370,19 +363,13 @@ class Trainer:
 
     def train(self, batch: Batch) -> int:
         """Train on a whole reader batch in micro-batches of ``batch_size`` rows; the steps taken.
-        (The window's trainers merge small reader batches first: training/coalesce.py.)"""
+        (The phase loop merges small reader batches first: training/coalesce.py.)"""
         size = self.spec.batch_size
         steps = 0
         for start in range(0, batch.rows, size):
-            self.train_micro(batch.slice(start, start + size))
+            self.train_step(batch.slice(start, start + size))
             steps += 1
         return steps
-
-    def train_micro(self, batch: Batch) -> float:
-        """One step on the micro-batch ``batch``, its loss kept for the owner (:attr:`step_losses`)."""
-        loss = self.train_step(batch)
-        self.step_losses.append((self.counters.step, loss))
-        return loss
 
     def recent_auc(self) -> float:
         """Progressive-validation AUC of the last 50 steps: each batch scored *before* the model

@@ -13,17 +13,17 @@
    ``pools.backend`` picks); the :class:`PhaseTrainer` trains the phase on it and checkpoints (model,
    optimizer, counters, the driver's barrier snapshot, source versions) every
    ``checkpoint_every_steps`` steps and at the phase's end. The plane's summary, scaling timeline and
-   data-quality counts are recorded per phase. A trainer that can be restarted
-   (:attr:`PhaseTrainer.restartable`) starts again from the latest checkpoint while
-   ``pools.training.restart`` allows.
+   data-quality counts are recorded per phase. A trainer whose failure is restartable
+   (:class:`~primus_dagster.training.phase_trainer.TrainerFailedError`) starts again from the latest
+   checkpoint while ``pools.training.restart`` allows.
 4. The final model is evaluated on the hours after the window (next-hour AUC / log loss) and logged
    with ``mlflow.pytorch``; the :class:`~primus_dagster.training.result.TrainingResult` says what the
    run did.
 
-Two trainers implement :class:`PhaseTrainer`: :class:`~primus_dagster.training.single_trainer.SingleTrainer`
-(one trainer in this process, ``pools.training.replicas: 1``) and
-:class:`~primus_dagster.training.rank_group.RankGroup` (N rank processes in lock-step rounds). The
-skeleton and its diagram: ``docs/training.md``.
+The skeleton knows its trainer only as a :class:`~primus_dagster.training.phase_trainer.PhaseTrainer`
+(:func:`~primus_dagster.training.trainers.phase_trainer` picks one: a trainer in this process, or a group
+of rank processes; both train with the one phase loop, :mod:`primus_dagster.training.loop`). The skeleton
+and its diagram: ``docs/training.md``.
 
 Example::
 
@@ -40,7 +40,7 @@ import secrets
 import shutil
 import time
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -48,7 +48,6 @@ from primus_dagster.cluster.backends import data_plane_starter
 from primus_dagster.data import (
     DataDriver,
     DataFailedError,
-    DataPlane,
     DataTask,
     NotReady,
     PermanentDataError,
@@ -72,18 +71,19 @@ from primus_dagster.training.failed_tasks import (
     record_failed_tasks,
 )
 from primus_dagster.training.features import ModelInit, fit_dense_stats
-from primus_dagster.training.models import RecModel, check_model, custom_model_line
+from primus_dagster.training.loop import checkpoint_ranks
+from primus_dagster.training.models import RecModel, check_model, custom_model_line, model_summary
 from primus_dagster.training.modes import Phase, phase_tasks, phases
+from primus_dagster.training.phase_trainer import PhaseTrainer, TrainerFailedError
 from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
 from primus_dagster.training.priority import LoadingPriority
 from primus_dagster.training.progress import Heartbeat
-from primus_dagster.training.quality_report import record_quality
-from primus_dagster.training.rank_group import RankFailedError, RankGroup
+from primus_dagster.training.quality_report import add_phase_quality, record_quality
 from primus_dagster.training.result import TrainingResult, build_result
 from primus_dagster.training.run_lock import RunLock
 from primus_dagster.training.run_state import CheckpointRef, RunHooks, TrainingRequest, TrainingRun
-from primus_dagster.training.single_trainer import SingleTrainer
 from primus_dagster.training.tracking import RUN_KIND_TAG, MlflowTracker
+from primus_dagster.training.trainers import phase_trainer
 
 log = logging.getLogger(__name__)
 
@@ -91,51 +91,6 @@ log = logging.getLogger(__name__)
 class MissingPredecessorError(RuntimeError):
     """The run should continue the model of the window before it (``warm_start``), which has no finished
     model, and ``automation.cold_start`` does not allow a fresh start."""
-
-
-class PhaseTrainer(Protocol):
-    """What trains a window run's phases: one trainer in this process, or a rank group.
-
-    The skeleton calls :meth:`begin` once (with the checkpoint a resumed run continues from), then for
-    each phase :meth:`train_phase` on the phase's started data plane and :meth:`end_phase` after the
-    plane is closed and its quality counts recorded; at the end :meth:`final_model` and :meth:`stats`.
-    A trainer checkpoints through :meth:`TrainingRun.log_checkpoint`, which makes the checkpoint the
-    run's latest (where later phases and restarts start). ``restartable``: a failure of its own
-    (:class:`~primus_dagster.training.rank_group.RankFailedError`) may be retried from the latest
-    checkpoint.
-
-    Example::
-
-        trainer: PhaseTrainer = SingleTrainer(hooks) if replicas == 1 else RankGroup(hooks, replicas)
-        params, tags = trainer.describe()        # extra MLflow params and tags of the run
-    """
-
-    trainers: int
-    restartable: bool
-
-    @property
-    def step(self) -> int:
-        """The steps (a rank group: rounds) trained so far."""
-        ...
-
-    def describe(self) -> tuple[dict[str, Any], dict[str, str]]: ...
-
-    def begin(self, run: TrainingRun, resume: Checkpoint | None) -> None: ...
-
-    def train_phase(self, run: TrainingRun, phase: Phase, plane: DataPlane) -> None: ...
-
-    def end_phase(self, run: TrainingRun, phase: Phase) -> None: ...
-
-    def final_model(self, run: TrainingRun) -> tuple[RecModel, int]: ...
-
-    def stats(self, run: TrainingRun) -> dict[str, Any]: ...
-
-
-def phase_trainer(job: JobSpec, hooks: RunHooks) -> PhaseTrainer:
-    """The trainer of ``job``'s runs: a :class:`RankGroup` for ``pools.training.replicas > 1``, else one
-    trainer in this process."""
-    replicas = job.pools.training.replicas
-    return RankGroup(hooks, replicas) if replicas > 1 else SingleTrainer(hooks)
 
 
 def run_params(job: JobSpec, window: TimeWindow, executors: int) -> dict[str, Any]:
@@ -165,7 +120,7 @@ def train_window(
     request: TrainingRequest, hooks: RunHooks | None = None, *, trainer: PhaseTrainer | None = None
 ) -> TrainingResult:
     """Train ``request.job``'s model on ``request.window`` (module docstring); ``trainer``: who trains
-    the phases (default :func:`phase_trainer`)."""
+    the phases (default :func:`~primus_dagster.training.trainers.phase_trainer`)."""
     hooks = hooks or RunHooks()
     trainer = trainer or phase_trainer(request.job, hooks)
     started = time.perf_counter()
@@ -219,9 +174,9 @@ def _train(
         resume = load_resume(tracker, run)
         warm_from, cold_start = load_warm_start(tracker, run) if resume is None and request.warm_start else (None, None)
         run.model_init = model_init(run, context, resume)
-        trainer.begin(run, resume)
         _run_phases(run, trainer, hooks, executors)
         model, step = trainer.final_model(run)
+        tracker.set_tags({"primus.model": str(model_summary(model))})
         if request.evaluate:
             beat.stage("evaluating the model on the %d hour(s) after the window", spec.eval_hours)
         evaluation = evaluate_and_log(request, context, model, tracker, step)
@@ -255,8 +210,8 @@ def _run_phases(run: TrainingRun, trainer: PhaseTrainer, hooks: RunHooks, execut
                 driver = driver_for(run, phase, trainers=trainer.trainers)
                 _run_phase(run, trainer, hooks, phase, driver, executors)
             return
-        except RankFailedError as exc:
-            if not trainer.restartable or pool.restart == "never" or restarts >= pool.max_restarts:
+        except TrainerFailedError as exc:
+            if not exc.restartable or pool.restart == "never" or restarts >= pool.max_restarts:
                 raise
             restarts += 1
             where = f"the checkpoint at step {run.latest.step}" if run.latest is not None else "the start"
@@ -322,7 +277,6 @@ def _run_phase(
         raise FailedTasksError(rows, exc.total, not_allowed_why(request)) from exc
     record_failed_tasks(run, phase, driver, step=trainer.step)
     record_quality(run, phase, driver, step=trainer.step)
-    trainer.end_phase(run, phase)
 
 
 _TIMELINE_METRICS = {
@@ -474,10 +428,14 @@ def load_resume(tracker: MlflowTracker, run: TrainingRun) -> Checkpoint | None:
     if directory is None:
         return None
     checkpoint = load_checkpoint(directory)
-    run.latest = CheckpointRef(checkpoint.step, checkpoint.phase, bool(checkpoint.extra.get("phase_done")), directory)
-    # the quality counts of the phases finished before the kill (older checkpoints: none kept)
+    phase_done = bool(checkpoint.extra.get("phase_done"))
+    run.latest = CheckpointRef(checkpoint.step, checkpoint.phase, phase_done, directory, checkpoint_ranks(checkpoint))
+    # the quality counts of the phases finished before the kill (older checkpoints: none kept), and of the
+    # phase the checkpoint closed (its driver's final snapshot)
     run.data_quality = {k: dict(v) for k, v in (checkpoint.extra.get("data_quality") or {}).items()}
     run.quality_places = json.loads(json.dumps(checkpoint.extra.get("data_quality_places") or {}))
+    if phase_done and checkpoint.data_snapshot is not None:
+        add_phase_quality(run, DataDriver.restore(checkpoint.data_snapshot))
     log.info(
         "resuming run %s from its checkpoint at step %d (phase %s)", tracker.run_id, checkpoint.step, checkpoint.phase
     )

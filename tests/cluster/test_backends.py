@@ -11,7 +11,7 @@ import pytest
 from primus_dagster.cluster.backends import data_plane_setup, data_plane_starter
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.dagster_defs.resources import ExecutorPoolResource
-from primus_dagster.data import DirectDataPlane
+from primus_dagster.data import InTrainerDataPlane
 from primus_dagster.spec import parse_job_spec
 from tests.speckit import one_source_spec
 
@@ -37,8 +37,8 @@ def test_in_trainer_starts_executors_in_this_process_and_sets_up_no_pool(tmp_pat
     with pytest.raises(ValueError, match="runs no executor pool"):
         data_plane_setup(job, run_id="r")
     with data_plane_starter(job, run_id="r")(path, tmp_path, executors=2, trainers=1) as plane:
-        assert isinstance(plane, DirectDataPlane) and plane.executors_in_process
-        assert not plane.processes and sorted(plane.in_process) == ["inproc://data-0", "inproc://data-1"]
+        assert isinstance(plane, InTrainerDataPlane)
+        assert sorted(plane.data_executors) == ["inproc://data-0", "inproc://data-1"]
 
 
 def test_the_dagster_resource_starts_and_closes_the_in_trainer_plane(tmp_path: Path) -> None:
@@ -46,5 +46,5 @@ def test_the_dagster_resource_starts_and_closes_the_in_trainer_plane(tmp_path: P
     resource = ExecutorPoolResource()
     plane = resource.data_plane_factory(parse_job_spec(path.read_text()))(path, tmp_path, executors=1, trainers=1)
     with plane:
-        assert isinstance(plane, DirectDataPlane) and list(plane.in_process) == ["inproc://data-0"]
+        assert isinstance(plane, InTrainerDataPlane) and list(plane.data_executors) == ["inproc://data-0"]
     resource.teardown_after_execution(None)  # type: ignore[arg-type]  # closes it again: idempotent

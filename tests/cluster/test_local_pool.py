@@ -1,12 +1,16 @@
-"""LocalPool and Supervisor on real processes: placement, limits, exits, restart policies, blacklist."""
+"""LocalPool and Supervisor on real processes: placement, limits, exits, restart policies, blacklist,
+CPU seconds with and without start-ups, signals, log directories."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -175,3 +179,61 @@ def test_a_pool_with_every_node_blacklisted_fails_the_job() -> None:
         wait_for(lambda: pool.executor("data-0").finished)
         with pytest.raises(PoolError, match=r"every node is blacklisted \(\['cpu0'\]\)"):
             supervisor.check()
+
+
+# Spends CPU before it announces it is ready (an executor's start-up: interpreter, imports), then sleeps.
+STARTUP_WORKER = """
+import time
+while time.process_time() < 0.3:
+    pass
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def ready_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def startup_launcher(request: LaunchRequest) -> subprocess.Popen[str]:
+    env = {**os.environ, **request.env}
+    return subprocess.Popen(
+        [sys.executable, "-c", STARTUP_WORKER], env=env, stdout=subprocess.PIPE, stderr=request.stderr, text=True
+    )
+
+
+def test_cpu_seconds_keep_each_attempts_start_up_apart_and_a_signal_is_a_crash() -> None:
+    with LocalPool("data", spec(), startup_launcher, ready=ready_line) as pool:
+        (executor,) = pool.launch(1)
+        assert pool.executor(executor).address == "ready"
+        startup = pool.cpu_seconds() - pool.cpu_seconds(include_startup=False)
+        assert startup >= 0.25 and pool.cpu_seconds(include_startup=False) < 0.25  # it sleeps once ready (clock ticks)
+        pool.send_signal(executor, signal.SIGKILL)
+        wait_for(lambda: pool.executor(executor).state == "failed")
+        assert pool.executor(executor).exit_code == -signal.SIGKILL
+        pool.restart(executor)  # its second start-up adds to the first
+        assert pool.cpu_seconds() - pool.cpu_seconds(include_startup=False) >= 0.5
+        pool.send_signal(executor, signal.SIGSTOP)  # a frozen process: alive, stopped
+        wait_for(lambda: psutil.Process(pool.pid(executor)).status() == psutil.STATUS_STOPPED)
+        pool.send_signal(executor, signal.SIGCONT)
+        pool.close(grace_s=2)
+        assert pool.executor(executor).state == "stopped"
+        pool.send_signal(executor, signal.SIGKILL)  # exited: nothing to signal, no error
+
+
+def test_a_log_directory_left_by_a_killed_pool_is_removed_by_the_next_one() -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    root = Path(tempfile.gettempdir())
+    stale = root / f"primus-data-{int(gone.stdout)}-left"
+    stale.mkdir()
+    mine = Path(tempfile.mkdtemp(prefix=f"primus-data-{os.getpid()}-", dir=root))  # a live pool's: kept
+    try:
+        with LocalPool("data", spec(), launcher("sleep")) as pool:
+            assert not stale.exists() and mine.is_dir()
+            assert pool.log_dir.name.startswith(f"primus-data-{os.getpid()}-")
+        assert not pool.log_dir.exists()  # its own, removed at close
+    finally:
+        mine.rmdir()
+        if stale.exists():
+            stale.rmdir()

@@ -30,7 +30,7 @@ from primus_dagster.devtools.model_load import (
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training import live as live_module
 from primus_dagster.training.live import LiveResult, LiveStart
-from primus_dagster.training.models import build_model
+from primus_dagster.training.models import MTRM, CustomModel, build_model
 from primus_dagster.training.tracking import MlflowTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
@@ -123,14 +123,14 @@ def test_a_live_increment_is_a_registered_version_under_the_live_alias(tmp_path:
 LOADED_MODELS = {  # what is registered -> the class the fresh venv must load
     "mtrm": (
         ModelSpec(type="mtrm", embedding_dim=8, hash_buckets=512, memory_hidden=[8], adapt_hidden=[8]),
-        "primus_dagster.training.models.MTRM",
+        MTRM,
     ),
     # a team's model (training.model.type: custom): examples/ is not in the wheel, nor on the venv's path
     "custom_deepfm": (
         ModelSpec(
             type="custom", factory=EXAMPLE_MODELS["deepfm"][0], params=EXAMPLE_MODELS["deepfm"][1], hash_buckets=512
         ),
-        "primus_dagster.training.models.CustomModel",
+        CustomModel,
     ),
     "custom_torchrec_ebc": (  # where torchrec is installed (.[bench]); skipped otherwise
         ModelSpec(
@@ -139,7 +139,7 @@ LOADED_MODELS = {  # what is registered -> the class the fresh venv must load
             params=EXAMPLE_MODELS["torchrec_ebc"][1],
             hash_buckets=512,
         ),
-        "primus_dagster.training.models.CustomModel",
+        CustomModel,
     ),
 }
 
@@ -168,7 +168,8 @@ def test_a_champion_loads_from_its_registry_uri_in_a_fresh_venv_with_the_package
     tracker = MlflowTracker(uri, "load-test")
     tracker.start("load-test/run", {"job": "load-test"})
     skip_without_torchrec(kind.removeprefix("custom_"))
-    spec, model_class = LOADED_MODELS[kind]
+    spec, cls = LOADED_MODELS[kind]
+    model_class = f"{cls.__module__}.{cls.__qualname__}"  # the path the pickle names
     model = build_model(spec, n_dense=3, n_sparse=2, seed=7)
     version = tracker.register_model(tracker.log_model(model), "load-test")
     tracker.set_alias("load-test", CHAMPION_ALIAS, version)

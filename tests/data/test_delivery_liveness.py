@@ -1,4 +1,5 @@
-"""Real executor processes, two faults (issue 25 items 2 and 4), each sample trained exactly once:
+"""Real executor processes (a local pool, ``tests.data.planekit``), two faults (issue 25 items 2 and 4),
+each sample trained exactly once:
 
 * a client holding the Flight token takes 3 batches of trainer 0's stream and drops them: the driver's
   end-of-run audit finds them unclaimed and has them served again;
@@ -12,7 +13,6 @@ the reader's end), not on wall time.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -20,16 +20,18 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pyarrow.flight as fl
 import pytest
 
-from primus_dagster.data import DirectDataPlane
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data.flight_auth import bearer_options
 from primus_dagster.data.flight_protocol import encode_ticket, split_meta
 from primus_dagster.data.reader.remote_reader import RemoteReader
 from primus_dagster.spec import parse_job_spec
 from tests.bounds import load_scaled
 from tests.data.executor.datakit import job_text, plan, write_tree
+from tests.data.planekit import executor_pid, kill_executor, local_plane, local_pool
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +94,7 @@ def drop_batches(location: str, count: int) -> int:
 
 def test_batches_a_client_took_and_dropped_are_served_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     spec, tasks, ids = world(tmp_path)
-    with DirectDataPlane(spec, tmp_path, tasks, executors=2, token=TOKEN, heartbeat_s=0.2) as plane:
+    with local_plane(spec, tmp_path, tasks, executors=2, token=TOKEN, heartbeat_s=0.2) as plane:
         wait_for(lambda: len(plane.driver.executors()) == 2, 30, "both executors registering")
         location = sorted(r.address for r in plane.driver.executors().values())[0]
         assert drop_batches(location, 3) == 150  # before any trainer reads: they reach no reader
@@ -108,7 +110,7 @@ def test_batches_a_client_took_and_dropped_are_served_again(tmp_path: Path, capl
     assert any("delivery audit" in r.getMessage() for r in caplog.records)
 
 
-def serving(plane: DirectDataPlane, tasks: list, executor_id: str) -> bool:
+def serving(plane: PooledDataPlane, tasks: list, executor_id: str) -> bool:
     """The reader has claimed a few batches and ``executor_id`` holds the lease of a running task."""
     if plane.driver.status()["claimed_batches"] < 4:
         return False
@@ -121,20 +123,20 @@ def test_a_sigstopped_executor_loses_its_leases_and_the_run_ends(
 ) -> None:
     spec, tasks, ids = world(tmp_path)
     slow = {0: 20.0, 1: 20.0}  # a few seconds of serving: the stop lands mid-run
-    plane = DirectDataPlane(spec, tmp_path, tasks, executors=2, heartbeat_s=0.2, slow_ms_per_batch=slow)
+    plane = local_plane(spec, tmp_path, tasks, executors=2, heartbeat_s=0.2, slow_ms_per_batch=slow)
     try:
         with plane, caplog.at_level(logging.WARNING), plane.reader(0, refresh_s=0.1) as reader:
-            victim = plane.processes[1]
+            victim = psutil.Process(executor_pid(plane, 1))
             wait_for(lambda: serving(plane, tasks, "data-1"), 60, "data-1 serving a leased task")
-            os.kill(victim.pid, signal.SIGSTOP)
+            kill_executor(plane, 1, signal.SIGSTOP)
             got = read_all(reader, 90)
             status = plane.driver.status()
-            assert victim.poll() is None  # still frozen: the run did not wait for it
-        assert victim.returncode == -signal.SIGKILL  # the plane's close killed it (SIGTERM would wait)
+            assert victim.status() == psutil.STATUS_STOPPED  # still frozen: the run did not wait for it
+        # The plane's close killed it at once: silent, it would not act on SIGTERM.
+        assert local_pool(plane).executor("data-1").exit_code == -signal.SIGKILL
     finally:
-        for proc in plane.processes.values():
-            if proc.poll() is None:  # the test failed: let the plane's close stop it as any other
-                os.kill(proc.pid, signal.SIGCONT)
+        if plane.pool is not None and local_pool(plane).executor("data-1").exit_code is None:
+            kill_executor(plane, 1, signal.SIGCONT)  # the test failed: let the plane's close stop it as any other
         plane.close()
     assert got == Counter(ids)
     assert status["done"] and "data-1" in status["silent_executors"]

@@ -2,7 +2,9 @@
 
 Two faults, injected for real: an executor is SIGKILLed in the middle of serving, and (separately)
 the whole data plane is torn down after a checkpoint barrier and restored from the driver's
-snapshot. In both, the multiset of (stream, sample id) delivered equals the expected one.
+snapshot. In both, the multiset of (stream, sample id) delivered equals the expected one. Executor
+processes run in a local pool (``tests.data.planekit``); executors as threads of this process in the
+in-trainer plane.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from primus_dagster.data.direct_plane import DirectDataPlane
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
+from primus_dagster.data import InTrainerDataPlane
 from primus_dagster.data.driver import DataDriver
 from primus_dagster.data.graph import Planner
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from tests.data.executor.datakit import kill_mid_serving
+from tests.data.planekit import kill_mid_serving, local_plane
 
 pytestmark = pytest.mark.integration
 
@@ -82,10 +85,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, kafka_broker) -> dict:
     }
 
 
-def plane(world: dict, **kwargs) -> DirectDataPlane:
-    return DirectDataPlane(
-        world["job_path"], world["root"], kafka_bootstrap=world["bootstrap"], heartbeat_s=0.2, **kwargs
-    )
+def plane(world: dict, in_process: bool = False, **kwargs) -> PooledDataPlane | InTrainerDataPlane:
+    """The world's plane: executor processes in a local pool, or (``in_process``) threads of this process."""
+    make = InTrainerDataPlane if in_process else local_plane
+    return make(world["job_path"], world["root"], kafka_bootstrap=world["bootstrap"], heartbeat_s=0.2, **kwargs)
 
 
 def delivered(batch) -> list[tuple[str, int]]:
@@ -112,7 +115,7 @@ def test_restore_from_a_barrier_snapshot_replays_exactly_the_unseen_batches(
     before: list[tuple[str, int]] = []
     lost: list[tuple[str, int]] = []
     snapshot_path = tmp_path / "driver.json"
-    first = plane(world, tasks=world["tasks"], executors=1, executors_in_process=in_process)
+    first = plane(world, in_process, tasks=world["tasks"], executors=1)
     with first as dp, dp.reader(0, refresh_s=0.1) as reader:
         for _ in range(12):
             before.extend(delivered(reader.next_batch(timeout=30)))
@@ -139,8 +142,9 @@ def test_executors_in_process_serve_two_trainers_every_sample_once(world: dict) 
     """Executors as threads of this process (no executor process, no Flight stream): two trainers'
     readers together get every sample of both kinds exactly once, and the driver ends done."""
     got: list[list[tuple[str, int]]] = [[], []]
-    with plane(world, tasks=world["tasks"], executors=2, trainers=2, executors_in_process=True) as dp:
-        assert not dp.processes and sorted(dp.in_process) == ["inproc://data-0", "inproc://data-1"]
+    with plane(world, True, tasks=world["tasks"], executors=2, trainers=2) as dp:
+        assert isinstance(dp, InTrainerDataPlane)
+        assert sorted(dp.data_executors) == ["inproc://data-0", "inproc://data-1"]
         readers = [dp.reader(t, refresh_s=0.1) for t in (0, 1)]
 
         def consume(trainer: int) -> None:
@@ -160,13 +164,3 @@ def test_executors_in_process_serve_two_trainers_every_sample_once(world: dict) 
     assert status["done"] and not status["failed"]
     assert got[0] and got[1], "both trainers should have been served"
     assert Counter(got[0] + got[1]) == world["expected"]
-
-
-def test_executors_in_process_refuse_what_only_processes_can_do(world: dict) -> None:
-    with pytest.raises(ValueError, match="slow_ms_per_batch"):
-        plane(world, executors=1, executors_in_process=True, slow_ms_per_batch={0: 5})
-    with plane(world, executors=1, executors_in_process=True) as dp:
-        with pytest.raises(NotImplementedError, match="killed"):
-            dp.kill(0)
-        with pytest.raises(NotImplementedError, match="restarted"):
-            dp.start_executor(0)

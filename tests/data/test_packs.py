@@ -4,7 +4,7 @@ The DTGG packs a partition's small files into one task (``data.pack_bytes`` / ``
 Spark's rule); a pack is read as one stream of full batches across its files; a file of it that cannot
 be read is named and given up alone while the others are delivered exactly once -- also when an
 executor is SIGKILLed mid-serving or the plane is restored from a barrier snapshot. Real Parquet files
-in ``tmp_path``; the integration tests run real executor processes (``DirectDataPlane``).
+in ``tmp_path``; the integration tests run real executor processes (a local pool, ``tests.data.planekit``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from primus_dagster.data.canonical import DataQualityError
-from primus_dagster.data.direct_plane import DirectDataPlane
 from primus_dagster.data.driver import DataDriver
 from primus_dagster.data.graph import PackRule, Planner, TaskBlock
 from primus_dagster.data.sources import ReadTask, SourceContext, SourceReadError, TimeWindow, make_adapter
@@ -28,7 +27,8 @@ from primus_dagster.data.sources.base import pack_failure
 from primus_dagster.data.task_batches import read_batches
 from primus_dagster.data.tasks import DataTask, read_location
 from primus_dagster.spec import SpecError, load_job_spec, parse_job_spec
-from tests.data.executor.datakit import T0, kill_mid_serving, native, read_everything
+from tests.data.executor.datakit import T0, native
+from tests.data.planekit import kill_mid_serving, local_plane, read_everything
 
 ROWS = 5  # rows per file
 BATCH_ROWS = 16
@@ -256,7 +256,7 @@ def test_a_torn_file_in_a_pack_is_given_up_alone_and_the_rest_delivered_once(tmp
     env = world(tmp_path, hours=3, files=20)  # 60 files in 3 packs: one torn file is under 20 %
     bad = env["tasks"][1].read.members[8][0]
     torn(bad)
-    with DirectDataPlane(env["job_path"], env["root"], env["tasks"], executors=2) as plane:
+    with local_plane(env["job_path"], env["root"], env["tasks"], executors=2) as plane:
         got = read_everything(plane)
         assert plane.wait_executors(30) == [0, 0]
         status = plane.driver.status()
@@ -275,7 +275,7 @@ def test_sigkill_of_an_executor_serving_packs_loses_and_repeats_nothing(tmp_path
     env = world(tmp_path, hours=3, files=40, data=", pack_bytes: 7000000, open_cost_bytes: 1000000")
     assert len(env["tasks"]) > 6 and all(len(t.read.members) > 1 for t in env["tasks"])
     got: list[int] = []
-    with DirectDataPlane(
+    with local_plane(
         env["job_path"], env["root"], env["tasks"], executors=2, slow_ms_per_batch={0: 30}, heartbeat_s=0.2
     ) as dp:
         running = kill_mid_serving(dp, lambda batch: got.extend(batch.sample_id.tolist()), claims=6)
@@ -292,7 +292,7 @@ def test_restore_from_a_barrier_replays_exactly_the_unseen_batches_of_packs(tmp_
     torn(bad)  # given up before or after the barrier: the snapshot keeps what the driver decided
     before: list[int] = []
     lost: list[int] = []
-    with DirectDataPlane(env["job_path"], env["root"], env["tasks"], executors=1) as dp, dp.reader(0) as reader:
+    with local_plane(env["job_path"], env["root"], env["tasks"], executors=1) as dp, dp.reader(0) as reader:
         for _ in range(8):
             before.extend(reader.next_batch(timeout=30).sample_id.tolist())
         snapshot = reader.barrier(1, wait_s=10)
@@ -301,7 +301,7 @@ def test_restore_from_a_barrier_replays_exactly_the_unseen_batches_of_packs(tmp_
             lost.extend(reader.next_batch(timeout=30).sample_id.tolist())
     restored = DataDriver.restore(json.loads(json.dumps(snapshot)))
     after: list[int] = []
-    with DirectDataPlane(env["job_path"], env["root"], driver=restored, executors=2) as dp:
+    with local_plane(env["job_path"], env["root"], driver=restored, executors=2) as dp:
         after = read_everything(dp)
         status = dp.driver.status()
         report = dp.driver.failure_report()

@@ -1,7 +1,8 @@
 """Both data planes are a ``DataPlane``: the members every caller uses are there without probing --
-``started_at`` once started, a ``summary()`` with the common keys, ``raise_if_failed``, ``cpu_seconds``
--- for a :class:`DirectDataPlane` (executor processes, and executors in this process) and a
-:class:`PooledDataPlane` on the local pool, each reading a tiny Parquet job to the end."""
+``started_at`` once started, a ``summary()`` with the common keys, ``raise_if_failed``, ``cpu_seconds``,
+``readers()`` -- for an :class:`InTrainerDataPlane` (executors in this process) and a
+:class:`PooledDataPlane` on the local pool (executor processes), each reading a tiny Parquet job to
+the end."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from primus_dagster.cluster.backends import data_plane_starter
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
-from primus_dagster.data import DataDriver, DataPlane, DirectDataPlane
+from primus_dagster.data import DataDriver, DataPlane, InTrainerDataPlane
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import job_text, plan, write_tree
 
@@ -43,6 +44,7 @@ def tiny_job(tmp_path: Path) -> tuple[Path, list[Any], list[int]]:
 def read_all(plane: DataPlane) -> Counter[int]:
     got: Counter[int] = Counter()
     with plane.reader(0, prefetch=2, refresh_s=0.1) as reader:
+        assert plane.readers() == {0: reader}  # the latest reader of each trainer
         for batch in reader:
             assert batch.sample_id is not None
             got.update(batch.sample_id.tolist())
@@ -64,32 +66,34 @@ def check_summary(summary: dict[str, Any], executors: int) -> None:
     assert summary["cpu_seconds"] >= 0.0
 
 
-@pytest.mark.parametrize("in_process", [False, True], ids=["processes", "in_process"])
-def test_a_direct_plane_is_a_data_plane(tmp_path: Path, in_process: bool) -> None:
+def test_an_in_trainer_plane_is_a_data_plane(tmp_path: Path) -> None:
     spec, tasks, ids = tiny_job(tmp_path)
-    plane = DirectDataPlane(spec, tmp_path, tasks, executors=1, token="t0k3n", executors_in_process=in_process)
-    assert isinstance(plane, DataPlane)  # before it is started too
+    plane = InTrainerDataPlane(spec, tmp_path, tasks, executors=1, token="t0k3n")
+    assert isinstance(plane, DataPlane) and plane.readers() == {}  # before it is started too
     before = time.monotonic()
     with plane:
         check_started(plane, before)
         assert read_all(plane) == Counter(ids)
         summary = plane.summary()
-        assert plane.cpu_seconds() >= 0.0
+        assert plane.cpu_seconds() == 0.0  # its executors' CPU is this process's
     check_summary(summary, executors=1)
-    assert summary["executors_in_process"] is in_process
-    if not in_process:
-        assert summary["cpu_seconds"] > 0.0  # a real process ran
+    assert summary["executors_in_process"] is True
 
 
 def test_a_pooled_plane_is_a_data_plane(tmp_path: Path) -> None:
     spec, tasks, ids = tiny_job(tmp_path)
     before = time.monotonic()
-    with PooledDataPlane(spec, tmp_path, tasks, executors=1, token="t0k3n", heartbeat_s=0.2) as plane:
+    plane = PooledDataPlane(spec, tmp_path, tasks, executors=1, token="t0k3n", heartbeat_s=0.2)
+    assert isinstance(plane, DataPlane) and plane.readers() == {} and plane.cpu_seconds() == 0.0  # not started
+    with plane:
         check_started(plane, before)
         assert read_all(plane) == Counter(ids)
+        assert plane.wait_executors(30) == [0]  # it exited by itself once the data was done
         summary = plane.summary()
-        assert plane.cpu_seconds() > 0.0
+        with_startup, after_ready = plane.cpu_seconds(), plane.cpu_seconds(include_startup=False)
     check_summary(summary, executors=1)
+    assert summary["cpu_seconds"] > 0.0  # a real process ran, measured
+    assert with_startup > after_ready > 0.0  # its start-up (interpreter, imports) apart from its work
 
 
 def test_the_starters_make_data_planes(tmp_path: Path) -> None:

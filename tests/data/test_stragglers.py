@@ -1,5 +1,6 @@
-"""Straggler backup copies on real executor processes: an executor that serves far slower than its
-peer has its task copied to the idle one; the first copy to finish is delivered, each row once."""
+"""Straggler backup copies on real executor processes (a local pool, ``tests.data.planekit``): an
+executor that serves far slower than its peer has its task copied to the idle one; the first copy to
+finish is delivered, each row once."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from primus_dagster.data import DirectDataPlane
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import job_text, plan, write_tree
+from tests.data.planekit import local_plane
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def test_a_straggler_task_is_copied_and_every_row_arrives_once(tmp_path: Path, b
     tasks = plan(parse_job_spec(spec.read_text()), tmp_path, hours=2)
     got: Counter[int] = Counter()
     # executor 0 needs 150 ms a batch (a sick node), executor 1 a few ms
-    with DirectDataPlane(spec, tmp_path, tasks, executors=2, heartbeat_s=0.1, slow_ms_per_batch={0: 150.0}) as plane:
+    with local_plane(spec, tmp_path, tasks, executors=2, heartbeat_s=0.1, slow_ms_per_batch={0: 150.0}) as plane:
         with plane.reader(0, prefetch=2, refresh_s=0.1) as reader:
             for batch in reader:
                 assert batch.sample_id is not None

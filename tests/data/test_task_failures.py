@@ -3,8 +3,9 @@ and error; the other tasks complete and deliver every row exactly once; the job 
 ``failed_task_threshold``.
 
 Real Parquet trees in ``tmp_path`` with one corrupt file, the real :class:`DataDriver`; the
-integration tests run real executor processes through :class:`DirectDataPlane` (driver over
-Flight, trainer-side ``RemoteReader``), the others an in-process :class:`DataExecutor`.
+integration tests run real executor processes in a local pool (``tests.data.planekit``: driver over
+Flight, trainer-side ``RemoteReader``) and executors as threads of this process
+(:class:`InTrainerDataPlane`), the others an in-process :class:`DataExecutor`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from primus_dagster.data.direct_plane import DirectDataPlane
+from primus_dagster.data import InTrainerDataPlane
 from primus_dagster.data.driver import DataDriver, DataFailedError
 from primus_dagster.data.executor import DataExecutor
 from primus_dagster.data.tasks import DataTask
 from primus_dagster.spec import parse_job_spec
-from tests.data.executor.datakit import T0, plan, read_everything, write_tree
+from tests.data.executor.datakit import T0, plan, write_tree
+from tests.data.planekit import local_plane, read_everything
 
 ROWS = 200  # rows per file
 BATCH_ROWS = 50
@@ -92,7 +94,7 @@ def test_corrupt_file_is_retried_then_reported_and_the_rest_is_delivered_once(tm
     spec, tasks, ids = tree(tmp_path, max_attempts=3, threshold=0.5)  # 1 of 6 failing < 50 %
     bad = 1
     garbage(tasks[bad].read.uri)
-    with DirectDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
+    with (InTrainerDataPlane if in_process else local_plane)(spec, tmp_path, tasks, executors=2, trainers=1) as plane:
         got = read_everything(plane)
         codes = plane.wait_executors(30)
         driver = plane.driver
@@ -128,7 +130,7 @@ def test_failures_past_the_threshold_fail_the_job_naming_the_file(tmp_path: Path
     # a fetcher failing at once reads ``_discovery_done`` before __init__ has set it.)
     bad = len(tasks) - 1
     truncate(tasks[bad].read.uri)
-    with DirectDataPlane(spec, tmp_path, tasks, executors=2, trainers=1, executors_in_process=in_process) as plane:
+    with (InTrainerDataPlane if in_process else local_plane)(spec, tmp_path, tasks, executors=2, trainers=1) as plane:
         got = read_everything(plane)
         codes = plane.wait_executors(30)
         status = plane.driver.status()

@@ -8,7 +8,7 @@
 
 Example::
 
-    with DirectDataPlane(job_path, data_root, tasks, executors=2, trainers=2) as plane:
+    with PooledDataPlane(job_path, data_root, tasks, executors=2, trainers=2) as plane:   # any DataPlane
         results = run_ddp(plane, job.training, world_size=2)
     assert len({r.params_checksum for r in results}) == 1     # identical replicas
 """
@@ -16,15 +16,14 @@ Example::
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_dagster.data import DirectDataPlane, DriverClient, RemoteReader
+from primus_dagster.data import Batch, DataPlane, DriverClient, RemoteReader
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.distributed import RankLoop, RankProcesses, RankResult, collect_results, serve_rank
-from primus_dagster.training.priority import MixturePriority
+from primus_dagster.training.distributed import LockStep, RankProcesses, collect_results, serve_rank
+from primus_dagster.training.loop import PhaseContext, PhaseLoop, ProgressPoint, RankResult, SavedCheckpoint
 
 BENCH = str(Path(__file__).resolve().parents[2] / "bench")
 if BENCH not in sys.path:
@@ -32,7 +31,31 @@ if BENCH not in sys.path:
 
 from _ddp import run_ddp_in_memory  # noqa: E402 - bench/ on sys.path first
 
-__all__ = ["run_ddp", "run_ddp_in_memory"]
+__all__ = ["PlaneRankResult", "run_ddp", "run_ddp_in_memory"]
+
+
+@dataclass
+class PlaneRankResult(RankResult):
+    """A rank's result and the sample ids it trained, in order (``record_ids``)."""
+
+    sample_ids: list[int] = field(default_factory=list)
+
+
+class IdsSink:
+    """A rank's sink that keeps the sample ids of the reader batches it trained (and nothing else)."""
+
+    def __init__(self, record: bool):
+        self.wants_batches, self.ids = record, list[int]()
+
+    def batch_trained(self, rank: int, step: int, batch: Batch) -> None:
+        if batch.sample_id is not None:
+            self.ids.extend(int(i) for i in batch.sample_id.tolist())
+
+    def progress(self, point: ProgressPoint) -> None:
+        pass
+
+    def checkpoint(self, rank: int, step: int, saved: SavedCheckpoint | None) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -50,38 +73,35 @@ class PlanePlan:
 
 
 def plane_rank(rank: int, init_method: str, out_queue: Any, plan: PlanePlan) -> None:
-    """One rank of :func:`run_ddp`: reads trainer ``rank``'s batches from the data plane and trains."""
+    """One rank of :func:`run_ddp`: reads trainer ``rank``'s batches from the data plane and trains them
+    with the phase loop under the lock-step coordinator, without checkpoints."""
 
-    def body() -> RankResult:
+    def body() -> PlaneRankResult:
         spec = TrainingSpec.model_validate_json(plan.training_spec_json)
-        started, cpu0 = time.perf_counter(), time.process_time()
-        chooser = MixturePriority(plan.kind_weights, seed=spec.seed + rank) if spec.mode == "mixed" else None
+        context = PhaseContext.outside_run(spec, plan.world_size, kind_weights=plan.kind_weights)
+        sink = IdsSink(plan.record_ids)
         with (
             DriverClient(plan.driver_location, token=plan.token) as client,
-            RemoteReader(client, rank, token=plan.token, choose_queue=chooser) as reader,
+            RemoteReader(client, rank, token=plan.token, choose_queue=context.mixture(rank)) as reader,
         ):
-            loop = RankLoop(
-                spec,
-                lambda wait_s: reader.next_batch(timeout=wait_s),
-                record_ids=plan.record_ids,
-                timeout_s=plan.timeout_s,
-            )
+            coordinator = LockStep(timeout_s=plan.timeout_s)
+            loop = PhaseLoop(context, coordinator, reader, sink, checkpoint_every=0)
             loop.run()
-            loop.close()
-        return loop.result(rank, time.perf_counter() - started, time.process_time() - cpu0)
+            coordinator.close()
+        return PlaneRankResult(**vars(loop.result()), sample_ids=sink.ids)
 
     serve_rank(rank, plan.world_size, init_method, plan.n_threads, out_queue, body, timeout_s=plan.timeout_s)
 
 
 def run_ddp(
-    plane: DirectDataPlane,
+    plane: DataPlane,
     spec: TrainingSpec,
     world_size: int,
     *,
     threads_per_rank: int = 1,
     record_ids: bool = False,
     timeout_s: float = 600,
-) -> list[RankResult]:
+) -> list[PlaneRankResult]:
     """Train ``spec``'s model on the plane's data with ``world_size`` ranks (``spawn``-ed
     processes, gloo on loopback); results by rank. RuntimeError naming the rank when one fails."""
     if plane.trainers != world_size:

@@ -30,12 +30,13 @@ import torch.nn.functional as F
 from jobkit import expected_ids, make_job
 from rankkit import run_ddp, run_ddp_in_memory
 
+from primus_dagster.cluster.pooled_plane import PooledDataPlane
 from primus_dagster.data import Batch
-from primus_dagster.data.direct_plane import DirectDataPlane
 from primus_dagster.data.graph import Planner
 from primus_dagster.ports import free_port
 from primus_dagster.spec.job import TrainingSpec
-from primus_dagster.training.distributed import PeerMesh, RankProcesses, params_checksum, serve_rank
+from primus_dagster.training.distributed import PeerMesh, RankProcesses, serve_rank
+from primus_dagster.training.loop import params_checksum
 from primus_dagster.training.models import build_model
 from primus_dagster.training.trainer import RecOptimizer
 
@@ -49,7 +50,7 @@ def _tasks(env: dict) -> list:
 def test_two_ranks_train_every_sample_once_and_end_identical(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="mixed", model="mtrm")
     tasks = _tasks(env)
-    with DirectDataPlane(env["job_path"], env["root"], tasks, executors=2, trainers=2, token="t0k") as plane:
+    with PooledDataPlane(env["job_path"], env["root"], tasks, executors=2, trainers=2, token="t0k") as plane:
         results = run_ddp(plane, env["job"].training, world_size=2, record_ids=True, timeout_s=120)
         plane.driver.raise_if_failed()
     assert [r.rank for r in results] == [0, 1]
@@ -69,7 +70,7 @@ def test_two_ranks_train_every_sample_once_and_end_identical(tmp_path: Path) -> 
 def test_a_group_of_one_trains_the_whole_window(tmp_path: Path) -> None:
     env = make_job(tmp_path, mode="mixed", model="single", hours=1)
     tasks = _tasks(env)
-    with DirectDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=1) as plane:
+    with PooledDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=1) as plane:
         (result,) = run_ddp(plane, env["job"].training, world_size=1, record_ids=True, timeout_s=120)
     assert Counter(result.sample_ids or []) == expected_ids(env, tasks)
     assert result.null_steps == 0 and result.steps > 0 and result.params_checksum
@@ -83,7 +84,7 @@ def test_a_rank_without_any_batch_still_takes_part(tmp_path: Path) -> None:
     assert job_yaml.count("window: 3h\n") == 1
     env["job_path"].write_text(job_yaml.replace("window: 3h\n", "window: 3h\n      shuffle: forward\n"))
     tasks = [t for t in _tasks(env) if t.kind == "batch"]
-    with DirectDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=2) as plane:
+    with PooledDataPlane(env["job_path"], env["root"], tasks, executors=1, trainers=2) as plane:
         results = run_ddp(plane, env["job"].training, world_size=2, record_ids=True, timeout_s=120)
     assert Counter(i for r in results for i in r.sample_ids or []) == expected_ids(env, tasks)
     assert results[1].steps == 0 and results[1].null_steps == results[0].steps > 0

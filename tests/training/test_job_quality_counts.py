@@ -84,7 +84,7 @@ def test_quality_counts_of_a_finished_phase_survive_a_resume(tmp_path: Path) -> 
     cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
     first_stream_step: list[int] = []
 
-    def die_in_stream(step: int, batch: Batch) -> None:
+    def die_in_stream(step: int, batch: Batch, trainer: int) -> None:
         if batch.kind == "stream":
             first_stream_step[:] = first_stream_step or [step]
             if step > first_stream_step[0] + 3:  # past the stream phase's first checkpoint (every 3 steps)

@@ -91,7 +91,7 @@ def _kafka_ids(env: dict, since: datetime) -> Counter:
 
 
 def _increment(env: dict, tracker: MlflowTracker, seen: list[int], fail_after: int | None = None):
-    def on_batch(step: int, batch) -> None:
+    def on_batch(step: int, batch, trainer: int) -> None:
         seen.extend(batch.sample_id.tolist())
         if fail_after is not None and len(seen) >= fail_after:
             raise RuntimeError("injected trainer crash")

@@ -82,7 +82,13 @@ def test_the_cli_run_log_has_a_line_every_5_s_and_mlflow_a_loss_per_step(tmp_pat
     text = "\n".join(text for _, text in lines)
     assert max(gaps) <= 5.0, f"a {max(gaps):.1f} s silence in the run log:\n{text}"
     assert exit_s <= 5.0, f"the command took {exit_s:.1f} s to exit after printing its result"
-    for stage in ("planned ", "data executors up", "first batch after", "checkpoint at step", "evaluation: "):
+    for stage in (
+        "planned ",
+        "data executors up",
+        "training (first step of rank 0 after",
+        "checkpoint at step",
+        "evaluation: ",
+    ):
         assert stage in text, f"no {stage!r} line:\n{text}"
     assert "MLflow run " in text and "model logged: " in text
 

@@ -189,7 +189,7 @@ def test_a_second_train_of_one_window_exits_1_naming_the_first_which_finishes(tm
         assert first.stderr is not None
         for line in first.stderr:
             first_log.append(line)
-            if ": training (first batch" in line:
+            if ": training (first step" in line:
                 training.set()
 
     reader = threading.Thread(target=drain, daemon=True)

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 from jobkit import expected_ids
 
 from primus_dagster.data import Batch
@@ -85,18 +86,18 @@ def test_tiny_files_train_in_full_steps_each_sample_once(
     expected = expected_ids(env, tasks)
 
     steps: list[tuple[int, int, str, list[int]]] = []  # (step, rows, kind, sample ids) of each optimiser step
-    train_micro = Trainer.train_micro
+    apply = Trainer.apply
 
-    def recording(self: Trainer, batch: Batch) -> float:
-        loss = train_micro(self, batch)
+    def recording(self: Trainer, batch: Batch, loss: torch.Tensor, started: float) -> float:
+        value = apply(self, batch, loss, started)
         assert batch.sample_id is not None
         steps.append((self.step, batch.rows, batch.kind, batch.sample_id.tolist()))
-        return loss
+        return value
 
-    monkeypatch.setattr(Trainer, "train_micro", recording)
+    monkeypatch.setattr(Trainer, "apply", recording)
     reported: list[tuple[int, list[int]]] = []  # on_batch: (step, sample ids of the reader batch)
 
-    def on_batch(step: int, batch: Batch) -> None:
+    def on_batch(step: int, batch: Batch, trainer: int) -> None:
         assert batch.sample_id is not None
         reported.append((step, batch.sample_id.tolist()))
 

@@ -3,36 +3,33 @@ does not fit, a window without ready data."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
-from types import SimpleNamespace
 
 import pytest
 from jobkit import make_job
 
 from primus_dagster.data.sources import TimeWindow
 from primus_dagster.spec.job import ModelSpec
-from primus_dagster.training.checkpoint import Checkpoint
+from primus_dagster.training.checkpoint import Checkpoint, save_checkpoint
 from primus_dagster.training.features import FeatureLayout, ModelInit
+from primus_dagster.training.loop import PhaseContext, PhaseLoop, Solo, TrainerStart
 from primus_dagster.training.models import build_model
-from primus_dagster.training.progress import Heartbeat
-from primus_dagster.training.run_state import RunHooks, TrainingRequest, TrainingRun
-from primus_dagster.training.single_trainer import SingleTrainer
 
 
-def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("PRIMUS_HOME", str(tmp_path / "home"))  # the run's scratch folder goes there
+def test_warm_start_from_an_incompatible_model_names_the_run_key(tmp_path) -> None:
     env = make_job(tmp_path, hours=0)
-    window = TimeWindow(datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
-    cfg = TrainingRequest(env["job"], env["job_path"], tmp_path, window, warm_start="train-test/2026-11-01")
-    # a tracker stand-in: no MLflow needed
-    run = TrainingRun(cfg, SimpleNamespace(set_tags=lambda tags: None), [], Heartbeat())
+    spec = env["job"].training
     other = build_model(ModelSpec(type="mtrm", embedding_dim=4, hash_buckets=64), n_dense=3, n_sparse=2)
-    run.warm = Checkpoint(step=7, samples=70, model_state=other.state_dict(), optimizer_state={})
-    run.model_init = ModelInit(FeatureLayout.plain(env["job"].training.model, n_dense=5, n_sparse=3))
-    trainer = SingleTrainer(RunHooks())
-    trainer.begin(run, resume=None)
+    warm = save_checkpoint(
+        Checkpoint(step=7, samples=70, model_state=other.state_dict(), optimizer_state={}), tmp_path / "warm"
+    )
+    init = ModelInit(FeatureLayout.plain(spec.model, n_dense=5, n_sparse=3))
+    start = TrainerStart(str(warm), "warm", warm_key="train-test/2026-11-01")
+    context = dataclasses.replace(PhaseContext.outside_run(spec, world=1, init=init), start=start)
+    loop = PhaseLoop(context, Solo(), reader=None, sink=None)  # type: ignore[arg-type]  # it fails building
     with pytest.raises(ValueError, match="cannot warm-start from run key 'train-test/2026-11-01'"):
-        trainer.build(run)
+        loop.finish()  # builds the model from its start: the warm start
 
 
 def test_a_window_without_ready_data_is_a_clear_error(tmp_path) -> None:

@@ -17,7 +17,8 @@ in-cluster configuration, else ``$KUBECONFIG`` / ``~/.kube/config``):
   ``InPlacePodVerticalScaling``); when the API refuses (no such subresource, a validation error,
   RBAC), the executor is replaced by a new attempt with the new resources. A refusal that says the
   cluster cannot resize at all is remembered (:attr:`KubernetesPool.supports_in_place_resize`);
-* ``close`` deletes every pod of the pool instance (label selector), its Service and Secret; idempotent.
+* ``close`` deletes every pod of the pool instance (label selector), its Service and Secret; idempotent;
+* ``cpu_seconds`` is 0.0: the pods' CPU is not measured from here.
 
 Blacklisted nodes (``avoid_nodes``) accumulate: no later pod of the pool is scheduled there. API
 errors become :class:`~primus_dagster.cluster.pool.PoolError` naming the object and the API's reason
@@ -252,6 +253,7 @@ class KubernetesPool:
         kafka_bootstrap: str | None = None,
         trainers: int | None = None,
         trainer_command: Sequence[str] | None = None,
+        fields: Sequence[str] | None = None,
         token: str | None = None,
         token_secret: SecretRef | None = None,
         owner: V1OwnerReference | None = None,
@@ -260,7 +262,8 @@ class KubernetesPool:
     ) -> KubernetesPool:
         """The ``role`` pool of ``job``: image, namespace, CPU and memory from ``job.pools``; data
         executors read the spec at ``job_spec_path`` inside the image (or a mounted volume) and serve
-        ``trainers`` readers (default ``pools.training.replicas``), trainers run ``trainer_command``;
+        ``trainers`` readers (default ``pools.training.replicas``) the canonical ``fields`` (None:
+        all), trainers run ``trainer_command``;
         ``template``: further :class:`ContainerTemplate` fields."""
         pools = job.pools
         if pools.backend != "kubernetes" or pools.image is None:
@@ -270,7 +273,11 @@ class KubernetesPool:
         spec = pools.data if role == "data" else pools.training
         if role == "data":
             args = DataExecutorArgs(
-                job_spec=job_spec_path, data_root=data_root, trainers=trainers, kafka_bootstrap=kafka_bootstrap
+                job_spec=job_spec_path,
+                data_root=data_root,
+                trainers=trainers,
+                kafka_bootstrap=kafka_bootstrap,
+                fields=tuple(fields) if fields is not None else None,
             )
             container = data_executor_container(pools.image, args, **template)
         elif trainer_command:
@@ -364,6 +371,12 @@ class KubernetesPool:
                 if key not in by_attempt or ours:
                     by_attempt[key] = pod
             return [self._status(e, by_attempt.get((label_value(e.executor_id), str(e.attempt)))) for e in executors]
+
+    def cpu_seconds(self, include_startup: bool = True) -> float:
+        """0.0: the pods' CPU is not measured from here (their containers' usage is the cluster's
+        metrics pipeline's to report; the executors' own CPU load reaches the autoscaler through their
+        heartbeats)."""
+        return 0.0
 
     def executor(self, executor_id: str) -> ExecutorStatus:
         """One executor's status."""

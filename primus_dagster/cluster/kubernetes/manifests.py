@@ -349,6 +349,7 @@ class DataExecutorArgs:
     drain_s: float = 10.0
     linger_s: float = 2.0
     log_level: str = "INFO"
+    fields: tuple[str, ...] | None = None  # the canonical fields the trainers read (None: all)
 
     def argv(self) -> list[str]:
         """The arguments (no token: it comes from ``$PRIMUS_DATA_TOKEN``); shared memory is off,
@@ -369,6 +370,7 @@ class DataExecutorArgs:
             linger_s=self.linger_s,
             log_level=self.log_level,
             shm=False,
+            fields=self.fields,
         )
         return [*config.argv(), "--executor-index", f"$({ENV_EXECUTOR_INDEX})"]
 

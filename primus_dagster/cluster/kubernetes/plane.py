@@ -102,6 +102,7 @@ def kubernetes_pool_factory(
             data_root=plane.data_root,
             kafka_bootstrap=plane.kafka_bootstrap,
             trainers=plane.trainers,
+            fields=plane.fields,
             token=plane.token,
             owner=owner,
             api=api,

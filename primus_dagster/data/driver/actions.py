@@ -62,6 +62,7 @@ def lease_to_dict(lease: Lease) -> dict[str, Any]:
         "attempt": lease.attempt,
         "deadline": lease.deadline,
         "claimed_rows": list(lease.claimed_rows),
+        "place": lease.place,
     }
 
 
@@ -71,6 +72,7 @@ def lease_from_dict(data: dict[str, Any]) -> Lease:
         attempt=int(data["attempt"]),
         deadline=float(data["deadline"]),
         claimed_rows=tuple(int(r) for r in data.get("claimed_rows", ())),
+        place=int(data.get("place", 0)),
     )
 
 

@@ -22,6 +22,7 @@ class Lease:
     attempt: int
     deadline: float  # driver clock (seconds); heartbeat before it
     claimed_rows: tuple[int, ...] = ()  # first_row of batches already claimed: do not serve them
+    place: int = 0  # the task's place among its kind's tasks in the plan's order (the order they were added)
 
 
 @dataclass(frozen=True)

@@ -356,7 +356,8 @@ class DataDriver:
     @staticmethod
     def _lease_of(rec: TaskRecord, deadline: float) -> Lease:
         claimed = () if rec.claimed is None else rec.claimed.to_tuple()
-        return Lease(task=rec.leased_task(), attempt=rec.attempts, deadline=deadline, claimed_rows=claimed)
+        place = max(rec.seq, 0)
+        return Lease(task=rec.leased_task(), attempt=rec.attempts, deadline=deadline, claimed_rows=claimed, place=place)
 
     def _straggler(self, executor_id: str) -> TaskRecord | None:
         """The longest-running task without a backup, held by another executor, running longer than

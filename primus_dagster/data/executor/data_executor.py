@@ -5,7 +5,8 @@ when a buffer it may fill has room and no other runner is waiting for room), rea
 the source's adapter (a join task: left batches labelled from the right events, see
 ``reading``), numbers the output rows to give every batch its ``BatchId(task_id, first_row,
 rows)`` (the same on every re-run), skips the batches the lease says are already claimed, and
-puts the rest into the trainer buffer its stream's shuffle picks (blocking while full:
+puts the rest into the trainer buffer its stream's shuffle picks -- with ``data.deterministic`` and
+several trainers, the one each batch is fixed to (``shuffle.ordered_trainer``) -- (blocking while full:
 backpressure). A task is *completed* at the driver once every one of its batches has been handed
 to a ``DoGet`` stream (so an executor that dies with batches still buffered leaves its tasks to
 be re-leased); a read error *fails* it (with the file/URI in the message; one file of a pack of
@@ -39,7 +40,7 @@ from primus_dagster.data.executor.buffers import TrainerBuffers
 from primus_dagster.data.executor.dataset_server import DatasetServer
 from primus_dagster.data.executor.metrics import RateMeter
 from primus_dagster.data.flight_protocol import conform
-from primus_dagster.data.shuffle import executor_index_from_id, make_shuffle
+from primus_dagster.data.shuffle import FixedShuffle, Shuffle, executor_index_from_id, make_shuffle, ordered_trainer
 from primus_dagster.data.sources import SourceAdapter, SourceContext, make_adapter
 from primus_dagster.data.sources.base import pack_failure
 from primus_dagster.data.task_batches import task_batches
@@ -114,7 +115,10 @@ class DataExecutor:
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max(0.05, self.lease_s / 4)
         self.poll_s = poll_s
         self.shuffles = {s.name: make_shuffle(s.shuffle, self.index, self.trainers) for s in job.dataset.streams}
-        self.targets = sorted({t for s in self.shuffles.values() for t in s.targets()})
+        # data.deterministic with several trainers: each batch's trainer is fixed (shuffle.ordered_trainer)
+        self.ordered = job.data.deterministic and self.trainers > 1
+        targets = range(self.trainers) if self.ordered else (t for s in self.shuffles.values() for t in s.targets())
+        self.targets = sorted(set(targets))
         self.buffers: TrainerBuffers[Batch] = TrainerBuffers(self.trainers, buffer_batches or job.data.buffer_batches)
         self.server = (
             DatasetServer(
@@ -402,7 +406,10 @@ class DataExecutor:
                 batch = Batch(self._conform(columns, task), meta)
                 with self._lock:
                     run.outstanding += 1
-                if self.buffers.put(batch, shuffle, abort=abort) is None:
+                chosen: Shuffle = shuffle
+                if self.ordered:
+                    chosen = FixedShuffle(ordered_trainer(lease.place, run.batches - 1, self.trainers), self.trainers)
+                if self.buffers.put(batch, chosen, abort=abort) is None:
                     return self._abandon(run)
                 with self._lock:
                     self.counters.rows_read += n

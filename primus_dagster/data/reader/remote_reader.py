@@ -13,7 +13,7 @@ longer hears from (frozen ones) are cancelled rather than waited for.
 Executors in this very process (``feeds``: :class:`~primus_dagster.data.executor.DataExecutor`
 objects started with ``serve=False``, located at ``inproc://<id>``) are read by calling them: no
 Flight, no shared memory, no copy -- the reader's tensors are views over the executor's own Arrow
-buffers (``DirectDataPlane(executors_in_process=True)``).
+buffers (:class:`~primus_dagster.data.InTrainerDataPlane`).
 
 An executor on this host (loopback address) that offers it serves through shared memory: the
 stream then carries only descriptors and the batch is read zero-copy from the executor's slot,

@@ -1,15 +1,16 @@
 """Data-parallel training: N training processes as one ``torch.distributed`` group (gloo, CPU).
 
 Rank ``r``: a process, its own :class:`RemoteReader` (``trainer_id = r``) on one data plane made with
-``trainers=N`` (every sample trained once across the ranks); a gradient exchange keeps replicas
-identical. The training job runs such groups with checkpoints (its rank group); the tests
-(``tests/training/rankkit.py``) and the benchmarks (``bench/_ddp.py``) run some without.
+``trainers=N`` (every sample trained once across the ranks), training with the one
+:class:`~primus_dagster.training.loop.PhaseLoop` under the :class:`LockStep` coordinator; a gradient
+exchange keeps replicas identical. The training job runs such groups with checkpoints (its rank group);
+the tests (``tests/training/rankkit.py``) and the benchmarks (``bench/_ddp.py``) run some without.
 
 * :mod:`.mesh` -- the transport: :class:`PeerMesh` (direct sockets), :class:`GlooBytes` (its gloo
   fallback), both a :class:`ByteAllGather`;
-* :mod:`.exchange` -- the gradient exchange: :class:`GradientExchange` (what the loop calls),
+* :mod:`.exchange` -- the gradient exchange: :class:`GradientExchange` (what the coordinator calls),
   :class:`RowSparseExchange` (the one jobs run), :func:`parameter_groups`, the status row's layout;
-* :mod:`.rounds` -- the lock-step loop: :class:`RankLoop`, :class:`RankResult`, :func:`params_checksum`;
+* :mod:`.lockstep` -- :class:`LockStep`: the phase loop's coordinator of a lock-step group;
 * :mod:`.launch` -- starting ranks: :class:`RankProcesses`, :func:`serve_rank`, :func:`collect_results`,
   :func:`pin_cores`.
 
@@ -23,16 +24,17 @@ blocked on trainer 0's full buffer (forward shuffle) makes no batch for trainer 
 drains it only while it steps; under ``Join`` it waits in its step's collective for trainer 1 -- a
 deadlock (seen at 60k rows/hour in ``tests/training/jobkit``). Rounds also keep the Adam states
 identical. The first round in which any rank has data builds the model on every rank with the lowest
-ready rank's widths (same seed): a rank without any batch still takes part. MTRM's label-delay
-counts are added from the gathered label sums of every ready rank, in rank order, so every replica
-holds the group's counts.
+ready rank's widths (same seed): a rank without any batch still takes part. The model's label
+observations (MTRM's label-delay counts) are added from the gathered label sums of every ready rank, in
+rank order, so every replica holds the group's counts. With ``data.deterministic`` every rank waits for
+its next batch in the plan's order instead of polling: who holds what each round is fixed by the data.
 
-**Averaging, MTRM.** Each gradient is averaged over the ranks that trained it in the round
-(MTRM: ranks of kind ``batch`` for the memory tower, ``stream`` for the adapt tower); a
-tower no rank trained is not sent and keeps ``grad=None`` (Adam skips it); a parameter of a tower
-some rank trained gets the group's gradient on every rank (zeros from the others). The stream loss
-gives the memory tower no gradient (``MTRM.memory_state`` is detached). A :class:`GradientExchange`
-does this; two exist:
+**Averaging.** Each gradient is averaged over the ranks that trained it in the round, as the model
+declares what a kind trains (:meth:`~primus_dagster.training.models.RecModel.parameter_groups`; MTRM:
+ranks of kind ``batch`` for the memory tower, ``stream`` for the adapt tower); a group no rank trained
+is not sent and keeps ``grad=None`` (Adam skips it); a parameter of a group some rank trained gets the
+group's gradient on every rank (zeros from the others). A :class:`GradientExchange` does this; two
+exist:
 
 * ``row_sparse`` (:class:`RowSparseExchange`, the default): embedding tables keep sparse gradients; each
   rank coalesces its table gradient to the rows its step touched (once) and sends one message a
@@ -53,10 +55,11 @@ Example (one rank over a data plane; start ``world`` of them with :class:`RankPr
     def rank_main(rank: int, init_method: str, out: Any, plan: Plan) -> None:
         def body() -> RankResult:
             with DriverClient(plan.location) as client, RemoteReader(client, rank) as reader:
-                loop = RankLoop(plan.spec, lambda wait_s: reader.next_batch(timeout=wait_s))
+                coordinator = LockStep()
+                loop = PhaseLoop(plan.context, coordinator, reader, plan.sink(out), checkpoint_every=0)
                 loop.run()
-                loop.close()
-            return loop.result(rank, wall_s, cpu_s)
+                coordinator.close()
+            return loop.result()
 
         serve_rank(rank, plan.world, init_method, 1, out, body)
 
@@ -79,24 +82,22 @@ from primus_dagster.training.distributed.launch import (
     pin_cores,
     serve_rank,
 )
+from primus_dagster.training.distributed.lockstep import LockStep
 from primus_dagster.training.distributed.mesh import ByteAllGather, GlooBytes, PeerMesh
-from primus_dagster.training.distributed.rounds import RankLoop, RankResult, params_checksum
 
 __all__ = [
     "ByteAllGather",
     "Divisor",
     "GlooBytes",
     "GradientExchange",
+    "LockStep",
     "PeerMesh",
-    "RankLoop",
     "RankProcesses",
-    "RankResult",
     "RoundMessages",
     "RowSparseExchange",
     "collect_results",
     "first_failure",
     "parameter_groups",
-    "params_checksum",
     "pin_cores",
     "serve_rank",
 ]

@@ -1,24 +1,25 @@
 """The gradient exchange: how a ready rank's gradients become the group's in a round.
 
-:class:`~primus_dagster.training.distributed.rounds.RankLoop` runs the rounds; a
+:class:`~primus_dagster.training.distributed.lockstep.LockStep` coordinates the rounds; a
 :class:`GradientExchange` builds the model's trainer and turns the round's messages into the
-group's gradients (package docstring: *Averaging, MTRM*). :class:`RowSparseExchange` is the one
-the training job runs. The round's status row (``STATUS_FIELDS`` float64 fields, then the rows
-touched per table, ``MAX_TABLES`` of them) heads every rank's message: both the loop and the
-exchange read it.
+group's gradients (package docstring: *Averaging*). :class:`RowSparseExchange` is the one
+the training job runs. What a micro-batch of a kind trains is the model's own declaration
+(:meth:`~primus_dagster.training.models.RecModel.parameter_groups`): the exchange knows no model. The
+round's status row (``STATUS_FIELDS`` float64 fields, then the rows touched per table, ``MAX_TABLES`` of
+them) heads every rank's message: both the coordinator and the exchange read it.
 
 Example (a strategy of one's own: the loop calls these, in this order)::
 
     class MyExchange:                       # satisfies GradientExchange
         round_messages = True               # backward before the round's all-gather
         sent, seconds = 0, 0.0
-        def build(self, spec, init): ...                    # -> Trainer (same seed on every rank)
+        def build(self, spec, init, *, deterministic): ...  # -> Trainer (same seed on every rank)
         def pack(self, status, kind): ...                    # -> this rank's message, or None
         def gradients(self, trainer, micro, loss, messages, divisor): ...   # -> loss
         def null_gradients(self, trainer, kind, messages, divisor): ...
         def reset_counters(self): ...
 
-    loop = RankLoop(spec, pull, exchange=MyExchange())
+    loop = PhaseLoop(context, LockStep(MyExchange()), reader, sink)
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ from torch import nn
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.features import ModelInit
-from primus_dagster.training.models import KINDS, MAX_SPARSE_TABLES, MTRM, build_initial_model, sparse_tables
+from primus_dagster.training.models import (
+    KINDS,
+    MAX_SPARSE_TABLES,
+    ParameterGroups,
+    RecModel,
+    build_initial_model,
+    sparse_tables,
+)
 from primus_dagster.training.trainer import Trainer, coalesced_rows
 
 # KINDS (models): a micro-batch's kind, by its index in the status row
@@ -49,16 +57,15 @@ HEADER_BYTES = 8 * (STATUS_FIELDS + MAX_TABLES)  # the status row at the head of
 
 
 class GradientExchange(Protocol):
-    """One rank's side of the gradient exchange in :class:`~.rounds.RankLoop`'s rounds.
+    """One rank's side of the gradient exchange in a :class:`~.lockstep.LockStep` group's rounds.
 
     ``round_messages``: True -- a ready rank runs backward *before* the round's all-gather and
     :meth:`pack` puts its gradients into its round message (which heads with the status row; the
     loop sends it through a :class:`~.mesh.ByteAllGather` in a group of more than one); False -- the
     round's all-gather carries the status rows only (gloo), and the gradients are exchanged during
     :meth:`gradients`, after it (e.g. inside a ``DistributedDataParallel`` backward).
-    ``divisor``: for each parameter group (``memory`` / ``adapt`` / ``all``, :func:`parameter_groups`)
-    the number of ranks that trained it this round (0: nobody; the group keeps ``grad=None``); the
-    loop updates the same mapping in place every round. ``sent``: bytes this rank put into the
+    ``divisor``: for each parameter group of the model (:class:`~primus_dagster.training.models.ParameterGroups`)
+    the number of ranks that trained it this round (0: nobody; the group keeps ``grad=None``). ``sent``: bytes this rank put into the
     exchange; ``seconds``: seconds spent in it outside the loop's all-gather (which the loop counts).
     """
 
@@ -68,9 +75,10 @@ class GradientExchange(Protocol):
     @property
     def seconds(self) -> float: ...
 
-    def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
+    def build(self, spec: TrainingSpec, init: ModelInit, *, deterministic: bool) -> Trainer:
         """The model on ``init`` (``spec.seed``: the same on every rank) and its trainer
-        (``observe_labels=False``: the loop adds the group's label counts)."""
+        (``observe_labels=False``: the loop adds the group's label counts; ``deterministic``: the run is
+        ``data.deterministic``)."""
         ...
 
     def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
@@ -96,25 +104,11 @@ class GradientExchange(Protocol):
         ...
 
 
-def parameter_groups(model: nn.Module) -> dict[int, str]:
-    """``id(parameter) -> group`` whose gradients are averaged together: MTRM's ``memory`` /
-    ``adapt`` towers, ``all`` for other models."""
-    mtrm = isinstance(model, MTRM)
-    return {id(p): (name.split(".")[0] if mtrm else "all") for name, p in model.named_parameters()}
-
-
-def groups_of(kind: int, adapt_on_batch: bool = False) -> tuple[str, ...]:
-    """The parameter groups a micro-batch of kind ``KINDS[kind]`` trains (the divisor's rule);
-    ``adapt_on_batch``: an MTRM with ``adapt_batch_weight`` > 0, whose batch samples train the adapt
-    tower too (:func:`adapt_learns_batch`)."""
-    if KINDS[kind] == "batch":
-        return ("all", "memory", "adapt") if adapt_on_batch else ("all", "memory")
-    return ("all", "adapt")
-
-
-def adapt_learns_batch(model: nn.Module) -> bool:
-    """Whether ``model``'s batch samples also train its adapt tower (MTRM, ``adapt_batch_weight`` > 0)."""
-    return isinstance(model, MTRM) and model.spec.adapt_batch_weight > 0
+def parameter_groups(model: RecModel) -> dict[int, str]:
+    """``id(parameter) -> group`` whose gradients are averaged together (the model's own
+    :meth:`~primus_dagster.training.models.RecModel.parameter_groups`)."""
+    groups = model.parameter_groups()
+    return {id(p): groups.group_of(name) for name, p in model.named_parameters()}
 
 
 class RowSparseExchange:
@@ -149,20 +143,20 @@ class RowSparseExchange:
 
     round_messages = True
 
-    def __init__(self, model: nn.Module | None = None):
+    def __init__(self, model: RecModel | None = None):
         self.group: dict[int, str] = {}
         self.tables: list[nn.Parameter] = []
         self.dense: dict[str, list[nn.Parameter]] = {}
         self.active = False  # indexed a model: packs and applies messages
-        self.adapt_on_batch = False  # a batch rank's message carries its adapt tower's gradients too
+        self.groups = ParameterGroups.one()  # what a micro-batch of each kind trains (the model's declaration)
         self.sent, self.pack_s, self.apply_s = 0, 0.0, 0.0
         if model is not None:
             self.index(model)
 
-    def index(self, model: nn.Module) -> None:
+    def index(self, model: RecModel) -> None:
         """Sort ``model``'s parameters into tables and dense groups: the messages' layout."""
+        self.groups = model.parameter_groups()
         self.group = parameter_groups(model)
-        self.adapt_on_batch = adapt_learns_batch(model)
         self.tables = sparse_tables(model)
         sparse = {id(p) for p in self.tables}
         self.dense = {}
@@ -173,12 +167,12 @@ class RowSparseExchange:
             raise ValueError(f"{len(self.tables)} sparse embedding tables; at most {MAX_TABLES}")
         self.active = True
 
-    def build(self, spec: TrainingSpec, init: ModelInit) -> Trainer:
+    def build(self, spec: TrainingSpec, init: ModelInit, *, deterministic: bool = False) -> Trainer:
         """The model with sparse embedding gradients (the default) and its trainer."""
         model = build_initial_model(spec.model, init, seed=spec.seed)
         if dist.get_world_size() > 1:
             self.index(model)
-        return Trainer(model, spec, observe_labels=False, replicas=dist.get_world_size())
+        return Trainer(model, spec, observe_labels=False, replicas=dist.get_world_size(), deterministic=deterministic)
 
     @property
     def seconds(self) -> float:
@@ -203,7 +197,7 @@ class RowSparseExchange:
             self.apply(messages, divisor)
 
     def _tables_of(self, kind: int) -> list[int]:
-        groups = groups_of(kind, self.adapt_on_batch)
+        groups = self.groups.trained_by(KINDS[kind])
         return [i for i, p in enumerate(self.tables) if self.group[id(p)] in groups]
 
     def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
@@ -225,7 +219,7 @@ class RowSparseExchange:
             values.append(v.contiguous())
         dense = [
             p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
-            for g in groups_of(kind, self.adapt_on_batch)
+            for g in self.groups.trained_by(KINDS[kind])
             for p in self.dense.get(g, [])
         ]
         parts = [status, *rows, *dense, *values]
@@ -249,7 +243,7 @@ class RowSparseExchange:
             for i, n in tables:
                 rows.setdefault(i, []).append(message[offset : offset + 8 * n].view(torch.int64))
                 offset += 8 * n
-            for g in groups_of(kind, self.adapt_on_batch):
+            for g in self.groups.trained_by(KINDS[kind]):
                 n = 4 * sum(p.numel() for p in self.dense.get(g, []))
                 dense.setdefault(g, []).append(message[offset : offset + n].view(torch.float32))
                 offset += n
@@ -261,7 +255,7 @@ class RowSparseExchange:
             if offset != message.numel():
                 raise ValueError(f"a round's message of {message.numel()} bytes; its status describes {offset}")
         for g, params in self.dense.items():
-            if not divisor[g]:
+            if not divisor.get(g, 0):
                 for p in params:
                     p.grad = None
                 continue
@@ -271,7 +265,7 @@ class RowSparseExchange:
                 p.grad = total[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
         for i, p in enumerate(self.tables):
-            d = divisor[self.group[id(p)]]
+            d = divisor.get(self.group[id(p)], 0)
             if not d or not sum(r.numel() for r in rows.get(i, [])):
                 p.grad = None
                 continue

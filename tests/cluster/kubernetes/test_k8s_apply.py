@@ -391,6 +391,7 @@ def test_data_plane_setup_refuses_another_namespace_and_passes_the_env_sources_o
             "kafka_bootstrap": None,
             "trainers": 1,
             "token": None,
+            "fields": None,
         },
     )()
     pool = setup["pool_factory"](plane)

@@ -1,7 +1,7 @@
 """The Kubernetes pool as a ``PooledDataPlane``'s data pool: a real plane (driver served over Flight) whose
 pool talks to the FAKE ``CoreV1Api`` of ``fake_core_v1.py``, since no Kubernetes API server runs here.
-The plane's driver address, token, trainer count and the job's image and namespace reach the executor
-pods; closing the plane deletes them, the Service and the Secret."""
+The plane's driver address, token, trainer count, serving fields and the job's image and namespace reach the
+executor pods (their CPU is not measured from here); closing the plane deletes them, the Service and the Secret."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def test_a_plane_runs_its_data_executors_as_pods(tmp_path: Path) -> None:
     job = load_job_spec(job_path)
     api = FakeCoreV1Api()
     factory = kubernetes_pool_factory("run-42", job_spec_path="/app/job.yaml", api=api)
-    with PooledDataPlane(job_path, tmp_path, trainers=2, token=TOKEN, pool_factory=factory) as plane:
+    fields = ("sparse", "label", "dense")
+    with PooledDataPlane(job_path, tmp_path, trainers=2, token=TOKEN, pool_factory=factory, fields=fields) as plane:
         pods = api.pods("ml")
         assert len(pods) == job.pools.data.replicas
         for pod in pods:
@@ -40,7 +41,8 @@ def test_a_plane_runs_its_data_executors_as_pods(tmp_path: Path) -> None:
             assert args[args.index("--trainers") + 1] == "2"
             assert args[args.index("--job-spec") + 1] == "/app/job.yaml"
             assert args[args.index("--data-root") + 1] == str(tmp_path)
-        assert plane.pool is not None
+            assert args[args.index("--fields") + 1] == "dense,label,sparse"
+        assert plane.pool is not None and plane.cpu_seconds() == 0.0
         assert {s.state for s in plane.pool.status()} <= {"starting", "running"}
     api._observe()
     assert api.objects == {}

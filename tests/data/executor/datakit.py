@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,8 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from primus_dagster.data.batch import Batch
-from primus_dagster.data.direct_plane import DirectDataPlane
 from primus_dagster.data.driver.api import Completion, ExecutorReport, Lease
 from primus_dagster.data.sources import SourceContext, TimeWindow, make_adapter
 from primus_dagster.data.tasks import BatchId, DataTask
@@ -69,39 +67,6 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
             return bool(predicate())
         time.sleep(0.01)
     return True
-
-
-def read_everything(plane: DirectDataPlane, timeout: float = 30.0) -> list[int]:
-    """Every sample id the trainer-side reader yields until the data ends."""
-    got: list[int] = []
-    with plane.reader(0, refresh_s=0.1) as reader:
-        while (batch := reader.next_batch(timeout=timeout)) is not None:
-            got += batch.sample_id.tolist()
-    return got
-
-
-def kill_mid_serving(plane: DirectDataPlane, collect: Callable[[Batch], None], claims: int, victim: int = 0) -> int:
-    """Read every batch of ``plane`` in a thread (each handed to ``collect``); once ``claims`` batches are
-    claimed, SIGKILL executor ``victim``, then wait for the reader to end by itself. The tasks running
-    at the kill."""
-    with plane.reader(0, refresh_s=0.1) as reader:
-        done = threading.Event()
-
-        def consume() -> None:
-            for batch in reader:
-                collect(batch)
-            done.set()
-
-        thread = threading.Thread(target=consume, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while plane.driver.status()["claimed_batches"] < claims and time.monotonic() < deadline:
-            time.sleep(0.02)
-        running = int(plane.driver.status()["counts"]["running"])
-        plane.kill(victim)  # it holds leased, half-served tasks
-        assert done.wait(90), "the reader did not finish after the kill"
-        thread.join(5)
-    return running
 
 
 def job_text(

@@ -12,13 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from primus_dagster.data import Batch, DirectDataPlane, Normalizer, SourceContext, arrow_to_tensors, make_adapter
+from primus_dagster.data import Batch, Normalizer, SourceContext, arrow_to_tensors, make_adapter
 from primus_dagster.data.canonical import check_fields, native_columns
 from primus_dagster.data.executor import DataExecutor
 from primus_dagster.data.executor.process import ExecutorConfig, parse_args
 from primus_dagster.spec import parse_job_spec
 from tests.data.executor.datakit import FakeDriver, job_spec, job_text, plan, write_tree
 from tests.data.executor.test_executor import join_task
+from tests.data.planekit import local_plane
 
 TRAIN = ("label", "dense", "sparse")
 
@@ -157,7 +158,7 @@ def test_plane_with_fields_delivers_every_row_once(tmp_path: Path, shm: bool) ->
     job_path.write_text(job_text(batch_rows=128))
     tasks = plan(parse_job_spec(job_path.read_text()), tmp_path)
     rows, sparse = 0, []
-    plane = DirectDataPlane(job_path, tmp_path, tasks, executors=2, shm=shm, fields=TRAIN)
+    plane = local_plane(job_path, tmp_path, tasks, executors=2, shm=shm, fields=TRAIN)  # executor processes
     with plane, plane.reader(0) as reader:
         for batch in reader:
             assert batch.ts is None and batch.columns.schema.names == ["label", "dense", "user_id"]

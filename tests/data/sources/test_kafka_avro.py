@@ -417,7 +417,7 @@ def test_an_avro_topic_with_a_registry_trains_end_to_end(kafka_broker, tmp_path:
                 executors=1,
                 evaluate=False,
             ),
-            RunHooks(on_batch=lambda step, batch: seen.extend(int(i) for i in batch.sample_id.tolist())),
+            RunHooks(on_batch=lambda step, batch, trainer: seen.extend(int(i) for i in batch.sample_id.tolist())),
         )
     assert Counter(seen) == world["ids"]  # each once; the unknown-id record never
     assert result.data_quality["events"]["undecodable_record"] == 1

@@ -25,7 +25,7 @@ import pytest
 from jobkit import expected_ids, kill_at_first_checkpoint, make_job, resume_and_count
 
 from primus_dagster.spec import load_job_spec
-from primus_dagster.training.rank_group import RankFailedError
+from primus_dagster.training.phase_trainer import TrainerFailedError
 from primus_dagster.training.run_state import RunHooks, TrainingRequest
 from primus_dagster.training.window import train_window
 
@@ -54,7 +54,7 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(
     trained: Counter = Counter()
     steps: list[int] = []
 
-    def on_batch(step: int, batch) -> None:
+    def on_batch(step: int, batch, trainer: int) -> None:
         trained.update(batch.sample_id.tolist())
         steps.append(step)
 
@@ -83,7 +83,7 @@ def test_two_trainers_train_every_sample_once_with_checkpoints(
     for stage in ("planning window", "planned ", "MLflow: opening the run", "logging the model to MLflow"):
         assert any(line.startswith(stage) for line in lines), stage
     assert any("data executors up; starting 2 trainer rank(s)" in line for line in lines)
-    assert any("training (first progress from rank" in line for line in lines)
+    assert any("training (first step of rank" in line for line in lines)
     assert sorted(d.dataset.name for d in run.inputs.dataset_inputs) == sorted(result.consumed) == ["events", "imp"]
     assert result.data_quality == {"imp": {"dense_invalid": 2}}
     assert run.data.metrics["data_quality.imp.dense_invalid"] == 2.0
@@ -127,7 +127,7 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_leaves_no_process(tmp_p
     )
     before = _children()
     cfg = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
-    with pytest.raises(RankFailedError, match=r"trainer rank 1 failed[\s\S]*injected failure of rank 1 at round 3"):
+    with pytest.raises(TrainerFailedError, match=r"trainer rank 1 failed[\s\S]*injected failure of rank 1 at round 3"):
         train_window(cfg, RunHooks(rank_hook=functools.partial(fail_at, 1, 3, None)))
     deadline = time.monotonic() + 10
     while _children() - before and time.monotonic() < deadline:
@@ -148,7 +148,7 @@ def test_restart_on_failure_continues_the_group_from_its_checkpoint(tmp_path: Pa
     result = train_window(
         cfg,
         RunHooks(
-            on_batch=lambda step, batch: trained.update(batch.sample_id.tolist()),
+            on_batch=lambda step, batch, trainer: trained.update(batch.sample_id.tolist()),
             # round 7: after the first checkpoint (due at round 3; mixed mode's drain trains each kind's
             # open micro-batch first, up to 2 more rounds), before the last
             rank_hook=functools.partial(fail_at, 0, 7, str(tmp_path / "failed-once")),

@@ -1,4 +1,4 @@
-"""Training jobs end to end: real executor processes, Flight, the driver, MLflow (SQLite).
+"""The window skeleton (``train_window``) end to end: real executor processes, Flight, the driver, MLflow (SQLite).
 
 The kill test SIGKILLs a running ``primus-dagster train`` (with its executors: the whole process
 group, as when a node dies), restarts it, and checks through the log of trained sample ids that it resumed
@@ -41,7 +41,7 @@ def test_mixed_mtrm_job_checkpoints_evaluates_and_logs_a_loadable_model(tmp_path
                 executors=2,
                 progress=lambda p: phases.append(p["phase"]),
             ),
-            RunHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+            RunHooks(on_batch=lambda step, batch, trainer: samples.append(step, batch.sample_id)),
         )
     expected = expected_ids(env)
     trained = Counter(int(i) for _, ids in read_trained_sample_ids(tmp_path / "samples.bin") for i in ids)
@@ -143,12 +143,12 @@ def test_a_torn_checkpoint_upload_resumes_from_the_previous_one_exactly_once(tmp
     with TrainedSampleIdsLog(tmp_path / "run1.bin") as samples, pytest.raises(TornUpload):
         train_window(
             replace(cfg, tracker=tearing),
-            RunHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+            RunHooks(on_batch=lambda step, batch, trainer: samples.append(step, batch.sample_id)),
         )
     with TrainedSampleIdsLog(tmp_path / "run2.bin") as samples:
         result = train_window(
             replace(cfg, tracker=MlflowTracker(uri, exp)),
-            RunHooks(on_batch=lambda step, batch: samples.append(step, batch.sample_id)),
+            RunHooks(on_batch=lambda step, batch, trainer: samples.append(step, batch.sample_id)),
         )
     resumed = result.resumed_from_step
     assert resumed is not None and 5 <= resumed < tearing.torn_step  # the complete one before the torn one
