@@ -40,17 +40,27 @@ from primus_dagster.training.distributed import (
     RankProcesses,
     RoundMessages,
     RowSparseExchange,
+    ShardedExchange,
     collect_results,
     parameter_groups,
     pin_cores,
     serve_rank,
 )
 from primus_dagster.training.features import ModelInit
-from primus_dagster.training.loop import PhaseContext, PhaseLoop, ProgressPoint, RankResult, SavedCheckpoint
+from primus_dagster.training.loop import (
+    PhaseContext,
+    PhaseLoop,
+    ProgressPoint,
+    RankResult,
+    SavedCheckpoint,
+    TableShards,
+)
 from primus_dagster.training.models import build_initial_model
 from primus_dagster.training.trainer import Trainer, TrainerStats
 
-Exchange = Literal["row_sparse", "ddp_dense"]
+from _common import vm_hwm
+
+Exchange = Literal["row_sparse", "ddp_dense", "row_wise"]
 
 
 def _average_hook(state: DenseDDPExchange, bucket):  # DDP rejects string annotations
@@ -90,6 +100,7 @@ class DenseDDPExchange:
     """
 
     round_messages = False
+    table_shards: TableShards | None = None
 
     def __init__(self) -> None:
         self.group: dict[int, str] = {}  # id(parameter) -> memory | adapt | all
@@ -103,6 +114,9 @@ class DenseDDPExchange:
 
     def reset_counters(self) -> None:
         self.sent, self.comm_s = 0, 0.0
+
+    def close(self) -> None:
+        pass  # its all-reduces are DDP's
 
     def build(self, spec: TrainingSpec, init: ModelInit, *, deterministic: bool = False) -> Trainer:
         """Dense embedding gradients: the comm hook reduces flat dense buckets. MTRM trains the paper's
@@ -137,7 +151,11 @@ class DenseDDPExchange:
         (trainer.module(dense, sparse, kind).sum() * 0.0).backward()
 
 
-EXCHANGES: dict[str, Callable[[], GradientExchange]] = {"row_sparse": RowSparseExchange, "ddp_dense": DenseDDPExchange}
+EXCHANGES: dict[str, Callable[[], GradientExchange]] = {
+    "row_sparse": RowSparseExchange,  # replicated tables
+    "ddp_dense": DenseDDPExchange,
+    "row_wise": ShardedExchange,  # tables sharded by rows (training.sharding: row_wise)
+}
 
 
 @dataclass(frozen=True)
@@ -153,6 +171,7 @@ class InMemoryPlan:
     cores: list[list[int] | None] | None = None
     transport: Literal["auto", "gloo"] = "auto"
     timeout_s: float = 600.0
+    states_dir: str | None = None  # each rank saves its final model state there (``<rank>.pt``)
 
 
 class ShardReader:
@@ -195,7 +214,7 @@ def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMe
     making this rank's messages, ``gather_s`` exchanging them, waiting for the peer included,
     ``apply_s`` summing the gradients), bytes this rank put into its collectives per round
     (``exchange_bytes_per_step``), seconds of one gloo all-reduce of that many bytes
-    (``allreduce_probe_s``)."""
+    (``allreduce_probe_s``), the process's peak RSS (``peak_rss_mb``)."""
 
     def body() -> RankResult:
         pin_cores(plan.cores[rank] if plan.cores else None)
@@ -223,10 +242,13 @@ def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMe
         flat, probe0 = torch.zeros(int(longest) // 4), time.perf_counter()
         for _ in range(5):
             dist.all_reduce(flat)
+        if plan.states_dir is not None:
+            torch.save(loop.state.trainer.model.state_dict(), f"{plan.states_dir}/{rank}.pt")  # type: ignore[union-attr]
         result.extra = {
             "exchange_s": exchange.seconds + coordinator.mesh_s,
             "exchange_bytes_per_step": per_step,
             "allreduce_probe_s": (time.perf_counter() - probe0) / 5,
+            "peak_rss_mb": vm_hwm() / 2**20,  # this rank's process
         }
         if isinstance(exchange, RowSparseExchange) and exchange.active:  # a group of one exchanges nothing
             result.extra.update(pack_s=exchange.pack_s, gather_s=coordinator.mesh_s, apply_s=exchange.apply_s)
@@ -246,6 +268,7 @@ def run_ddp_in_memory(
     timeout_s: float = 600,
     cores: list[list[int] | None] | None = None,
     transport: Literal["auto", "gloo"] = "auto",
+    states_dir: str | None = None,
 ) -> list[RankResult]:
     """:func:`ddp_in_memory_worker` on ``len(shard_paths)`` ranks (a group without a data plane);
     rank ``r`` bound to ``cores[r]`` (None: unbound); ``transport="gloo"``: the row-sparse exchange
@@ -261,6 +284,7 @@ def run_ddp_in_memory(
         cores=cores,
         transport=transport,
         timeout_s=timeout_s,
+        states_dir=states_dir,
     )
     with RankProcesses(ddp_in_memory_worker, plan.world_size, plan, name="ddp-rank") as ranks:
         return collect_results(ranks, timeout_s)

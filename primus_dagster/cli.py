@@ -70,8 +70,8 @@ EXIT_CODES = """exit codes:
            data that does not fit its spec read while training, a full disk (a checkpoint that
            could not be written: the same command resumes from the previous one)
   2        bad input: an argument out of range (with the usage line), an invalid job spec, an
-           unknown source, a custom model that cannot be built, data that does not fit its
-           declaration (validate --data)
+           unknown source, a custom model that cannot be built, a model that does not fit
+           pools.training.memory, data that does not fit its declaration (validate --data)
   3        train --fail-below-baseline: the model does not learn (the 'quality:' line says why)
   128 + N  cancelled by signal N (130: SIGINT, 143: SIGTERM)"""
 
@@ -93,6 +93,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
     print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
     _check_device(args, job)
+    _check_memory(args, job)
     if job.training.model.factories():
         _check_custom_model(args, job)
     return _check_data(args, job) if args.data else 0
@@ -106,6 +107,23 @@ def _check_device(args: argparse.Namespace, job: JobSpec) -> None:
     _, line = resolve_device(job.training.device, trainers=job.pools.training.replicas)
     if job.training.device != "cpu":
         print(f"{args.spec}: device: {line}")
+
+
+def _check_memory(args: argparse.Namespace, job: JobSpec) -> None:
+    """The trainers' memory and table sharding on the layout the spec's first source maps
+    (:mod:`~primus_dagster.training.memory_plan`): one line, or a
+    :class:`~primus_dagster.training.memory_plan.MemoryPlanError` naming the fix (exit 2)."""
+    from primus_dagster.cluster.pool import memory_bytes
+    from primus_dagster.training.features import FeatureLayout
+    from primus_dagster.training.memory_plan import plan_memory
+
+    layout = FeatureLayout.of_mapping(job.training, next(s for _, s in job.dataset.all_sources()).columns)
+    if layout is None:
+        print(f"{args.spec}: memory: the layout is known only from the data: checked at the start of training")
+        return
+    pool = job.pools.training
+    plan = plan_memory(job.training, pool, layout, limit_bytes=memory_bytes(pool.memory))
+    print(f"{args.spec}: {plan.line()}")
 
 
 def _check_custom_model(args: argparse.Namespace, job: JobSpec) -> None:
@@ -588,13 +606,15 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         from primus_dagster.data.sources.kafka.security import KafkaConfigError
         from primus_dagster.training.device import DeviceError
         from primus_dagster.training.live import NotLiveError
+        from primus_dagster.training.memory_plan import MemoryPlanError
         from primus_dagster.training.model_api import ModelFactoryError
 
         if isinstance(exc, PermanentDataError | KafkaConfigError):  # data that does not fit its spec, read
             print(f"error: {exc}", file=sys.stderr)  # in this process; a Kafka it cannot reach or configure
             return 1
-        # a custom model that cannot be built or breaks the protocol; a training.device this machine lacks
-        if isinstance(exc, ModelFactoryError | DeviceError):
+        # a custom model that cannot be built or breaks the protocol; a training.device this machine lacks; a
+        # model that does not fit pools.training.memory
+        if isinstance(exc, ModelFactoryError | DeviceError | MemoryPlanError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if not isinstance(exc, (NotLiveError, TailOffsetError)):

@@ -177,6 +177,7 @@ LONGEST_FIRST = (
     "tests/devtools/test_demo.py",  # ~200-340 s: make demo, then make dev with its sensors, the UI in a browser
     "tests/training/test_rank_group.py",  # ~135
     "tests/training/test_distributed.py",  # ~135
+    "tests/training/test_sharded.py",  # ~120
     "tests/training/test_custom_model_train.py",  # ~125
     "tests/training/test_window.py",  # ~75
     "tests/cluster/test_autoscaler_live.py",  # ~70

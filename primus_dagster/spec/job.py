@@ -513,6 +513,22 @@ class TrainingSpec(StrictModel):
         description="Steps a run trains eagerly before compile: auto compiles (the first compile on a machine "
         "takes ~20 s of CPU, each later process ~3.5 s: a shorter run never pays it).",
     )
+    sharding: Literal["auto", "replicated", "row_wise"] = Field(
+        default="auto",
+        description="Where a group of trainers (pools.training.replicas > 1) keeps the built-in embedding "
+        "tables and their optimiser state: replicated -- every trainer holds every row; row_wise -- each "
+        "trainer holds 1/N of every table's rows and their state, and a step fetches the rows it looks up "
+        "from their owners (docs/training.md, 'Sharded tables'); auto -- row_wise once the replicated tables "
+        "and state would take more than half of pools.training.memory, else replicated. A model that does not "
+        "fit pools.training.memory is refused before training, naming the sharding and group that would fit.",
+    )
+    embedding_optimizer: Literal["adam", "row_wise_adagrad"] = Field(
+        default="adam",
+        description="The embedding tables' optimiser: adam -- lazy Adam, two moments a value (the tables' state "
+        "is twice the tables); row_wise_adagrad -- Adagrad with one accumulated squared gradient a row (FBGEMM's "
+        "and TorchRec's fused row-wise optimiser: the state is 1/dim of the table). The dense parameters "
+        "always take Adam.",
+    )
 
     priority_weights: object = Field(
         default=None,

@@ -6,7 +6,9 @@ A checkpoint is one directory holding
 * ``progress.json`` -- everything else, human-readable: ``format``, ``step``, ``samples``,
   ``phase``, the data driver's barrier snapshot, the source versions (Delta version, Iceberg
   snapshot, Kafka offsets) and ``extra`` (window, metrics, mode, ...)
-* ``manifest.json`` -- the size and sha256 of the two files above, written (and uploaded) last
+* ``shards/``       -- a group whose tables are sharded: the tables' rows and their Adam moments, as
+  ``torch.distributed.checkpoint`` files every rank wrote its share of (:mod:`~primus_dagster.training.shard_state`)
+* ``manifest.json`` -- the size and sha256 of every file above, written (and uploaded) last
 
 :func:`save_checkpoint` writes a temp sibling directory and renames it into place, so a reader
 never sees a half-written checkpoint on local disk. An upload can still be cut (the process killed
@@ -33,6 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from primus_dagster.training.shard_state import SHARDS_DIR, ShardedInfo
+from primus_dagster.training.shard_state import merge_shards as merge_shards_of
 
 if TYPE_CHECKING:
     from primus_dagster.training.features import FeatureLayout
@@ -160,13 +165,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _listed(directory: Path) -> list[str]:
+    """The files the manifest lists, relative: ``model.pt``, ``progress.json``, every file of ``shards/``."""
+    shards = directory / SHARDS_DIR
+    parts = (
+        sorted(p.relative_to(directory).as_posix() for p in shards.rglob("*") if p.is_file()) if shards.is_dir() else []
+    )
+    return [MODEL_FILE, PROGRESS_FILE, *parts]
+
+
 def manifest_of(directory: Path) -> dict[str, Any]:
     """The manifest of a checkpoint directory's files (sizes, sha256), which :func:`verify_checkpoint` checks."""
     return {
         "format": CHECKPOINT_FORMAT,
         "files": {
             name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
-            for name in (MODEL_FILE, PROGRESS_FILE)
+            for name in _listed(directory)
         },
     }
 
@@ -175,7 +189,7 @@ def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
     """The files of the checkpoint in ``directory`` in upload order: the manifest comes last, so an
     upload cut anywhere leaves a checkpoint that :func:`load_checkpoint` refuses."""
     root = Path(directory)
-    return [root / MODEL_FILE, root / PROGRESS_FILE, root / MANIFEST_FILE]
+    return [root / name for name in _listed(root)] + [root / MANIFEST_FILE]
 
 
 def verify_checkpoint(directory: str | os.PathLike[str]) -> None:
@@ -217,8 +231,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path:
-    """Write ``ckpt`` to ``directory`` atomically and return it (as an absolute :class:`Path`).
+def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str], *, shards: Path | None = None) -> Path:
+    """Write ``ckpt`` to ``directory`` atomically and return it (as an absolute :class:`Path`); ``shards``:
+    the folder of its sharded tables (written by the group's ranks), moved into it as ``shards/``.
 
     The files (the manifest last) are written and fsynced in a temp sibling directory, which is then renamed to
     ``directory``. An existing checkpoint there is first renamed aside and removed after the
@@ -235,7 +250,7 @@ def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path
         ) from exc
     doing = [f"creating its temp directory in {target.parent}"]  # the write under way, for a disk-full message
     try:
-        return _write_checkpoint(ckpt, target, progress, doing)
+        return _write_checkpoint(ckpt, target, progress, doing, shards)
     except OSError as exc:
         code = exc.errno
         if code is None or code not in DISK_FULL_ERRNOS or isinstance(exc, CheckpointWriteError):
@@ -249,7 +264,7 @@ def save_checkpoint(ckpt: Checkpoint, directory: str | os.PathLike[str]) -> Path
         ) from exc
 
 
-def _write_checkpoint(ckpt: Checkpoint, target: Path, progress: str, doing: list[str]) -> Path:
+def _write_checkpoint(ckpt: Checkpoint, target: Path, progress: str, doing: list[str], shards: Path | None) -> Path:
     """:func:`save_checkpoint`'s writes; ``doing`` gets each step as it starts (``"writing model.pt"``)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -265,6 +280,9 @@ def _write_checkpoint(ckpt: Checkpoint, target: Path, progress: str, doing: list
             fh.write(progress + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        if shards is not None:
+            doing.append(f"moving the shards from {shards}")
+            os.replace(shards, tmp / SHARDS_DIR)
         doing.append(f"writing {MANIFEST_FILE}")
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest_of(tmp), indent=2, sort_keys=True) + "\n")
@@ -324,25 +342,32 @@ def _read_model(path: Path) -> dict[str, Any]:
     return states
 
 
-def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
+def load_checkpoint(directory: str | os.PathLike[str], *, merge_shards: bool = True) -> Checkpoint:
     """The :class:`Checkpoint` saved in ``directory``; :class:`CheckpointError` naming the file
     when ``progress.json`` or ``model.pt`` is missing, corrupt or does not match ``manifest.json``
-    (:func:`verify_checkpoint`: a torn checkpoint is never loaded). Tensors are loaded on the CPU."""
+    (:func:`verify_checkpoint`: a torn checkpoint is never loaded). Tensors are loaded on the CPU. A
+    checkpoint with sharded tables comes whole (``merge_shards``), or as ``model.pt`` holds it (a group
+    that loads its own rows of the shards)."""
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"{root}: no such checkpoint directory")
     verify_checkpoint(root)
     progress = _read_progress(root / PROGRESS_FILE)
     states = _read_model(root / MODEL_FILE)
+    model_state, optimizer_state = states["model"], states["optimizer"]
+    extra = dict(progress.get("extra") or {})
+    sharded = ShardedInfo.of(extra)
+    if sharded is not None and merge_shards:
+        model_state, optimizer_state = merge_shards_of(root / SHARDS_DIR, model_state, optimizer_state, sharded)
     return Checkpoint(
         step=int(progress["step"]),
         samples=int(progress["samples"]),
-        model_state=states["model"],
-        optimizer_state=states["optimizer"],
+        model_state=model_state,
+        optimizer_state=optimizer_state,
         data_snapshot=progress.get("data_snapshot"),
         source_versions=dict(progress.get("source_versions") or {}),
         phase=str(progress["phase"]),
-        extra=dict(progress.get("extra") or {}),
+        extra=extra,
     )
 
 

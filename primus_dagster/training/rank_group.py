@@ -42,7 +42,14 @@ import psutil
 
 from primus_dagster.cluster.pool import memory_bytes
 from primus_dagster.data import Batch, DataPlane, DriverClient, RemoteReader
-from primus_dagster.training.distributed import LockStep, RankProcesses, first_failure, pin_cores, serve_rank
+from primus_dagster.training.distributed import (
+    LockStep,
+    RankProcesses,
+    ShardedExchange,
+    first_failure,
+    pin_cores,
+    serve_rank,
+)
 from primus_dagster.training.loop import (
     PhaseContext,
     PhaseLoop,
@@ -105,7 +112,8 @@ def rank_main(rank: int, init_method: str, out: Any, plan: RankPlan) -> None:
             DriverClient(plan.location, token=plan.token) as client,
             RemoteReader(client, rank, token=plan.token, choose_queue=context.mixture(rank), **ordered) as reader,
         ):
-            coordinator = LockStep(timeout_s=plan.collective_timeout_s, parent_pid=plan.parent_pid)
+            exchange = ShardedExchange(timeout_s=plan.collective_timeout_s) if context.sharding == "row_wise" else None
+            coordinator = LockStep(exchange, timeout_s=plan.collective_timeout_s, parent_pid=plan.parent_pid)
             sink = QueueSink(out, plan.record_batches)
             loop = PhaseLoop(context, coordinator, reader, sink, rank_hook=plan.rank_hook)
             loop.run()

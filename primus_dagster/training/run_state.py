@@ -32,6 +32,7 @@ from primus_dagster.paths import primus_home
 from primus_dagster.spec import JobSpec
 from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
 from primus_dagster.training.features import ModelInit
+from primus_dagster.training.memory_plan import MemoryPlan
 from primus_dagster.training.modes import phase_index
 from primus_dagster.training.planning import consumed_sources
 from primus_dagster.training.progress import Heartbeat
@@ -147,6 +148,8 @@ class TrainingRun:
         self.warm_path: Path | None = None  # ... and where its files are
         # the model's feature layout (and, for a fresh model, its dense statistics): set before the phases
         self.model_init: ModelInit | None = None
+        # how the trainers hold the tables (training.sharding, resolved on the layout): set before the phases
+        self.memory_plan: MemoryPlan | None = None
         self.checkpoints: list[int] = []
         self.data_pools: dict[str, dict[str, Any]] = {}  # phase -> what its data pool did (executors, scaling)
         self.data_quality: dict[str, dict[str, int]] = {}  # source -> quality rule -> rows repaired/dropped

@@ -448,10 +448,12 @@ class MlflowTracker:
         if not Path(directory).is_dir():
             raise FileNotFoundError(f"{directory}: no such checkpoint directory")
         artifact_path = f"{CHECKPOINTS}/{checkpoint_name(step)}"
-        for file in checkpoint_files(directory):
+        root = Path(directory)
+        for file in checkpoint_files(root):
             if not file.is_file():
                 raise FileNotFoundError(f"{file}: missing from the checkpoint directory (written by save_checkpoint?)")
-            self.client.log_artifact(run_id, str(file), artifact_path)
+            folder = file.parent.relative_to(root).as_posix()  # "." or "shards"
+            self.client.log_artifact(run_id, str(file), artifact_path if folder == "." else f"{artifact_path}/{folder}")
         if keep_last is not None:
             self.prune_checkpoints(keep_last)
         return artifact_path

@@ -62,6 +62,8 @@ def keep_freed_memory() -> None:
 
 
 class LazyAdam(torch.optim.SparseAdam):
+    ROW_STATE = ("exp_avg", "exp_avg_sq")  # its state per table row (a sharded table's shards hold these)
+
     """:class:`torch.optim.SparseAdam` -- the same update to the last bit, the same state and
     ``state_dict`` -- with the row bookkeeping done by gathers and row writes.
 
@@ -203,9 +205,55 @@ def _lazy_adam_rows(
     _copy_rows(param, rows, param.index_select(0, rows).add_(m.div_(v.sqrt_().add_(eps)).mul_(-step_size)))
 
 
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad for embedding tables with sparse gradients (``training.embedding_optimizer:
+    row_wise_adagrad``; FBGEMM's and TorchRec's ``EXACT_ROWWISE_ADAGRAD``): one accumulated value a row,
+    ``sum_r += mean(g_r^2)``, then ``w_r -= lr * g_r / (sqrt(sum_r) + eps)`` for the rows a step touched.
+    Its state is 1/dim of the table, against Adam's two moments a value.
+
+    Example::
+
+        opt = RowWiseAdagrad([table.weight], lr=0.01)
+        loss.backward(); opt.step()                        # table.weight.grad: row-sparse
+    """
+
+    ROW_STATE = ("sum",)
+
+    def __init__(self, params: Any, lr: float, eps: float = 1e-8):
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps = float(group["lr"]), float(group["eps"])
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if not param.grad.is_sparse or param.dim() != 2:
+                    raise RuntimeError("row-wise Adagrad takes 2-D tables with sparse gradients")
+                state = self.state[param]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["sum"] = torch.zeros(param.shape[0], dtype=param.dtype, device=param.device)
+                state["step"] += 1
+                rows, values = coalesced_rows(param.grad)
+                if values.numel() == 0:
+                    continue
+                total = state["sum"]
+                total.index_add_(0, rows, values.pow(2).mean(1))
+                scale = total.index_select(0, rows).sqrt_().add_(eps).reciprocal_().mul_(-lr)
+                _copy_rows(param, rows, param.index_select(0, rows).add_(values * scale.unsqueeze(1)))
+        return loss
+
+
 class RecOptimizer:
-    """Adam for the dense parameters and a lazy :class:`torch.optim.SparseAdam` (:class:`LazyAdam`,
-    its faster equal) for embedding tables with sparse gradients (a step updates only the rows its batch touched), behind one
+    """Adam for the dense parameters and, for embedding tables with sparse gradients (a step updates only
+    the rows its batch touched), a lazy :class:`torch.optim.SparseAdam` (:class:`LazyAdam`, its faster
+    equal; ``embedding_optimizer: adam``) or :class:`RowWiseAdagrad` (``row_wise_adagrad``), behind one
     ``zero_grad`` / ``step`` / ``state_dict``. Parameters whose grad is None (MTRM's untrained
     tower) are skipped by both. A parameter learns at ``lr x model.lr_scale(name)`` where the model
     has one (:meth:`~primus_dagster.training.models.RecModel.lr_scale`; MTRM's memory tower).
@@ -216,7 +264,7 @@ class RecOptimizer:
         opt.zero_grad(); loss.backward(); opt.step()
     """
 
-    def __init__(self, model: nn.Module, lr: float):
+    def __init__(self, model: nn.Module, lr: float, embedding_optimizer: str = "adam"):
         sparse_ids = {id(p) for p in sparse_tables(model)}
         scale_of = getattr(model, "lr_scale", None)
         # one parameter group per learning rate (RecModel.lr_scale: MTRM's memory tower may learn faster)
@@ -234,7 +282,10 @@ class RecOptimizer:
             "dense": torch.optim.Adam(param_groups("dense"), lr=lr, fused=True)
         }
         if groups["sparse"]:
-            self.parts["sparse"] = LazyAdam(param_groups("sparse"), lr=lr)
+            tables = {"adam": LazyAdam, "row_wise_adagrad": RowWiseAdagrad}
+            if embedding_optimizer not in tables:
+                raise ValueError(f"embedding optimizer {embedding_optimizer!r}; expected one of {sorted(tables)}")
+            self.parts["sparse"] = tables[embedding_optimizer](param_groups("sparse"), lr=lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts.values():
@@ -306,7 +357,7 @@ class Trainer:
         # tells it every trainer's of a round itself (observe_labels=False), so the replicas agree
         self.observe_labels = observe_labels
         self.spec = spec
-        self.optimizer = RecOptimizer(model, spec.learning_rate)
+        self.optimizer = RecOptimizer(model, spec.learning_rate, spec.embedding_optimizer)
         self.loss_fn = loss_function(spec.loss, model)
         self.counters = TrainerStats()
         self._last_loss = float("nan")

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from primus_dagster.cluster.backends import data_plane_starter
+from primus_dagster.cluster.pool import memory_bytes
 from primus_dagster.data import (
     DataDriver,
     DataFailedError,
@@ -72,6 +73,7 @@ from primus_dagster.training.failed_tasks import (
 )
 from primus_dagster.training.features import ModelInit, fit_dense_stats
 from primus_dagster.training.loop import checkpoint_ranks
+from primus_dagster.training.memory_plan import MemoryPlan, plan_memory
 from primus_dagster.training.models import RecModel, check_model, custom_model_line, model_summary
 from primus_dagster.training.modes import Phase, phase_tasks, phases
 from primus_dagster.training.phase_trainer import PhaseTrainer, TrainerFailedError
@@ -174,6 +176,7 @@ def _train(
         resume = load_resume(tracker, run)
         warm_from, cold_start = load_warm_start(tracker, run) if resume is None and request.warm_start else (None, None)
         run.model_init = model_init(run, context, resume)
+        run.memory_plan = memory_plan(run)
         _run_phases(run, trainer, hooks, executors)
         model, step = trainer.final_model(run)
         tracker.set_tags({"primus.model": str(model_summary(model))})
@@ -385,6 +388,18 @@ def model_init(run: TrainingRun, context: SourceContext, resume: Checkpoint | No
     )
     run.tracker.log_dict(init.to_dict(), "features.json")
     return _checked(spec, init)
+
+
+def memory_plan(run: TrainingRun) -> MemoryPlan:
+    """The run's trainers' memory and table sharding on its layout (:mod:`~primus_dagster.training.memory_plan`),
+    said in the run log and the MLflow run; :class:`~primus_dagster.training.memory_plan.MemoryPlanError`
+    before any trainer starts when the model does not fit ``pools.training.memory``."""
+    assert run.model_init is not None
+    pool = run.job.pools.training
+    plan = plan_memory(run.spec, pool, run.model_init.layout, limit_bytes=memory_bytes(pool.memory))
+    log.info("%s", plan.line())
+    run.tracker.set_tags({"primus.sharding": plan.sharding})
+    return plan
 
 
 def _checked(spec: TrainingSpec, init: ModelInit) -> ModelInit:

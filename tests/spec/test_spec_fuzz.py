@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
@@ -260,6 +261,9 @@ def test_valid_variations(
     data["tracking"]["experiment"] = experiment
     data["training"].update(learning_rate=learning_rate, seed=seed)
     data["training"]["model"]["hash_buckets"] = buckets
+    # memory for the tables and their Adam state (validate refuses a model that does not fit, with the fix)
+    dim = data["training"]["model"].get("embedding_dim", 16)
+    data["pools"]["training"]["memory"] = f"{math.ceil(2 * 3 * 4 * dim * buckets / 2**30) + 2}Gi"
     data["dataset"]["streams"][0]["window"] = window
     check(spec_file, _dump(data), 0)
 

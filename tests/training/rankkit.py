@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ if BENCH not in sys.path:
 
 from _ddp import run_ddp_in_memory  # noqa: E402 - bench/ on sys.path first
 
-__all__ = ["PlaneRankResult", "run_ddp", "run_ddp_in_memory"]
+__all__ = ["PlaneRankResult", "fail_at", "run_ddp", "run_ddp_in_memory"]
 
 
 @dataclass
@@ -118,3 +119,15 @@ def run_ddp(
     )
     with RankProcesses(plane_rank, world_size, plan, name="ddp-rank") as ranks:
         return collect_results(ranks, timeout_s)
+
+
+def fail_at(rank: int, at_round: int, marker: str | None, this_rank: int, round_: int) -> None:
+    """A rank hook (pickled into the ranks): rank ``rank`` raises at ``at_round`` -- once, when
+    ``marker`` names a file it creates."""
+    if this_rank != rank or round_ != at_round:
+        return
+    if marker is not None:
+        if os.path.exists(marker):
+            return
+        Path(marker).touch()
+    raise RuntimeError(f"injected failure of rank {rank} at round {round_}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from jobkit import expected_ids, kill_at_first_checkpoint, make_job, resume_and_count
+from rankkit import fail_at
 
 from primus_dagster.spec import load_job_spec
 from primus_dagster.training.phase_trainer import TrainerFailedError
@@ -99,18 +99,6 @@ def test_sigkill_mid_window_then_the_same_command_resumes_exactly_once(tmp_path:
     assert kept and after
     assert kept + after == expected  # the checkpoint's samples once, the rest once after the restart
     assert meta["samples"] == sum(expected.values())
-
-
-def fail_at(rank: int, at_round: int, marker: str | None, this_rank: int, round_: int) -> None:
-    """A rank hook (pickled into the ranks): rank ``rank`` raises at ``at_round`` -- once, when
-    ``marker`` names a file it creates."""
-    if this_rank != rank or round_ != at_round:
-        return
-    if marker is not None:
-        if os.path.exists(marker):
-            return
-        Path(marker).touch()
-    raise RuntimeError(f"injected failure of rank {rank} at round {round_}")
 
 
 def _children() -> set[int]:

@@ -67,3 +67,30 @@ def test_trainer_cuts_a_reader_batch_into_micro_batches_and_restores_counters() 
     again.restore(model_state, optimizer_state, step=4, samples=70, samples_by_kind={"batch": 50, "stream": 20})
     assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), model_state.values(), strict=True))
     assert again.stats()["samples_stream"] == 20
+
+
+def test_row_wise_adagrad_keeps_one_value_a_row_and_updates_only_the_touched_rows() -> None:
+    from primus_dagster.training.trainer import RowWiseAdagrad
+
+    table = torch.nn.Embedding(10, 4, sparse=True)
+    before = table.weight.detach().clone()
+    opt = RowWiseAdagrad([table.weight], lr=0.1)
+    ids = torch.tensor([1, 3, 3])
+    (table(ids) * torch.arange(4.0)).sum().backward()
+    opt.step()
+    state = opt.state[table.weight]
+    assert state["sum"].shape == (10,) and state["step"] == 1
+    grad = torch.zeros(10, 4)
+    grad[1], grad[3] = torch.arange(4.0), 2 * torch.arange(4.0)
+    expected_sum = grad.pow(2).mean(1)
+    assert torch.allclose(state["sum"], expected_sum)
+    expected = before - 0.1 * grad / (expected_sum.sqrt() + 1e-8).unsqueeze(1)
+    touched = torch.tensor([1, 3])
+    assert torch.allclose(table.weight.detach()[touched], expected[touched])
+    untouched = torch.tensor([0, 2, 4, 5, 6, 7, 8, 9])
+    assert torch.equal(table.weight.detach()[untouched], before[untouched])
+    trainer = Trainer(
+        build_model(ModelSpec(type="single", **SMALL), 3, 2),
+        TrainingSpec(embedding_optimizer="row_wise_adagrad", model=ModelSpec(type="single", **SMALL)),
+    )
+    assert type(trainer.optimizer.parts["sparse"]).__name__ == "RowWiseAdagrad"

@@ -11,6 +11,7 @@ the tests (``tests/training/rankkit.py``) and the benchmarks (``bench/_ddp.py``)
 * :mod:`.exchange` -- the gradient exchange: :class:`GradientExchange` (what the coordinator calls),
   :class:`RowSparseExchange` (the one jobs run), :func:`parameter_groups`, the status row's layout;
 * :mod:`.lockstep` -- :class:`LockStep`: the phase loop's coordinator of a lock-step group;
+* :mod:`.sharded` -- :class:`ShardedExchange`: tables sharded by rows across the ranks (``training.sharding``);
 * :mod:`.launch` -- starting ranks: :class:`RankProcesses`, :func:`serve_rank`, :func:`collect_results`,
   :func:`pin_cores`.
 
@@ -84,6 +85,7 @@ from primus_dagster.training.distributed.launch import (
 )
 from primus_dagster.training.distributed.lockstep import LockStep
 from primus_dagster.training.distributed.mesh import ByteAllGather, GlooBytes, PeerMesh
+from primus_dagster.training.distributed.sharded import ShardedExchange, sharded_tables
 
 __all__ = [
     "ByteAllGather",
@@ -95,9 +97,11 @@ __all__ = [
     "RankProcesses",
     "RoundMessages",
     "RowSparseExchange",
+    "ShardedExchange",
     "collect_results",
     "first_failure",
     "parameter_groups",
     "pin_cores",
     "serve_rank",
+    "sharded_tables",
 ]

@@ -18,6 +18,7 @@ Example (a strategy of one's own: the loop calls these, in this order)::
         def gradients(self, trainer, micro, loss, messages, divisor): ...   # -> loss
         def null_gradients(self, trainer, kind, messages, divisor): ...
         def reset_counters(self): ...
+        def close(self): ...
 
     loop = PhaseLoop(context, LockStep(MyExchange()), reader, sink)
 """
@@ -36,6 +37,7 @@ from torch import nn
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.features import ModelInit
+from primus_dagster.training.loop import TableShards
 from primus_dagster.training.models import (
     KINDS,
     MAX_SPARSE_TABLES,
@@ -71,6 +73,7 @@ class GradientExchange(Protocol):
 
     round_messages: bool
     sent: int
+    table_shards: TableShards | None  # sharded tables' checkpoints (None: every rank holds every row)
 
     @property
     def seconds(self) -> float: ...
@@ -101,6 +104,10 @@ class GradientExchange(Protocol):
 
     def reset_counters(self) -> None:
         """Zero ``sent`` and ``seconds`` (after a warm-up)."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds of its own (connections); the coordinator calls it at the end."""
         ...
 
 
@@ -142,6 +149,7 @@ class RowSparseExchange:
     """
 
     round_messages = True
+    table_shards: TableShards | None = None
 
     def __init__(self, model: RecModel | None = None):
         self.group: dict[int, str] = {}
@@ -180,6 +188,9 @@ class RowSparseExchange:
 
     def reset_counters(self) -> None:
         self.sent, self.pack_s, self.apply_s = 0, 0.0, 0.0
+
+    def close(self) -> None:
+        pass  # its messages go through the coordinator's mesh
 
     def gradients(
         self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, messages: RoundMessages, divisor: Divisor

@@ -65,6 +65,7 @@ class LockStep:
         self.exchange: GradientExchange = exchange if exchange is not None else RowSparseExchange()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.backward_first = self.exchange.round_messages
+        self.table_shards = self.exchange.table_shards
         self.barrier_wait_s = 120.0 if self.rank == 0 else 0.0  # rank 0 saves: it waits for the others' reports
         self.timeout_s, self.transport, self.parent_pid = timeout_s, transport, parent_pid
         self.mesh: ByteAllGather | None = None  # round messages in a group of more than one go through it
@@ -83,7 +84,7 @@ class LockStep:
             raise RuntimeError(f"trainer rank {self.rank}: the job process {self.parent_pid} is gone")
 
     def agree(self, status: RoundStatus, trainer: Trainer | None) -> Round:
-        if self.mesh is None and self.exchange.round_messages and self.world > 1:
+        if self.mesh is None and self.world > 1:  # the status rows (and the exchange's messages, if any)
             self.mesh = PeerMesh.connect(self.timeout_s, same_host=False if self.transport == "gloo" else None)
         mine = torch.zeros(STATUS_FIELDS + MAX_TABLES, dtype=torch.float64)
         mine[1] = float(status.ended)
@@ -140,10 +141,11 @@ class LockStep:
         self.exchange.reset_counters()
 
     def close(self) -> None:
-        """Close the peer connections (also closed when the process exits)."""
+        """Close the peer connections, the exchange's too (also closed when the process exits)."""
         if self.mesh is not None:
             self.mesh.close()
             self.mesh = None
+        self.exchange.close()
 
 
 def _status(row: list[float]) -> RoundStatus:

@@ -18,7 +18,7 @@ import selectors
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -26,10 +26,14 @@ import torch.distributed as dist
 
 
 class ByteAllGather(Protocol):
-    """Every rank's message of a round, in rank order (a collective of the default group)."""
+    """Byte messages of any length between the ranks of the default group, in rank order (collectives)."""
 
     def all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``message`` (1-D uint8, contiguous; lengths may differ), in rank order."""
+        ...
+
+    def all_to_all(self, messages: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``messages[r]`` to rank ``r``; what every rank sent this one, in rank order."""
         ...
 
     def close(self) -> None:
@@ -99,25 +103,33 @@ class PeerMesh:
     def all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``message`` (1-D uint8, contiguous; lengths may differ), in rank order; this
         rank's is ``message`` itself."""
-        body = message.numpy().data
-        prefix = struct.pack("<q", len(body))
+        return self.all_to_all([message] * (len(self.socks) + 1))
+
+    def all_to_all(self, messages: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``messages[r]`` to rank ``r`` (1-D uint8, contiguous; lengths may differ), and what every rank
+        sent this one, in rank order; this rank's own is ``messages[rank]`` itself."""
+        if len(messages) != len(self.socks) + 1:
+            raise ValueError(f"{len(messages)} messages for a group of {len(self.socks) + 1}")
+        bodies_out = {peer: messages[peer].numpy().data for peer in self.socks}
+        prefixes = {peer: struct.pack("<q", len(body)) for peer, body in bodies_out.items()}
+        frames = {peer: 8 + len(body) for peer, body in bodies_out.items()}
         sent = dict.fromkeys(self.socks, 0)
         heads = {peer: bytearray(8) for peer in self.socks}
         got = dict.fromkeys(self.socks, 0)
         bodies: dict[int, torch.Tensor] = {}
-        out: dict[int, torch.Tensor] = {self.rank: message}
+        out: dict[int, torch.Tensor] = {self.rank: messages[self.rank]}
         for peer, sock in self.socks.items():  # a frame usually fits the socket buffer: no select for it
-            sent[peer] = self._send(peer, sock, prefix, body, 0)
-        selector, frame = self._selector, 8 + len(body)
+            sent[peer] = self._send(peer, sock, prefixes[peer], bodies_out[peer], 0)
+        selector = self._selector
         for peer, sock in self.socks.items():
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if sent[peer] < frame else 0)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if sent[peer] < frames[peer] else 0)
             selector.register(sock, events, peer)
         deadline = time.monotonic() + self.timeout_s
         try:
             while selector.get_map():
                 ready = selector.select(max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    missing = sorted(p for p in self.socks if p not in out or sent[p] < frame)
+                    missing = sorted(p for p in self.socks if p not in out or sent[p] < frames[p])
                     raise TimeoutError(
                         f"rank {self.rank}: ranks {missing} exchanged nothing within {self.timeout_s:g}s"
                     )
@@ -125,11 +137,11 @@ class PeerMesh:
                     peer = key.data
                     sock = self.socks[peer]
                     if mask & selectors.EVENT_WRITE:
-                        sent[peer] = self._send(peer, sock, prefix, body, sent[peer])
+                        sent[peer] = self._send(peer, sock, prefixes[peer], bodies_out[peer], sent[peer])
                     if mask & selectors.EVENT_READ:
                         got[peer] = self._receive(peer, sock, heads[peer], got[peer], bodies, out)
                     events = (selectors.EVENT_READ if peer not in out else 0) | (
-                        selectors.EVENT_WRITE if sent[peer] < frame else 0
+                        selectors.EVENT_WRITE if sent[peer] < frames[peer] else 0
                     )
                     if not events:
                         selector.unregister(sock)
@@ -182,7 +194,8 @@ class PeerMesh:
 
 class GlooBytes:
     """:class:`PeerMesh`'s fallback for ranks on different hosts: two gloo all-gathers, the lengths,
-    then the messages padded to the longest."""
+    then the messages padded to the longest (an all-to-all: the lengths, then the messages, over gloo's
+    ``all_to_all_single``)."""
 
     def all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
         world = dist.get_world_size()
@@ -193,6 +206,14 @@ class GlooBytes:
         gathered = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(gathered, padded)
         return [g[: int(n)] for g, n in zip(gathered, sizes, strict=True)]
+
+    def all_to_all(self, messages: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        sizes = torch.tensor([m.numel() for m in messages], dtype=torch.int64)
+        received = torch.empty_like(sizes)
+        dist.all_to_all_single(received, sizes)
+        out = torch.empty(int(received.sum()), dtype=torch.uint8)
+        dist.all_to_all_single(out, torch.cat(list(messages)), received.tolist(), sizes.tolist())
+        return list(torch.split(out, received.tolist()))
 
     def close(self) -> None:
         pass

@@ -26,7 +26,7 @@ from primus_dagster.training.loop.context import (
     checkpoint_record,
     phase_context,
 )
-from primus_dagster.training.loop.coordinator import Coordinator, Round, RoundStatus, Solo
+from primus_dagster.training.loop.coordinator import Coordinator, Round, RoundStatus, Solo, TableShards
 from primus_dagster.training.loop.phase_loop import PhaseLoop, PhaseReader, TrainerState
 from primus_dagster.training.loop.result import RankResult, params_checksum
 from primus_dagster.training.loop.sink import LoopSink, ProgressPoint, RunSink, SavedCheckpoint
@@ -46,6 +46,7 @@ __all__ = [
     "RunSink",
     "SavedCheckpoint",
     "Solo",
+    "TableShards",
     "TrainerStart",
     "TrainerState",
     "checkpoint_ranks",

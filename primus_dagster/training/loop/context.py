@@ -29,6 +29,7 @@ from primus_dagster.training.features import ModelInit
 from primus_dagster.training.modes import Phase
 from primus_dagster.training.priority import MixturePriority
 from primus_dagster.training.run_state import TrainingRun
+from primus_dagster.training.shard_state import ShardedInfo, strip_sharded
 from primus_dagster.training.trainer import Trainer
 
 #: Seconds between two progress points of a trainer (MLflow metrics, the progress line).
@@ -130,7 +131,8 @@ class PhaseContext:
     ``spec_json``: the training spec (defaults re-derived where it is read); ``world``: the trainers of
     the group; ``checkpoint_dir``: where rank 0 saves the phase's checkpoints; ``model_init``: the feature
     layout (and fresh dense statistics) the model is built on; ``data_quality`` / ``data_quality_places``:
-    the finished phases' counts, which checkpoints carry for a resume.
+    the finished phases' counts, which checkpoints carry for a resume; ``sharding``: how a group holds the
+    tables (``replicated`` / ``row_wise``: the run's memory plan).
     """
 
     spec_json: str
@@ -147,6 +149,7 @@ class PhaseContext:
     data_quality: dict[str, Any] = field(default_factory=dict)
     data_quality_places: dict[str, Any] = field(default_factory=dict)
     progress_s: float = PROGRESS_EVERY_S
+    sharding: str = "replicated"
 
     @classmethod
     def outside_run(
@@ -249,6 +252,7 @@ def phase_context(run: TrainingRun, phase: Phase, world: int) -> PhaseContext:
         start=start,
         data_quality={k: dict(v) for k, v in run.data_quality.items()},
         data_quality_places=run.quality_places,
+        sharding=run.memory_plan.sharding if run.memory_plan is not None else "replicated",
     )
 
 
@@ -260,11 +264,18 @@ def checkpoint_record(
     snapshot: dict[str, Any] | None,
     *,
     phase_done: bool,
+    sharded: ShardedInfo | None = None,
 ) -> Checkpoint:
     """The checkpoint of a phase at round ``rounds``: the model and optimizer of ``trainer`` (the same
-    on every rank), every rank's counters and their sums, the driver's barrier ``snapshot``, the run's
-    source versions and window, the finished phases' quality counts."""
+    on every rank; ``sharded``: but for the sharded tables, which the ranks saved as shards), every rank's
+    counters and their sums, the driver's barrier ``snapshot``, the run's source versions and window, the
+    finished phases' quality counts."""
     total = RankCounters.summed(ranks)
+    model_state, optimizer_state = trainer.state()
+    shards: dict[str, Any] = {}
+    if sharded is not None:
+        model_state, optimizer_state = strip_sharded(model_state, optimizer_state, sharded)
+        shards = {"sharded": sharded.to_dict()}
     stats = {
         "step": rounds,
         "samples": total.samples,
@@ -275,7 +286,8 @@ def checkpoint_record(
         "kernels": trainer.kernels.describe(),  # rank 0's (every rank takes the same: kernels.KernelPolicy)
     }
     return trainer_checkpoint(
-        *trainer.state(),
+        model_state,
+        optimizer_state,
         step=rounds,
         samples=total.samples,
         samples_by_kind=total.samples_by_kind,
@@ -291,4 +303,5 @@ def checkpoint_record(
         data_quality_places=context.data_quality_places,
         trainers=len(ranks),
         ranks=[r.to_dict() for r in ranks],
+        **shards,
     )

@@ -22,16 +22,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
+from primus_dagster.training.checkpoint import Checkpoint
 from primus_dagster.training.features import ModelInit
 from primus_dagster.training.loop.context import RankCounters
 from primus_dagster.training.models import ParameterGroups, build_initial_model, model_inputs
+from primus_dagster.training.shard_state import ShardedInfo
 from primus_dagster.training.trainer import Trainer
+
+
+class TableShards(Protocol):
+    """A group whose tables are sharded: how each rank saves its rows into a checkpoint and takes its rows
+    of one (collectives: every rank at once)."""
+
+    def save(self, trainer: Trainer, staging: Path) -> ShardedInfo:
+        """Write this rank's rows of every sharded table, and their Adam moments, into ``staging`` (the
+        same folder on every rank); what is sharded."""
+        ...
+
+    def localize(self, trainer: Trainer, checkpoint: Checkpoint, directory: Path) -> Checkpoint:
+        """``checkpoint`` (loaded from ``directory`` without merging its shards) as this rank holds it: its
+        rows of every sharded table and of their moments -- from the shards, resharded to this group, or
+        from a whole table of a checkpoint that has none."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -91,12 +110,14 @@ class Coordinator(Protocol):
     """One trainer's side of its group (module docstring). ``rank`` / ``world``: its place and the group's
     size; ``backward_first``: the loop runs a ready trainer's backward *before* :meth:`agree` (its
     gradients then ride with its status), else :meth:`gradients` runs it; ``barrier_wait_s``: how long it
-    waits at a checkpoint barrier for the others (the one that saves waits; the others only report)."""
+    waits at a checkpoint barrier for the others (the one that saves waits; the others only report);
+    ``table_shards``: how a group with sharded tables checkpoints them (None: every rank holds every row)."""
 
     rank: int
     world: int
     backward_first: bool
     barrier_wait_s: float
+    table_shards: TableShards | None
 
     def poll_s(self, idle: bool) -> float | None:
         """How long the loop waits for its next reader batch (None: until one comes or the data ends);
@@ -150,6 +171,7 @@ class Solo:
     rank, world = 0, 1
     backward_first = True
     barrier_wait_s = 30.0
+    table_shards: TableShards | None = None
 
     def poll_s(self, idle: bool) -> float | None:
         return None  # its reader's next batch (nobody waits for it)

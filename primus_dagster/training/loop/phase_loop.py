@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -233,7 +234,10 @@ class PhaseLoop:
         start = self.context.start
         if start is None:
             return
-        checkpoint = load_checkpoint(start.path)
+        shards = self.coordinator.table_shards
+        checkpoint = load_checkpoint(start.path, merge_shards=shards is None)
+        if shards is not None:  # this rank's rows (a collective when the checkpoint has shards)
+            checkpoint = shards.localize(trainer, checkpoint, Path(start.path))
         load_weights(
             trainer.model, trainer.optimizer, checkpoint, warm_key=start.warm_key if start.kind == "warm" else None
         )
@@ -252,12 +256,23 @@ class PhaseLoop:
         snapshot = self.reader.barrier(rounds, wait_s=self.coordinator.barrier_wait_s)
         ranks = self.coordinator.gather(self.counters())
         trainer, saved = self.state.trainer, None
+        shards, sharded = self.coordinator.table_shards, None
+        staging = Path(self.context.checkpoint_dir) / f".shards-{checkpoint_name(rounds)}"
+        if shards is not None and trainer is not None:  # every rank writes its rows (a collective)
+            sharded = shards.save(trainer, staging)
         if self.rank == 0 and trainer is not None:
             if snapshot is None and not phase_done:  # without the data progress a restore would replay samples
                 log.warning("no driver barrier snapshot at round %d: checkpoint skipped", rounds)
+                shutil.rmtree(staging, ignore_errors=True)
             else:
-                record = checkpoint_record(self.context, trainer, rounds, ranks, snapshot, phase_done=phase_done)
-                directory = save_checkpoint(record, Path(self.context.checkpoint_dir) / checkpoint_name(rounds))
+                record = checkpoint_record(
+                    self.context, trainer, rounds, ranks, snapshot, phase_done=phase_done, sharded=sharded
+                )
+                directory = save_checkpoint(
+                    record,
+                    Path(self.context.checkpoint_dir) / checkpoint_name(rounds),
+                    shards=staging if sharded is not None else None,
+                )
                 saved = SavedCheckpoint(
                     rounds,
                     str(directory),

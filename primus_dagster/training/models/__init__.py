@@ -70,7 +70,15 @@ from primus_dagster.training.models.protocol import (
     made_up_rows,
     model_inputs,
 )
-from primus_dagster.training.models.tables import FeatureEmbeddings, HashedEmbedding, sparse_tables
+from primus_dagster.training.models.tables import (
+    FeatureEmbeddings,
+    HashedEmbedding,
+    RowWindow,
+    TablePlacement,
+    placed,
+    shard_rows,
+    sparse_tables,
+)
 from primus_dagster.training.models.towers import CustomTower, DLRMTower, MemoryTower, build_tower
 
 # Models logged before the package split pickled their towers by these names, as classes of the module
@@ -97,7 +105,9 @@ __all__ = [
     "MemoryTower",
     "ParameterGroups",
     "RecModel",
+    "RowWindow",
     "SingleTower",
+    "TablePlacement",
     "build_initial_model",
     "build_model",
     "build_module",
@@ -112,6 +122,8 @@ __all__ = [
     "made_up_rows",
     "model_inputs",
     "model_summary",
+    "placed",
+    "shard_rows",
     "sparse_tables",
     "table_salts",
 ]

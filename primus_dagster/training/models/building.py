@@ -21,7 +21,7 @@ from primus_dagster.training.models.custom import CustomModel
 from primus_dagster.training.models.groups import KINDS, ParameterGroups
 from primus_dagster.training.models.losses import loss_function
 from primus_dagster.training.models.protocol import MAX_SPARSE_TABLES, RecModel, made_up_rows
-from primus_dagster.training.models.tables import sparse_tables
+from primus_dagster.training.models.tables import TablePlacement, placed, sparse_tables
 
 
 def build_model(
@@ -32,10 +32,12 @@ def build_model(
     *,
     layout: FeatureLayout | None = None,
     stats: DenseStats | None = None,
+    placement: TablePlacement | None = None,
 ) -> RecModel:
     """The model of ``spec.type`` on ``layout`` (or, without one, on ``n_dense`` standardized columns
     and ``n_sparse`` ids in the shared table), initialised deterministically from ``seed`` (global RNG
-    untouched); ``stats``: the dense transforms' statistics (:func:`~.features.fit_dense_stats`).
+    untouched); ``stats``: the dense transforms' statistics (:func:`~.features.fit_dense_stats`);
+    ``placement``: its tables hold that rank's rows only (:mod:`.tables`; None: every row).
 
     Example::
 
@@ -51,7 +53,7 @@ def build_model(
         if n_dense < 0 or n_sparse < 0:
             raise ValueError(f"need some input features, got n_dense={n_dense}, n_sparse={n_sparse}")
         layout = FeatureLayout.plain(spec, n_dense, n_sparse)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), placed(placement):
         torch.manual_seed(seed)
         model = classes[spec.type](spec, layout)
     if stats is not None:
@@ -59,9 +61,11 @@ def build_model(
     return model
 
 
-def build_initial_model(spec: ModelSpec, init: ModelInit, seed: int = 0) -> RecModel:
+def build_initial_model(
+    spec: ModelSpec, init: ModelInit, seed: int = 0, placement: TablePlacement | None = None
+) -> RecModel:
     """:func:`build_model` on ``init``'s layout and statistics."""
-    return build_model(spec, seed=seed, layout=init.layout, stats=init.stats)
+    return build_model(spec, seed=seed, layout=init.layout, stats=init.stats, placement=placement)
 
 
 def check_model(spec: ModelSpec, layout: FeatureLayout, loss: str = "bce") -> RecModel:

@@ -1,0 +1,168 @@
+"""Tables sharded by rows beside replicated ones and beside one trainer: memory per rank, speed, quality.
+
+``training.sharding: row_wise`` against ``replicated`` on the same model, data and group size (2 ranks),
+and against one trainer; everything else at the spec's defaults but the table size (``--buckets``) and
+``pools.training.memory``, which a replicated rank of these tables needs more of than the default 2Gi.
+
+1. **Memory and speed, in memory** (``_ddp.run_ddp_in_memory``: the phase loop of the job's ranks
+   under ``LockStep``, each rank training from in-memory tensors, no data plane): the synthetic world's
+   micro-batches (MTRM: batch and stream copies, as ``bench/train_throughput.py``'s part 3), tables of
+   ``--buckets`` rows x 16 in each of MTRM's two towers, lazy Adam. One trainer (a group of one), two
+   replicated ranks, two row-wise ranks. ``rss_mb``: the peak RSS of a rank's process (``VmHWM``, the
+   larger of the two ranks); ``shard_memory_ratio`` = row-wise / replicated. ``sharded_speedup_2r``:
+   samples per second (wall, the timed loop) of the row-wise group over one trainer;
+   ``sharded_vs_replicated``: row-wise group over replicated group. The wall figures need a quiet
+   machine with a core a rank: ``load_avg_1m`` says how quiet it was.
+2. **Quality, through the pipeline** (``train_window``: executors, Flight, the rank processes): a mixed
+   MTRM job over Parquet batch and stream sources of the synthetic world, ``--hours`` hours, evaluated on
+   the next 4 hours, 2 ranks replicated and row-wise on each of ``--seeds`` seeds (the world's and the
+   model's): ``auc_delta`` = row-wise minus replicated, mean and 95 % t-interval over the seeds (paired).
+
+Last line: ``{"bench": "scale", "shard_memory_ratio": ..., "sharded_speedup_2r": ...,
+"sharded_vs_replicated": ..., "auc_delta": [mean, lo95, hi95], "rss_mb": {"replicated": ..., "row_wise": ...,
+"one_trainer": ...}, "load_avg_1m": ..., "detail": {...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import shutil
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from train_throughput import JOB as THROUGHPUT_JOB
+from train_throughput import mixed_micro, run_ddp_part, spec_of, world_batches
+
+from primus_dagster.data import SourceContext, TimeWindow
+from primus_dagster.spec import load_job_spec
+from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
+from primus_dagster.training.run_state import TrainingRequest
+from primus_dagster.training.window import train_window
+
+from _common import bench_dir, emit
+
+QUALITY_JOB = """
+name: scale-{variant}-{seed}
+data: {{lease: 30s}}
+pools: {{data: {{replicas: 2}}, training: {{replicas: 2, max_replicas: 2, memory: {memory}}}}}
+dataset:
+  start: 2026-11-01
+  streams:
+    - name: history
+      window: {hours}h
+      sources:
+        - name: imp
+          type: parquet
+          kind: batch
+          path: parquet/impressions
+          columns: &cols {{ts: event_time, label: click, id: sample_id, dense: [d0, d1, d2, d3, d4], sparse: [user_id, item_id, topic_id]}}
+    - name: live
+      window: 1h
+      sources:
+        - {{name: events, type: parquet, kind: stream, path: parquet/events, columns: *cols}}
+training:
+  mode: mixed
+  model: {{type: mtrm, hash_buckets: {buckets}}}
+  sharding: {variant}
+  eval_hours: 4
+  seed: {seed}
+tracking: {{tracking_uri: "sqlite:///{root}/mlflow.db", experiment: scale}}
+"""
+
+
+def interval(values: list[float]) -> list[float]:
+    """Mean and 95 % t-interval (two-sided) of ``values``."""
+    n, mean = len(values), statistics.fmean(values)
+    if n < 2:
+        return [round(mean, 5), float("nan"), float("nan")]
+    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}.get(n, 2.0)
+    half = t * statistics.stdev(values) / math.sqrt(n)
+    return [round(mean, 5), round(mean - half, 5), round(mean + half, 5)]
+
+
+def memory_and_speed(args: argparse.Namespace, root: Path) -> dict:
+    job_path = root / "throughput.yaml"
+    job_path.write_text(THROUGHPUT_JOB.replace("{batch_rows}", "65536"))
+    job = load_job_spec(job_path)
+    world = SyntheticWorld(WorldConfig(seed=5, rows_per_hour=args.rows / 6), job.dataset.start)
+    batch, stream = world_batches(job, world, 6)
+    micro = mixed_micro(batch, stream, 1024)
+    spec = spec_of("mtrm", 1024, buckets=args.buckets)
+    runs = {
+        "one_trainer": run_ddp_part(micro, spec, root, 1, "row_sparse"),
+        "replicated": run_ddp_part(micro, spec, root, 2, "row_sparse"),
+        "row_wise": run_ddp_part(micro, spec, root, 2, "row_wise"),
+    }
+    for name, run in runs.items():
+        print(f"{name:12} {run['samples_per_s']:>9,} samples/s  peak RSS {run['peak_rss_mb']:,.0f} MiB a rank")
+    return runs
+
+
+def quality(args: argparse.Namespace, root: Path) -> dict:
+    aucs: dict[str, list[float]] = {"replicated": [], "row_wise": []}
+    for seed in range(1, args.seeds + 1):
+        for variant in aucs:
+            where = root / f"quality-{variant}-{seed}"
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir(parents=True)
+            job_path = where / "job.yaml"
+            job_path.write_text(
+                QUALITY_JOB.format(
+                    variant=variant, seed=seed, hours=args.hours, buckets=args.buckets, memory=args.memory, root=where
+                )
+            )
+            job = load_job_spec(job_path)
+            world = SyntheticWorld(
+                WorldConfig(seed=seed, rows_per_hour=args.rows_per_hour, n_dense=5), job.dataset.start
+            )
+            write_world(job, SourceContext(str(where)), world, range(args.hours + 5), files_per_hour=2, progress=False)
+            window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=args.hours))
+            started = time.perf_counter()
+            result = train_window(TrainingRequest(job, job_path, where, window))
+            assert result.evaluation is not None
+            aucs[variant].append(result.evaluation.result.auc)
+            print(f"seed {seed} {variant:10} AUC {aucs[variant][-1]:.4f} ({time.perf_counter() - started:.0f} s)")
+            shutil.rmtree(where, ignore_errors=True)  # the checkpoints and models of these tables are large
+    deltas = [s - r for s, r in zip(aucs["row_wise"], aucs["replicated"], strict=True)]
+    return {"auc": aucs, "auc_delta": interval(deltas)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--buckets", type=int, default=8_000_000, help="rows of every table (two MTRM towers)")
+    parser.add_argument("--rows", type=int, default=300_000, help="impressions of part 1 (in memory)")
+    parser.add_argument("--memory", default="8Gi", help="pools.training.memory of part 2")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--hours", type=int, default=12, help="hours trained in part 2")
+    parser.add_argument("--rows-per-hour", type=int, default=4000)
+    parser.add_argument("--skip-quality", action="store_true")
+    args = parser.parse_args()
+    logging.getLogger("primus_dagster").setLevel(logging.WARNING)
+    root = bench_dir("scale")
+    load_start = os.getloadavg()[0]
+    runs = memory_and_speed(args, root)
+    result: dict = {
+        "bench": "scale",
+        "shard_memory_ratio": round(runs["row_wise"]["peak_rss_mb"] / runs["replicated"]["peak_rss_mb"], 3),
+        "sharded_speedup_2r": round(runs["row_wise"]["samples_per_s"] / runs["one_trainer"]["samples_per_s"], 3),
+        "sharded_vs_replicated": round(runs["row_wise"]["samples_per_s"] / runs["replicated"]["samples_per_s"], 3),
+        "auc_delta": None,
+        "rss_mb": {name: round(run["peak_rss_mb"]) for name, run in runs.items()},
+        "load_avg_1m": round(load_start, 2),
+        "detail": {"buckets": args.buckets, "in_memory": runs},
+    }
+    if not args.skip_quality:
+        found = quality(args, root)
+        result["auc_delta"] = found["auc_delta"]
+        result["detail"]["quality"] = {**found, "seeds": args.seeds, "hours": args.hours, "memory": args.memory}
+    result["detail"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""How much memory a trainer needs, and whether its tables are sharded: :func:`plan_memory` (pure).
+
+A trainer holds its model's embedding tables, their optimiser state (lazy Adam: two moments a row, 3x the
+table; ``row_wise_adagrad``: one value a row), the dense parameters and the process itself. With
+``training.sharding: row_wise`` every trainer of a group of N holds ``ceil(rows / N)`` rows of each table
+and their state; ``replicated`` every row; ``auto`` (the default) shards once a group's replicated tables
+and state would take more than :data:`AUTO_SHARD_FRACTION` of ``pools.training.memory``. A plan that does
+not fit ``pools.training.memory`` is refused before training (:class:`MemoryPlanError`), naming the
+sharding and the group size that would fit.
+
+Example::
+
+    plan = plan_memory(job.training, job.pools.training, layout)
+    plan.sharding, plan.per_trainer_bytes, plan.line()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from primus_dagster.spec.job import PoolSpec, TrainingSpec
+from primus_dagster.training.features import FeatureLayout
+
+#: Bytes of a trainer process before its model: the interpreter, torch, Arrow, the reader (a rank of a
+#: small model, bench/scale.py reports the RSS it measures).
+PROCESS_BYTES = 512 << 20
+#: ``auto`` shards when the replicated tables and their state would take more than this share of a trainer.
+AUTO_SHARD_FRACTION = 0.5
+
+Sharding = Literal["replicated", "row_wise"]
+
+
+class MemoryPlanError(ValueError):
+    """The model does not fit ``pools.training.memory`` as planned; the message names the fix."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A trainer's memory, planned: the ``sharding`` it trains with, its tables and their optimiser state,
+    the rest, and why that sharding."""
+
+    sharding: Sharding
+    trainers: int
+    table_bytes: int  # per trainer
+    state_bytes: int  # per trainer: the tables' optimiser state
+    other_bytes: int  # the process and the dense parameters
+    limit_bytes: int
+    why: str
+
+    @property
+    def per_trainer_bytes(self) -> int:
+        return self.table_bytes + self.state_bytes + self.other_bytes
+
+    def line(self) -> str:
+        """One line for the run log and ``validate``."""
+        return (
+            f"memory per trainer: {_gib(self.per_trainer_bytes)} of pools.training.memory {_gib(self.limit_bytes)} "
+            f"(tables {_gib(self.table_bytes)}, their optimiser state {_gib(self.state_bytes)}, the rest "
+            f"{_gib(self.other_bytes)}); sharding {self.sharding} over {self.trainers} trainer(s): {self.why}"
+        )
+
+
+def table_rows(layout: FeatureLayout, spec: TrainingSpec) -> list[tuple[int, int]]:
+    """``(rows, dim)`` of every built-in table the model holds: the layout's tables, once per tower that
+    embeds them (MTRM: its built-in memory and adapt towers; a team's tower or module: its own, not counted)."""
+    model = spec.model
+    if model.type == "custom":
+        return []
+    towers = 1 if model.type == "single" else sum(1 for t in (model.memory, model.adapt) if t is None)
+    return [shape for shape in layout.tables.values() for _ in range(towers)]
+
+
+def _state_per_value(spec: TrainingSpec, dim: int) -> float:
+    """Optimiser values a table value carries."""
+    return 1.0 / dim if spec.embedding_optimizer == "row_wise_adagrad" else 2.0
+
+
+def _bytes(spec: TrainingSpec, tables: list[tuple[int, int]], shards: int) -> tuple[int, int]:
+    values = [math.ceil(rows / shards) * dim for rows, dim in tables]
+    table = 4 * sum(values)
+    state = int(4 * sum(v * _state_per_value(spec, dim) for v, (_, dim) in zip(values, tables, strict=True)))
+    return table, state
+
+
+def plan_memory(spec: TrainingSpec, pool: PoolSpec, layout: FeatureLayout, *, limit_bytes: int) -> MemoryPlan:
+    """The plan of ``spec``'s model on ``layout`` for ``pool.replicas`` trainers of ``limit_bytes`` each
+    (module docstring); :class:`MemoryPlanError` when it does not fit, naming what would."""
+    trainers = max(1, pool.replicas)
+    tables = table_rows(layout, spec)
+    other = PROCESS_BYTES + 8 * layout.n_dense * 1024  # the dense parameters are small next to the tables
+    replicated = _bytes(spec, tables, 1)
+    asked = spec.sharding
+    if asked == "auto":
+        if trainers > 1 and sum(replicated) > AUTO_SHARD_FRACTION * limit_bytes:
+            sharding: Sharding = "row_wise"
+            why = f"auto: replicated tables and state ({_gib(sum(replicated))}) over half a trainer's memory"
+        else:
+            sharding = "replicated"
+            why = "auto: one trainer" if trainers == 1 else "auto: the tables are small next to a trainer's memory"
+    else:
+        sharding = "replicated" if trainers == 1 else asked
+        why = "training.sharding" if trainers > 1 else "one trainer holds every row"
+    table, state = _bytes(spec, tables, trainers if sharding == "row_wise" else 1)
+    plan = MemoryPlan(sharding, trainers, table, state, other, limit_bytes, why)
+    if plan.per_trainer_bytes > limit_bytes:
+        raise MemoryPlanError(f"the model does not fit: {plan.line()}; {_fix(spec, tables, other, limit_bytes)}")
+    return plan
+
+
+def _fix(spec: TrainingSpec, tables: list[tuple[int, int]], other: int, limit_bytes: int) -> str:
+    """What would fit: the smallest group that shards the tables into the memory, or more memory."""
+    for group in range(2, 1025):
+        table, state = _bytes(spec, tables, group)
+        if table + state + other <= limit_bytes:
+            return (
+                f"set training.sharding: row_wise (or auto) with pools.training.replicas: {group} (and "
+                f"max_replicas >= {group}; {_gib(table + state + other)} per trainer), or raise pools.training.memory"
+            )
+    table, state = _bytes(spec, tables, 1)
+    return f"raise pools.training.memory to at least {_gib(table + state + other)}, or shrink the tables"
