@@ -39,7 +39,7 @@ lint: setup
 # pytest exit code 5 = no tests collected: not a failure of the suite.
 TEST_WORKERS ?= 2
 test: setup lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
 
 # The reference deployment in `dagster dev` (UI + daemon: its sensors run) on the project's DAGSTER_HOME, an MLflow
 # server on the project's store (the UI's MLflow links lead there) and the embedded broker started again with the

@@ -100,6 +100,7 @@ class DenseDDPExchange:
     """
 
     round_messages = False
+    backward_first = False  # DDP exchanges inside the backward, after the round's statuses
     table_shards: TableShards | None = None
 
     def __init__(self) -> None:
@@ -135,7 +136,7 @@ class DenseDDPExchange:
         self.group, self.widths = parameter_groups(model), (n_dense, n_sparse)
         return Trainer(model, spec, module=ddp, observe_labels=False, deterministic=deterministic)
 
-    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
+    def pack(self, status: torch.Tensor, kind: int, micro: Batch) -> torch.Tensor | None:
         return None  # the status alone (never called: no round messages)
 
     def gradients(

@@ -167,6 +167,36 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
         _watch.after_module(request.node.nodeid)
 
 
+#: Variables their owners set in the test process on their own: pytest (the current test), MLflow (its telemetry session).
+OWN_VARIABLE_PREFIXES = ("PYTEST_", "_MLFLOW_TELEMETRY")
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_leak() -> Iterator[None]:
+    """Fail a test that leaves ``os.environ`` or the working directory changed (``monkeypatch`` restores its
+    own changes before this runs), and restore both: a variable one test leaks (``mlflow.set_tracking_uri``
+    exports ``$MLFLOW_TRACKING_URI``, for one) would otherwise steer every later test of its worker."""
+    environ, cwd = dict(os.environ), os.getcwd()
+    yield
+    changed = sorted(
+        k
+        for k in environ.keys() | os.environ.keys()
+        if environ.get(k) != os.environ.get(k) and not k.startswith(OWN_VARIABLE_PREFIXES)
+    )
+    moved = os.getcwd() != cwd
+    if changed:
+        for k in changed:
+            if k in environ:
+                os.environ[k] = environ[k]
+            else:
+                os.environ.pop(k)
+    if moved:
+        os.chdir(cwd)
+    if changed or moved:
+        what = [f"environment variable {k}" for k in changed] + ([f"working directory (was {cwd})"] if moved else [])
+        pytest.fail("the test left changed (restored now): " + ", ".join(what), pytrace=False)
+
+
 #: The longest test files, longest first (seconds each as measured with `make test`'s two workers on 2 busy
 #: cores), run first: `make test` hands whole files to two workers (pytest-xdist ``--dist loadfile
 #: --no-loadscope-reorder``: xdist would otherwise reorder files by their number of tests and leave these for the

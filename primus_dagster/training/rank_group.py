@@ -34,7 +34,9 @@ from __future__ import annotations
 import math
 import os
 import queue as queue_mod
+import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,14 +130,15 @@ def rank_main(rank: int, init_method: str, out: Any, plan: RankPlan) -> None:
 class _Group:
     """Spawn a phase's ranks, hand their news to the run's sink, stop them whatever happens (parent side)."""
 
-    def __init__(self, run: TrainingRun, sink: RunSink, world: int):
-        self.run, self.sink, self.world = run, sink, world
+    def __init__(self, run: TrainingRun, sink: RunSink, world: int, addresses: Sequence[str] | None = None):
+        self.run, self.sink, self.world, self.addresses = run, sink, world, addresses
         self.memory = memory_bytes(run.job.pools.training.memory)
         self.results: dict[int, RankResult] = {}
         self.errors: dict[int, tuple[float, str]] = {}
 
     def run_group(self, plan: RankPlan) -> list[RankResult]:
-        with RankProcesses(rank_main, self.world, plan, name="trainer-rank") as ranks:  # stopped whatever happens
+        ranks = RankProcesses(rank_main, self.world, plan, name="trainer-rank", addresses=self.addresses)
+        with ranks:  # stopped whatever happens
             self._serve(ranks.out, ranks.procs)
             ranks.join(30)
         return [self.results[r] for r in range(self.world)]
@@ -161,12 +164,23 @@ class _Group:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since > 2.0:
                         rank, code = min(gone.items())
-                        raise TrainerFailedError(
-                            f"trainer rank {rank} died with exit code {code}", restartable=True
-                        ) from None
+                        raise TrainerFailedError(f"trainer rank {rank} {_died(code)}", restartable=True) from None
                 continue
             self._handle(rank, kind, payload)
         if self.errors:
+            # A rank that died without a word (a signal, an OOM kill) is the cause: its peers' errors only
+            # say that it is gone. Its exit code comes a moment after their errors.
+            silent = [r for r in range(self.world) if r not in self.errors and r not in self.results]
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and any(procs[r].exitcode is None for r in silent):
+                time.sleep(0.05)
+            dead = {r: procs[r].exitcode for r in silent if procs[r].exitcode not in (None, 0)}
+            if dead:
+                rank, code = min(dead.items())
+                raise TrainerFailedError(
+                    f"trainer rank {rank} {_died(code)}; ranks {sorted(self.errors)} then lost their peer",
+                    restartable=True,
+                )
             rank = first_failure(self.errors)  # the first to fail is the cause
             raise TrainerFailedError(
                 f"trainer rank {rank} failed (failed ranks: {sorted(self.errors)}):\n{self.errors[rank][1]}",
@@ -204,6 +218,16 @@ class _Group:
                 )
 
 
+def _died(code: int | None) -> str:
+    """How a rank process ended, for a message: ``died with exit code -9 (SIGKILL)``."""
+    if code is not None and code < 0:
+        try:
+            return f"died with exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"died with exit code {code}"
+
+
 def _cores(cpu: float, world: int) -> list[list[int] | None]:
     """``ceil(cpu)`` cores of its own per rank when there are enough, else no pinning."""
     per = max(1, math.ceil(cpu))
@@ -216,6 +240,9 @@ def _cores(cpu: float, world: int) -> list[list[int] | None]:
 class RankGroup(LoopPhaseTrainer):
     """The N ranks that train each phase of a window run (module docstring).
 
+    ``addresses``: per rank, the address it listens on for its peers (default loopback; distinct loopback
+    addresses stand for distinct hosts in tests: :class:`~primus_dagster.training.distributed.RankProcesses`).
+
     Example::
 
         group = RankGroup(RunHooks(), world=2)
@@ -223,9 +250,9 @@ class RankGroup(LoopPhaseTrainer):
         result.stats["ranks"][1]["samples_trained"]
     """
 
-    def __init__(self, hooks: RunHooks, world: int):
+    def __init__(self, hooks: RunHooks, world: int, addresses: Sequence[str] | None = None):
         super().__init__()
-        self.hooks, self.trainers = hooks, world
+        self.hooks, self.trainers, self.addresses = hooks, world, addresses
 
     def train_phase(self, run: TrainingRun, phase: Phase, plane: DataPlane) -> None:
         job, world = run.job, self.trainers
@@ -242,5 +269,5 @@ class RankGroup(LoopPhaseTrainer):
         )
         sink = RunSink(run, self.hooks, phase, plane, world, progress_s=context.progress_s)
         run.stage("phase %s: data executors up; starting %d trainer rank(s)", phase.name, world)
-        results = _Group(run, sink, world).run_group(plan)
+        results = _Group(run, sink, world, self.addresses).run_group(plan)
         self.record(sink.last, results)

@@ -16,10 +16,13 @@ Example::
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from primus_dagster.data import Batch, DataPlane, DriverClient, RemoteReader
 from primus_dagster.spec.job import TrainingSpec
@@ -32,7 +35,7 @@ if BENCH not in sys.path:
 
 from _ddp import run_ddp_in_memory  # noqa: E402 - bench/ on sys.path first
 
-__all__ = ["PlaneRankResult", "fail_at", "run_ddp", "run_ddp_in_memory"]
+__all__ = ["PlaneRankResult", "expect_address", "fail_at", "kill_at", "run_ddp", "run_ddp_in_memory"]
 
 
 @dataclass
@@ -131,3 +134,20 @@ def fail_at(rank: int, at_round: int, marker: str | None, this_rank: int, round_
             return
         Path(marker).touch()
     raise RuntimeError(f"injected failure of rank {rank} at round {round_}")
+
+
+def kill_at(rank: int, at_round: int, this_rank: int, round_: int) -> None:
+    """A rank hook: rank ``rank`` SIGKILLs itself at ``at_round`` (no word to anyone, as an OOM kill or a
+    lost host leaves it)."""
+    if this_rank == rank and round_ == at_round:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def expect_address(rank: int, address: str, this_rank: int, round_: int) -> None:
+    """A rank hook: from round 2 on (the peers are connected), rank ``rank`` raises unless its peer
+    connections are on ``address`` (the address it was started with; a failed check fails the run)."""
+    if this_rank != rank or round_ != 2:
+        return
+    mine = {c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED}
+    if address not in mine:
+        raise RuntimeError(f"rank {rank}: no peer connection on {address} (its connections are on {sorted(mine)})")

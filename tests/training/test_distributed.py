@@ -230,7 +230,7 @@ def _mesh_rank(rank: int, world: int, init: str, out: object) -> None:
     """Rounds over the peer sockets, then over gloo; then rank 2 leaves and the others try one more."""
 
     def body() -> tuple[list[str], str]:
-        meshes = [PeerMesh.connect(30.0), PeerMesh.connect(30.0, same_host=False)]
+        meshes = [PeerMesh.connect(30.0), PeerMesh.connect(30.0, gloo=True)]
         for round_, mesh in enumerate([meshes[0]] * 4 + [meshes[1]] * 2):
             got = mesh.all_gather(_message(rank, round_))
             assert [len(m) for m in got] == [len(_message(r, round_)) for r in range(world)]

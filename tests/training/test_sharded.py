@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -14,14 +15,16 @@ import mlflow
 import pytest
 import torch
 from jobkit import expected_ids, make_job
-from rankkit import fail_at, run_ddp_in_memory
+from rankkit import expect_address, fail_at, kill_at, run_ddp_in_memory
 
 from primus_dagster.data import Batch
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.training.models import HashedEmbedding, TablePlacement, build_model, placed, shard_rows
 from primus_dagster.training.phase_trainer import TrainerFailedError
+from primus_dagster.training.rank_group import RankGroup
 from primus_dagster.training.run_state import RunHooks, TrainingRequest
+from primus_dagster.training.tracking import use_tracking_uri
 from primus_dagster.training.window import train_window
 
 pytestmark = pytest.mark.integration
@@ -108,9 +111,12 @@ def _group(root: Path, pool: str, *, every: int = 5, optimizer: str = "adam") ->
     return env
 
 
-def _attempt(env: dict, pool: str, hooks: dict | None = None) -> tuple[list[tuple[int, list[int]]], object]:
-    """One attempt of the run (the job spec's pool set to ``pool``): the (round, sample ids) of every trained
-    reader batch, and the result or the error."""
+def _attempt(
+    env: dict, pool: str, hooks: dict | None = None, hosts: tuple[str, ...] | None = None
+) -> tuple[list[tuple[int, list[int]]], object]:
+    """One attempt of the run (the job spec's pool set to ``pool``; ``hosts``: a rank group on these addresses,
+    default the spec's trainer): the (round, sample ids) of every trained reader batch, and the result or the
+    error."""
     text = env["job_path"].read_text()
     start = text.index("training: {", text.index("pools:"))
     env["job_path"].write_text(text[:start] + f"training: {{{pool}}}" + text[text.index("}", start) + 1 :])
@@ -121,15 +127,15 @@ def _attempt(env: dict, pool: str, hooks: dict | None = None) -> tuple[list[tupl
         trained.append((step, batch.sample_id.tolist()))
 
     request = TrainingRequest(env["job"], env["job_path"], env["root"], env["window"], executors=2)
+    run_hooks = RunHooks(on_batch=on_batch, **(hooks or {}))
+    group = RankGroup(run_hooks, len(hosts), hosts) if hosts else None
     try:
-        return trained, train_window(request, RunHooks(on_batch=on_batch, **(hooks or {})))
+        return trained, train_window(request, run_hooks, trainer=group)
     except TrainerFailedError as exc:
         return trained, exc
 
 
-@pytest.mark.parametrize(
-    ("resume_on", "optimizer"), [("replicas: 1", "adam"), ("replicas: 3", "adam"), ("replicas: 3", "row_wise_adagrad")]
-)
+@pytest.mark.parametrize(("resume_on", "optimizer"), [("replicas: 1", "adam"), ("replicas: 3", "row_wise_adagrad")])
 def test_a_sharded_checkpoint_resumes_on_another_group_size_exactly_once(
     tmp_path: Path, resume_on: str, optimizer: str
 ) -> None:
@@ -150,11 +156,28 @@ def test_a_sharded_checkpoint_resumes_on_another_group_size_exactly_once(
     assert not isinstance(result, Exception), result
     assert result.resumed_from_step == logged[-1]
     assert kept + Counter(i for _, ids in after for i in ids) == expected_ids(env)  # each once across the two
-    before = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(env["job"].tracking.tracking_uri)
-    try:
+    with use_tracking_uri(env["job"].tracking.tracking_uri):
         model = mlflow.pytorch.load_model(result.model_uri)
-    finally:
-        mlflow.set_tracking_uri(before)
     tables = [m for m in model.modules() if isinstance(m, HashedEmbedding)]
     assert tables and all(not t.sharded and t.table.weight.shape[0] == t.buckets for t in tables)
+
+
+def test_ranks_on_two_hosts_train_sharded_and_a_killed_rank_resumes_exactly_once(tmp_path: Path) -> None:
+    """Two ranks on two "hosts" (127.0.0.1 and 127.0.0.2: each listens for its peers on its own address; the
+    rendezvous is torchrun's ``MASTER_ADDR`` / ``RANK`` / ``WORLD_SIZE``) train row-wise sharded tables. Rank 1
+    is SIGKILLed mid-run (no word to anyone); the run started again on the same two hosts goes on from the
+    last checkpoint, and every sample is trained once across the two attempts (the on_batch audit log)."""
+    hosts = ("127.0.0.1", "127.0.0.2")
+    pool = "replicas: 2, restart: never"
+    env = _group(tmp_path, pool)
+    first, failed = _attempt(env, pool, {"rank_hook": functools.partial(kill_at, 1, 9)}, hosts)
+    assert isinstance(failed, TrainerFailedError) and f"exit code {-signal.SIGKILL}" in str(failed), failed
+    client = mlflow.MlflowClient(env["job"].tracking.tracking_uri)
+    run = client.search_runs([client.get_experiment_by_name("train-test").experiment_id])[0]
+    logged = sorted(int(a.path.rsplit("-", 1)[1]) for a in client.list_artifacts(run.info.run_id, "checkpoints"))
+    assert logged and logged[-1] < 9
+    kept = Counter(i for step, ids in first if step <= logged[-1] for i in ids)
+    after, result = _attempt(env, pool, {"rank_hook": functools.partial(expect_address, 1, "127.0.0.2")}, hosts)
+    assert not isinstance(result, Exception), result
+    assert result.resumed_from_step == logged[-1]
+    assert kept + Counter(i for _, ids in after for i in ids) == expected_ids(env)  # each once across the two

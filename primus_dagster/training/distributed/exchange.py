@@ -11,10 +11,11 @@ them) heads every rank's message: both the coordinator and the exchange read it.
 Example (a strategy of one's own: the loop calls these, in this order)::
 
     class MyExchange:                       # satisfies GradientExchange
-        round_messages = True               # backward before the round's all-gather
+        round_messages = True               # a ready rank's message rides with its status
+        backward_first = True               # backward before the round's all-gather
         sent, seconds = 0, 0.0
         def build(self, spec, init, *, deterministic): ...  # -> Trainer (same seed on every rank)
-        def pack(self, status, kind): ...                    # -> this rank's message, or None
+        def pack(self, status, kind, micro): ...             # -> this rank's message, or None
         def gradients(self, trainer, micro, loss, messages, divisor): ...   # -> loss
         def null_gradients(self, trainer, kind, messages, divisor): ...
         def reset_counters(self): ...
@@ -61,17 +62,19 @@ HEADER_BYTES = 8 * (STATUS_FIELDS + MAX_TABLES)  # the status row at the head of
 class GradientExchange(Protocol):
     """One rank's side of the gradient exchange in a :class:`~.lockstep.LockStep` group's rounds.
 
-    ``round_messages``: True -- a ready rank runs backward *before* the round's all-gather and
-    :meth:`pack` puts its gradients into its round message (which heads with the status row; the
-    loop sends it through a :class:`~.mesh.ByteAllGather` in a group of more than one); False -- the
-    round's all-gather carries the status rows only (gloo), and the gradients are exchanged during
-    :meth:`gradients`, after it (e.g. inside a ``DistributedDataParallel`` backward).
+    ``round_messages``: True -- :meth:`pack` makes a ready rank's round message (which heads with the
+    status row; the coordinator sends it through its :class:`~.mesh.ByteAllGather`): with
+    ``backward_first``, after its backward, with its gradients (row-sparse); without, before any
+    forward (the sharded exchange: the rows it will look up). False -- the round's all-gather carries the
+    status rows only. Without ``backward_first`` the gradients are exchanged during :meth:`gradients`,
+    after the round's all-gather (e.g. inside a ``DistributedDataParallel`` backward).
     ``divisor``: for each parameter group of the model (:class:`~primus_dagster.training.models.ParameterGroups`)
     the number of ranks that trained it this round (0: nobody; the group keeps ``grad=None``). ``sent``: bytes this rank put into the
     exchange; ``seconds``: seconds spent in it outside the loop's all-gather (which the loop counts).
     """
 
     round_messages: bool
+    backward_first: bool
     sent: int
     table_shards: TableShards | None  # sharded tables' checkpoints (None: every rank holds every row)
 
@@ -84,9 +87,9 @@ class GradientExchange(Protocol):
         ``data.deterministic``)."""
         ...
 
-    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
-        """After a ready rank's backward (``round_messages`` only): its round message, uint8, headed
-        by ``status`` (float64, ``HEADER_BYTES``); None: the status alone."""
+    def pack(self, status: torch.Tensor, kind: int, micro: Batch) -> torch.Tensor | None:
+        """A ready rank's round message (``round_messages`` only), uint8, headed by ``status`` (float64,
+        ``HEADER_BYTES``); ``micro``: its micro-batch; None: the status alone."""
         ...
 
     def gradients(
@@ -143,12 +146,13 @@ class RowSparseExchange:
 
         exchange = RowSparseExchange(model)
         loss = trainer.backward(micro_batch)
-        messages = mesh.all_gather(exchange.pack(status, kind=0))  # status: float64 [STATUS_FIELDS + MAX_TABLES]
+        messages = mesh.all_gather(exchange.pack(status, 0, micro_batch))  # status: float64 [STATUS_FIELDS + MAX_TABLES]
         exchange.apply(messages, {"memory": 2, "adapt": 0, "all": 2})
         trainer.apply(micro_batch, loss, started)
     """
 
     round_messages = True
+    backward_first = True  # its message carries the gradients of the backward before the round
     table_shards: TableShards | None = None
 
     def __init__(self, model: RecModel | None = None):
@@ -211,7 +215,7 @@ class RowSparseExchange:
         groups = self.groups.trained_by(KINDS[kind])
         return [i for i, p in enumerate(self.tables) if self.group[id(p)] in groups]
 
-    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
+    def pack(self, status: torch.Tensor, kind: int, micro: Batch | None = None) -> torch.Tensor | None:
         """This ready rank's message (uint8), after its backward: ``status`` (float64; the rows touched
         per table are written into it) and the gradients of what ``kind`` trains. None in a group of
         one: nothing to exchange (the round sends the status alone)."""

@@ -2,9 +2,10 @@
 
 A rank is a ``spawn``-ed process running ``target(rank, init_method, out, *args)`` (module-level,
 importable in the child by its module path: spawn pickles ``target`` and ``args``; the child gets the
-parent's ``sys.path``); inside it, :func:`serve_rank` joins the group (gloo, ``init_method``), runs the
-rank's body and puts its result or its traceback on ``out``. The parent holds the group in a
-:class:`RankProcesses`: it starts the ranks, reads ``out``, watches them (``exit_codes``,
+parent's ``sys.path``); inside it, :func:`serve_rank` joins the group (gloo, ``init_method``: the
+rendezvous of torchrun's environment variables), runs the rank's body and puts its result or its
+traceback on ``out`` (its :class:`RankOutbox`). The parent holds the group in a :class:`RankProcesses`:
+it starts the ranks, reads their messages (``out``, a :class:`RankInbox`), watches them (``exit_codes``,
 ``procs[r].pid``) and stops them whatever happens (terminate, then kill, reap). A group that only
 returns results hands it to :func:`collect_results`.
 
@@ -50,18 +51,22 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
+from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from primus_dagster.ports import free_port
+from primus_dagster.training.distributed.mesh import RANK_ADDR_ENV
 
 
 def pin_cores(cores: Sequence[int] | None) -> None:
@@ -102,11 +107,84 @@ def first_failure(errors: Mapping[int, tuple[float, str]]) -> int:
     return min(errors, key=lambda r: errors[r][0])
 
 
+def rank_environment(rank: int, world_size: int, master: str, port: int, address: str) -> dict[str, str]:
+    """What a rank process finds in its environment: torchrun's rendezvous variables (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``; ``init_method="env://"`` reads them) and the address its
+    peers reach it at (:data:`~.mesh.RANK_ADDR_ENV`). A rank started elsewhere (a pod, ``torchrun``) gets
+    the same variables from its launcher.
+
+    >>> rank_environment(1, 2, "10.0.0.5", 29500, "10.0.0.6")["RANK"]
+    '1'
+    """
+    return {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        RANK_ADDR_ENV: address,
+    }
+
+
+class RankOutbox:
+    """A rank's end of its own message pipe to the parent (what ``target`` gets as ``out``):
+    :meth:`put` sends at once, in the calling thread. A pipe per rank, not one shared queue: a rank
+    killed in the middle of a message tears its own pipe only, which the parent reads as the rank gone
+    (a shared ``multiprocessing.Queue`` would block every later read on the torn message)."""
+
+    def __init__(self, conn: Connection):
+        self._conn, self._lock = conn, threading.Lock()
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            self._conn.send(item)
+
+
+class RankInbox:
+    """The parent's end of every rank's pipe: :meth:`get` the next message of any rank. A pipe that ends
+    (its rank exited, or was killed mid-message) is dropped; the rank's exit code tells the rest."""
+
+    def __init__(self, conns: Sequence[Connection]):
+        self._open = list(conns)
+
+    def get(self, timeout: float) -> Any:
+        """The next message of any rank; ``queue.Empty`` when none came within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if not self._open:
+                time.sleep(max(0.0, left))
+                raise queue_mod.Empty
+            ready = mp_connection.wait(self._open, max(0.0, left))
+            if not ready:
+                raise queue_mod.Empty
+            for conn in cast(list[Connection], ready):  # wait() returns the connections it was given
+                try:
+                    return conn.recv()
+                except (EOFError, OSError):  # the rank is gone: a torn message, or none
+                    self._open.remove(conn)
+                    conn.close()
+
+    def close(self) -> None:
+        for conn in self._open:
+            conn.close()
+        self._open = []
+
+
+def _rank_entry(
+    target: Callable[..., None], environment: Mapping[str, str], rank: int, init: str, conn: Any, *args: Any
+) -> None:
+    """A spawned rank: its own rendezvous variables into its environment, then ``target`` with its outbox."""
+    os.environ.update(environment)
+    target(rank, init, RankOutbox(conn), *args)
+
+
 class RankProcesses:
     """``world_size`` daemonic ``spawn``-ed processes of ``target(rank, init_method, out, *args)``,
-    named ``f"{name}-{rank}"`` (module docstring); ``init_method``: a free loopback TCP port, ``out``:
-    the queue they report on. A context manager: ``with`` starts them and stops them on the way out,
-    whatever happened.
+    named ``f"{name}-{rank}"`` (module docstring); ``init_method``: ``"env://"``, the rendezvous in each
+    rank's environment (:func:`rank_environment`: rank 0's address and a free port there), ``out``: the
+    queue they report on. ``addresses``: per rank, the address it listens on for its peers (default
+    loopback for all; distinct loopback addresses stand for hosts in tests). A context manager: ``with``
+    starts them and stops them on the way out, whatever happened.
 
     Example::
 
@@ -115,13 +193,36 @@ class RankProcesses:
             ranks.exit_codes()          # [None, None]: both still running
     """
 
-    def __init__(self, target: Callable[..., None], world_size: int, *args: Any, name: str = "rank"):
+    def __init__(
+        self,
+        target: Callable[..., None],
+        world_size: int,
+        *args: Any,
+        name: str = "rank",
+        addresses: Sequence[str] | None = None,
+    ):
+        addresses = list(addresses) if addresses is not None else ["127.0.0.1"] * world_size
+        if len(addresses) != world_size:
+            raise ValueError(f"{len(addresses)} rank addresses for a group of {world_size}")
         ctx = mp.get_context("spawn")
-        self.out: Any = ctx.Queue()
-        self.init_method = f"tcp://127.0.0.1:{free_port()}"
+        pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
+        self.out = RankInbox([reader for reader, _ in pipes])
+        self._writers = [writer for _, writer in pipes]  # closed here once the rank has its own
+        self.init_method = "env://"
+        master, port = addresses[0], free_port(addresses[0])
         self.procs = [
             ctx.Process(
-                target=target, args=(rank, self.init_method, self.out, *args), name=f"{name}-{rank}", daemon=True
+                target=_rank_entry,
+                args=(
+                    target,
+                    rank_environment(rank, world_size, master, port, addresses[rank]),
+                    rank,
+                    self.init_method,
+                    self._writers[rank],
+                    *args,
+                ),
+                name=f"{name}-{rank}",
+                daemon=True,
             )
             for rank in range(world_size)
         ]
@@ -133,8 +234,9 @@ class RankProcesses:
     def start(self) -> RankProcesses:
         """Start every rank (those started are stopped if one cannot be)."""
         try:
-            for proc in self.procs:
+            for proc, writer in zip(self.procs, self._writers, strict=True):
                 proc.start()
+                writer.close()  # the rank's pipe ends when the rank does
         except BaseException:
             self.stop()
             raise
@@ -178,6 +280,9 @@ class RankProcesses:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+        for writer in self._writers:
+            writer.close()
+        self.out.close()
 
 
 def collect_results(ranks: RankProcesses, timeout_s: float) -> list[Any]:

@@ -64,7 +64,7 @@ class LockStep:
     ):
         self.exchange: GradientExchange = exchange if exchange is not None else RowSparseExchange()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.backward_first = self.exchange.round_messages
+        self.backward_first = self.exchange.backward_first
         self.table_shards = self.exchange.table_shards
         self.barrier_wait_s = 120.0 if self.rank == 0 else 0.0  # rank 0 saves: it waits for the others' reports
         self.timeout_s, self.transport, self.parent_pid = timeout_s, transport, parent_pid
@@ -83,9 +83,9 @@ class LockStep:
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             raise RuntimeError(f"trainer rank {self.rank}: the job process {self.parent_pid} is gone")
 
-    def agree(self, status: RoundStatus, trainer: Trainer | None) -> Round:
+    def agree(self, status: RoundStatus, trainer: Trainer | None, micro: Batch | None) -> Round:
         if self.mesh is None and self.world > 1:  # the status rows (and the exchange's messages, if any)
-            self.mesh = PeerMesh.connect(self.timeout_s, same_host=False if self.transport == "gloo" else None)
+            self.mesh = PeerMesh.connect(self.timeout_s, gloo=self.transport == "gloo")
         mine = torch.zeros(STATUS_FIELDS + MAX_TABLES, dtype=torch.float64)
         mine[1] = float(status.ended)
         message = None
@@ -93,8 +93,8 @@ class LockStep:
             kind = KINDS.index(status.kind)
             fields = [1, float(status.ended), kind, *status.widths, status.label_sum, status.rows]
             mine[:STATUS_FIELDS] = torch.tensor(fields, dtype=torch.float64)
-            if self.exchange.round_messages:  # its touched rows ride in the status
-                message = self.exchange.pack(mine, kind)
+            if self.exchange.round_messages and micro is not None:  # what its exchange sends with the status
+                message = self.exchange.pack(mine, kind, micro)
         table, messages = self._gather(mine, message)
         return Round(tuple(_status(row) for row in table.tolist()), messages)
 

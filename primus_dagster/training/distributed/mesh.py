@@ -1,7 +1,7 @@
 """The ranks' transport: an all-gather of byte messages of any length, one call a round.
 
-:class:`PeerMesh` (direct sockets between the ranks of one host) and :class:`GlooBytes` (its gloo
-fallback across hosts) both satisfy :class:`ByteAllGather`, what
+:class:`PeerMesh` (direct sockets between the ranks, on one host or across hosts) and :class:`GlooBytes`
+(the same through gloo) both satisfy :class:`ByteAllGather`, what
 :class:`~primus_dagster.training.distributed.rounds.RankLoop` sends its rounds through.
 
 Example::
@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import secrets
 import selectors
 import socket
@@ -23,6 +25,9 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+
+#: The address a rank listens on for its peers (:func:`rank_address`).
+RANK_ADDR_ENV = "PRIMUS_RANK_ADDR"
 
 
 class ByteAllGather(Protocol):
@@ -51,8 +56,9 @@ class PeerMesh:
     all-gather, then the payload padded to the longest. Here the calling thread sends its frame
     (8-byte length + message) to every peer and reads theirs, non-blocking, in one ``select`` loop:
     one exchange per round, nothing padded, no other thread (~0.05 ms of CPU). Setup: every rank
-    listens on loopback, the ports and rank 0's random token go round in one gloo all-gather, rank ``r``
-    connects to the lower ranks and accepts the higher ones (which must present the token). A peer
+    listens on its :func:`rank_address`, the addresses, ports and rank 0's random token go round in one gloo
+    all-gather, rank ``r`` connects to the lower ranks and accepts the higher ones (which must present the
+    token). A peer
     that exits closes its sockets: the others raise ConnectionError naming it; no message within
     ``timeout_s``: TimeoutError.
 
@@ -69,22 +75,21 @@ class PeerMesh:
             sock.setblocking(False)
 
     @staticmethod
-    def connect(timeout_s: float, *, same_host: bool | None = None) -> PeerMesh | GlooBytes:
-        """Connect every rank of the default group to every other (collective); ``same_host=False``
-        forces the gloo fallback (tests)."""
+    def connect(timeout_s: float, *, gloo: bool = False) -> PeerMesh | GlooBytes:
+        """Connect every rank of the default group to every other (collective); ``gloo=True``: no sockets
+        of its own, the messages go through gloo (:class:`GlooBytes`)."""
+        if gloo:
+            return GlooBytes()
         rank, world = dist.get_rank(), dist.get_world_size()
-        with socket.create_server(("127.0.0.1", 0), backlog=max(1, world)) as listener:
+        address = rank_address()
+        with socket.create_server((address, 0), backlog=max(1, world)) as listener:
             listener.settimeout(timeout_s)
             info: list[Any] = [None] * world
-            dist.all_gather_object(info, (socket.gethostname(), listener.getsockname()[1], secrets.token_hex(16)))
-            if same_host is None:
-                same_host = len({host for host, _, _ in info}) == 1
-            if not same_host:
-                return GlooBytes()
+            dist.all_gather_object(info, (address, listener.getsockname()[1], secrets.token_hex(16)))
             key = info[0][2].encode()
             socks: dict[int, socket.socket] = {}
             for peer in range(rank):
-                sock = socket.create_connection(("127.0.0.1", info[peer][1]), timeout=timeout_s)
+                sock = socket.create_connection((info[peer][0], info[peer][1]), timeout=timeout_s)
                 sock.sendall(key + struct.pack("<q", rank))
                 socks[peer] = sock
             while len(socks) < world - 1:
@@ -193,7 +198,7 @@ class PeerMesh:
 
 
 class GlooBytes:
-    """:class:`PeerMesh`'s fallback for ranks on different hosts: two gloo all-gathers, the lengths,
+    """:class:`PeerMesh` through gloo (``pools.training.transport: gloo``): two gloo all-gathers, the lengths,
     then the messages padded to the longest (an all-to-all: the lengths, then the messages, over gloo's
     ``all_to_all_single``)."""
 
@@ -217,6 +222,24 @@ class GlooBytes:
 
     def close(self) -> None:
         pass
+
+
+def rank_address() -> str:
+    """The address this rank's peers reach it at: ``$PRIMUS_RANK_ADDR`` (set by
+    :class:`~primus_dagster.training.distributed.RankProcesses` for the ranks it starts; a pod sets its own),
+    else loopback when the rendezvous (``$MASTER_ADDR``, torchrun's) is on this host or unset, else this
+    host's address on the route to it."""
+    if explicit := os.environ.get(RANK_ADDR_ENV):
+        return explicit
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(master)).is_loopback:
+            return "127.0.0.1"
+    except (OSError, ValueError):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent: it picks the route
+        probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+        return probe.getsockname()[0]
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

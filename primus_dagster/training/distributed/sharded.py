@@ -3,14 +3,13 @@ row_wise``).
 
 Every rank holds its share of every built-in table's rows and of their optimiser state -- a contiguous
 range, ``torch.chunk``'s split (:class:`~primus_dagster.training.models.TablePlacement`) -- and every
-dense parameter whole. A round, after the group agreed on who holds what
-(:class:`~primus_dagster.training.distributed.LockStep`), goes in three exchanges over the ranks'
-byte mesh (:class:`~.mesh.PeerMesh`, gloo across hosts), every rank taking part whether it holds data
-or not:
+dense parameter whole. A round goes in three exchanges over the ranks' byte mesh
+(:class:`~.mesh.PeerMesh`, gloo across hosts), every rank taking part whether it holds data or not:
 
-1. **Requests.** A rank with a micro-batch works out, per table its kind reads (trains, or reads without
-   a gradient: MTRM's stream samples read the memory tower's tables), the distinct rows it looks up, and
-   asks each row's owner for them.
+1. **Requests**, with the round's status rows (:class:`~primus_dagster.training.distributed.LockStep`'s
+   all-gather). A rank with a micro-batch works out, per table its kind reads (trains, or reads without a
+   gradient: MTRM's stream samples read the memory tower's tables), the distinct rows it looks up, split
+   by their owners.
 2. **Rows.** Each owner answers with its rows; the asking rank sets each table's
    :class:`~primus_dagster.training.models.RowWindow` and runs its forward and backward, the lookups
    reading the window.
@@ -51,7 +50,7 @@ from torch.distributed.tensor import DTensor, Shard
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training.checkpoint import Checkpoint
-from primus_dagster.training.distributed.exchange import Divisor, RoundMessages
+from primus_dagster.training.distributed.exchange import HEADER_BYTES, Divisor, RoundMessages
 from primus_dagster.training.distributed.mesh import ByteAllGather, PeerMesh
 from primus_dagster.training.features import ModelInit
 from primus_dagster.training.loop import TableShards
@@ -115,8 +114,9 @@ _EMPTY = torch.zeros(0, dtype=torch.uint8)
 
 class ShardedExchange:
     """The row-wise sharded exchange of a :class:`~.lockstep.LockStep` group (module docstring), a
-    :class:`~.exchange.GradientExchange` whose round messages are its own (``round_messages`` False: the
-    coordinator agrees first, then :meth:`gradients` / :meth:`null_gradients` fetch, train and exchange).
+    :class:`~.exchange.GradientExchange`: its round message (:meth:`pack`) carries a ready rank's asks with
+    its status; after the round's all-gather :meth:`gradients` / :meth:`null_gradients` answer, train and
+    exchange the gradients.
     ``sent``: bytes this rank sent; ``seconds``: seconds in the exchanges (waiting for the peers included).
 
     Example::
@@ -124,10 +124,11 @@ class ShardedExchange:
         coordinator = LockStep(ShardedExchange(), timeout_s=300)
     """
 
-    round_messages = False
+    round_messages = True  # its asks ride with the status
+    backward_first = False  # the rows come before the forward
 
-    def __init__(self, *, timeout_s: float = 300.0, same_host: bool | None = None):
-        self.timeout_s, self.same_host = timeout_s, same_host
+    def __init__(self, *, timeout_s: float = 300.0, gloo: bool = False):
+        self.timeout_s, self.gloo = timeout_s, gloo
         self.mesh: ByteAllGather | None = None
         self.tables: list[ShardedTable] = []
         self.groups = ParameterGroups.one()
@@ -136,6 +137,8 @@ class ShardedExchange:
         self.sent, self.comm_s = 0, 0.0
         self._mesh_1d: DeviceMesh | None = None  # the group as a device mesh (checkpoints' DTensors)
         self.table_shards: TableShards | None = self  # it checkpoints its own tables (save, localize)
+        self._asked: tuple[list[torch.Tensor], list[list[int]], set[str]] = ([], [], set())  # pack's, this round
+        self._message = _EMPTY
 
     @property
     def seconds(self) -> float:
@@ -164,15 +167,12 @@ class ShardedExchange:
 
     def _exchange(self, messages: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self.mesh is None:
-            self.mesh = PeerMesh.connect(self.timeout_s, same_host=self.same_host)
+            self.mesh = PeerMesh.connect(self.timeout_s, gloo=self.gloo)
         started = time.perf_counter()
         self.sent += sum(m.numel() for r, m in enumerate(messages) if r != self.rank)
         received = self.mesh.all_to_all(messages)
         self.comm_s += time.perf_counter() - started
         return received
-
-    def pack(self, status: torch.Tensor, kind: int) -> torch.Tensor | None:
-        return None  # no round messages: the status alone (never called)
 
     def close(self) -> None:
         if self.mesh is not None:
@@ -266,14 +266,14 @@ class ShardedExchange:
         self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, messages: RoundMessages, divisor: Divisor
     ) -> torch.Tensor:
         """A ready rank: fetch its rows, train the micro-batch, exchange the gradients; the loss."""
-        self._fetch(micro)
+        self._fetch(messages, micro)
         loss = trainer.backward(micro)
         self._gradients(micro.kind, divisor)
         return loss
 
     def null_gradients(self, trainer: Trainer, kind: str, messages: RoundMessages, divisor: Divisor) -> None:
         """A rank without data: serve the others' rows, take its share of the group's gradients."""
-        self._fetch(None)
+        self._fetch(messages, None)
         self._gradients(None, divisor)
 
     def _owners(self, table: HashedEmbedding, ids: torch.Tensor) -> list[int]:
@@ -283,40 +283,52 @@ class ShardedExchange:
         )
         return torch.searchsorted(ids, bounds).tolist()
 
-    def _fetch(self, micro: Batch | None) -> None:
-        """Exchanges 1 and 2: ask each owner for the rows this rank's micro-batch reads, serve the others'
-        asks, set the windows."""
-        reads: set[str] = set()
-        trained: set[str] = set()
+    def pack(self, status: torch.Tensor, kind: int, micro: Batch) -> torch.Tensor:
+        """A ready rank's round message: its status, then per table the rows it will look up (every
+        kind it reads: trains, or reads without a gradient), split by owner -- exchange 1 rides with the
+        coordinator's status."""
+        reads = {*self.groups.trained_by(micro.kind), *self.groups.reads.get(micro.kind, ())}
+        _, sparse, _ = model_inputs(micro)
         per_module: dict[int, dict[str, torch.Tensor]] = {}  # FeatureEmbeddings -> its tables' buckets
-        if micro is not None:
-            trained = set(self.groups.trained_by(micro.kind))
-            reads = {*trained, *self.groups.reads.get(micro.kind, ())}
-            _, sparse, _ = model_inputs(micro)
-            for t in self.tables:
-                if t.group in reads and id(t.embeddings) not in per_module:
-                    per_module[id(t.embeddings)] = t.embeddings.needed_buckets(sparse, micro.lists)
+        for t in self.tables:
+            if t.group in reads and id(t.embeddings) not in per_module:
+                per_module[id(t.embeddings)] = t.embeddings.needed_buckets(sparse, micro.lists)
         none = torch.zeros(0, dtype=torch.int64)
         needed = [per_module[id(t.embeddings)][t.name] if t.group in reads else none for t in self.tables]
         cuts = [self._owners(t.table, ids) for t, ids in zip(self.tables, needed, strict=True)]
-        asks = []
-        for owner in range(self.world):
-            asked_counts = torch.tensor([c[owner + 1] - c[owner] for c in cuts], dtype=torch.int64)
-            wanted = [ids[c[owner] : c[owner + 1]] for ids, c in zip(needed, cuts, strict=True)]
-            asks.append(_bytes(asked_counts, *wanted))
+        counts = torch.tensor([c[o + 1] - c[o] for c in cuts for o in range(self.world)], dtype=torch.int64)
+        self._asked = (needed, cuts, reads)
+        self._message = torch.cat([status.view(torch.uint8), _bytes(counts, *needed)])
+        return self._message
+
+    def _fetch(self, messages: RoundMessages, micro: Batch | None) -> None:
+        """Exchange 2: answer every rank's asks of this one's rows (its round message), take the rows of
+        this rank's own asks, set the windows."""
+        if messages is None:  # a group of one: its own message
+            messages = [self._message] if micro is not None else [_EMPTY]
         answers = []
-        for asked in self._exchange(asks):  # what every rank asks of this one, in rank order
-            words = asked.view(torch.int64)
-            counts, offset, served = words[: len(self.tables)].tolist(), len(self.tables), []
-            for t, n in zip(self.tables, counts, strict=True):
-                local = words[offset : offset + n] - t.table.row_start
-                served.append(t.table.table.weight.detach().index_select(0, local))
-                offset += n
+        n_tables = len(self.tables)
+        for message in messages:  # every rank's, in rank order
+            served: list[torch.Tensor] = []
+            if message.numel() > HEADER_BYTES and message[:HEADER_BYTES].view(torch.float64)[0] == 1:
+                words = message[HEADER_BYTES:].view(torch.int64)
+                counts = words[: n_tables * self.world].view(n_tables, self.world)
+                offset = n_tables * self.world
+                for i, t in enumerate(self.tables):
+                    row = counts[i].tolist()
+                    mine = words[offset + sum(row[: self.rank]) : offset + sum(row[: self.rank + 1])]
+                    served.append(t.table.table.weight.detach().index_select(0, mine - t.table.row_start))
+                    offset += sum(row)
             answers.append(_bytes(*served))
         got = self._exchange(answers)  # the rows of this rank's asks, from every owner in rank order
+        for t in self.tables:
+            t.table.window = None
+        if micro is None:
+            return
+        needed, cuts, reads = self._asked
+        trained = set(self.groups.trained_by(micro.kind))
         offsets = [0] * self.world
         for t, ids, c in zip(self.tables, needed, cuts, strict=True):
-            t.table.window = None
             parts = []
             for owner in range(self.world):
                 n = (c[owner + 1] - c[owner]) * t.table.dim

@@ -13,7 +13,7 @@ Example (the loop calls these, in this order, each round)::
 
     status = RoundStatus.of(head, ended)                 # this trainer's micro-batch (or None)
     loss = trainer.backward(head)                        # when it holds one and coordinator.backward_first
-    round = coordinator.agree(status, trainer)           # every trainer's status (and exchange messages)
+    round = coordinator.agree(status, trainer, head)     # every trainer's status (and exchange messages)
     loss = coordinator.gradients(trainer, head, loss, round)     # the group's gradients
     trainer.apply(head, loss, started)
 """
@@ -133,9 +133,10 @@ class Coordinator(Protocol):
         """Called before every round (e.g. a trainer process checks that its job process lives)."""
         ...
 
-    def agree(self, status: RoundStatus, trainer: Trainer | None) -> Round:
+    def agree(self, status: RoundStatus, trainer: Trainer | None, micro: Batch | None) -> Round:
         """This trainer's ``status`` in, the group's round out (a collective: every trainer calls it each
-        round). ``trainer``: this trainer's, with its gradients when it is ready and ``backward_first``."""
+        round). ``trainer``: this trainer's (built when it is ready), with its gradients when
+        ``backward_first``; ``micro``: the micro-batch it holds (None: none)."""
         ...
 
     def gradients(self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, round: Round) -> torch.Tensor:
@@ -183,7 +184,7 @@ class Solo:
     def before_round(self, rounds: int) -> None:
         pass
 
-    def agree(self, status: RoundStatus, trainer: Trainer | None) -> Round:
+    def agree(self, status: RoundStatus, trainer: Trainer | None, micro: Batch | None) -> Round:
         return Round((status,))
 
     def gradients(self, trainer: Trainer, micro: Batch, loss: torch.Tensor | None, round: Round) -> torch.Tensor:

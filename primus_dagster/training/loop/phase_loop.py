@@ -143,10 +143,11 @@ class PhaseLoop:
             head = self._head(wait_s, pull=not draining)
             trainer, loss, started = self.state.trainer, None, time.perf_counter()
             status = RoundStatus.of(head, self.ended)
-            if head is not None and self.coordinator.backward_first:  # its gradients ride with its status
+            if head is not None:
                 trainer = self._trainer(status.widths)
-                loss = trainer.backward(head)
-            round = self.coordinator.agree(status, trainer)
+                if self.coordinator.backward_first:  # its gradients ride with its status
+                    loss = trainer.backward(head)
+            round = self.coordinator.agree(status, trainer, head)
             if not round.ready:
                 if draining and not round.all_ended:
                     self.checkpoint(phase_done=False)  # every trainer, this round: nobody holds a reader batch
