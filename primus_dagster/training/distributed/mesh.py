@@ -48,19 +48,17 @@ class ByteAllGather(Protocol):
 
 class PeerMesh:
     """All-gather of byte messages of any length over direct TCP connections between the ranks of the
-    default group (ranks on one host; :meth:`connect` falls back to :class:`GlooBytes` otherwise).
+    default group, on one host or across hosts (every rank listens on its :func:`rank_address`).
 
     Why not gloo: a gloo collective hands the work to its own threads (the caller's, a worker's, the
-    TCP loop's) and costs ~0.5-1 ms of CPU per call on this 2-core VM whatever its size (measured:
-    64 bytes or 160 kB alike), and its buffers have one size for all, so a round needed a status
-    all-gather, then the payload padded to the longest. Here the calling thread sends its frame
-    (8-byte length + message) to every peer and reads theirs, non-blocking, in one ``select`` loop:
-    one exchange per round, nothing padded, no other thread (~0.05 ms of CPU). Setup: every rank
-    listens on its :func:`rank_address`, the addresses, ports and rank 0's random token go round in one gloo
-    all-gather, rank ``r`` connects to the lower ranks and accepts the higher ones (which must present the
-    token). A peer
-    that exits closes its sockets: the others raise ConnectionError naming it; no message within
-    ``timeout_s``: TimeoutError.
+    TCP loop's) and costs a fixed CPU time per call whatever its size, and its buffers have one size for
+    all, so a round needed a status all-gather, then the payload padded to the longest (the figures:
+    docs/training.md, "Multi-trainer jobs"). Here the calling thread sends its frame (8-byte length +
+    message) to every peer and reads theirs, non-blocking, in one ``select`` loop: one exchange per round,
+    nothing padded, no other thread. Setup: every rank listens on its :func:`rank_address`, the addresses,
+    ports and rank 0's random token go round in one gloo all-gather, rank ``r`` connects to the lower ranks
+    and accepts the higher ones (which must present the token). A peer that exits closes its sockets: the
+    others raise ConnectionError naming it; no message within ``timeout_s``: TimeoutError.
 
     Example::
 
