@@ -167,21 +167,24 @@ def _leaks_by_module(request: pytest.FixtureRequest, no_leaks: None) -> Iterator
         _watch.after_module(request.node.nodeid)
 
 
-#: Variables their owners set in the test process on their own: pytest (the current test), MLflow (its telemetry session).
-OWN_VARIABLE_PREFIXES = ("PYTEST_", "_MLFLOW_TELEMETRY")
+#: The variables that steer where a run writes and what it talks to (MLflow's store, the project's home
+#: and data root, Dagster's instance, the temp directory). Libraries set others of their own on import
+#: (torch's ``KMP_*``, MLflow's telemetry session): those are not a test's leak.
+STEERING_PREFIXES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "PRIMUS_", "DAGSTER_", "TMPDIR")
 
 
 @pytest.fixture(autouse=True)
 def _no_environment_leak() -> Iterator[None]:
-    """Fail a test that leaves ``os.environ`` or the working directory changed (``monkeypatch`` restores its
-    own changes before this runs), and restore both: a variable one test leaks (``mlflow.set_tracking_uri``
-    exports ``$MLFLOW_TRACKING_URI``, for one) would otherwise steer every later test of its worker."""
+    """Fail a test that leaves a steering variable (:data:`STEERING_PREFIXES`) or the working directory
+    changed (``monkeypatch`` restores its own changes before this runs), and restore both: a variable one
+    test leaks (``mlflow.set_tracking_uri`` exports ``$MLFLOW_TRACKING_URI``, for one) would otherwise steer
+    every later test of its worker."""
     environ, cwd = dict(os.environ), os.getcwd()
     yield
     changed = sorted(
         k
         for k in environ.keys() | os.environ.keys()
-        if environ.get(k) != os.environ.get(k) and not k.startswith(OWN_VARIABLE_PREFIXES)
+        if environ.get(k) != os.environ.get(k) and k.startswith(STEERING_PREFIXES)
     )
     moved = os.getcwd() != cwd
     if changed:

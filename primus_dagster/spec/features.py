@@ -146,11 +146,16 @@ class FeaturesSpec(StrictModel):
         return self
 
     def dense_of(self, name: str) -> DenseFeature:
-        """The declaration of dense column ``name`` (the defaults when it is not declared)."""
-        return next((f for f in self.dense if f.name == name), None) or DenseFeature(name=name)
+        """The declaration of dense column ``name`` (the defaults when it is not declared: any column name
+        the source maps, unchecked -- the name pattern is for declarations)."""
+        return next((f for f in self.dense if f.name == name), None) or DenseFeature.model_construct(name=name)
 
     def categorical_of(self, name: str) -> CategoricalFeature:
-        return next((f for f in self.categorical if f.name == name), None) or CategoricalFeature(name=name)
+        return next((f for f in self.categorical if f.name == name), None) or CategoricalFeature.model_construct(
+            name=name
+        )
 
     def list_of(self, name: str) -> CategoricalListFeature:
-        return next((f for f in self.categorical_list if f.name == name), None) or CategoricalListFeature(name=name)
+        return next(
+            (f for f in self.categorical_list if f.name == name), None
+        ) or CategoricalListFeature.model_construct(name=name)
