@@ -336,7 +336,7 @@ def vertical_allocation(
     *,
     headroom: float,
     min_change: float,
-    floor: np.ndarray | float,
+    floor: float,
     cap: np.ndarray | float,
     quantum: float,
 ) -> tuple[np.ndarray, np.ndarray]:
