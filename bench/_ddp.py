@@ -46,7 +46,7 @@ from primus_dagster.training.distributed import (
     pin_cores,
     serve_rank,
 )
-from primus_dagster.training.features import ModelInit
+from primus_dagster.training.features import FeatureLayout, ModelInit
 from primus_dagster.training.loop import (
     PhaseContext,
     PhaseLoop,
@@ -222,7 +222,9 @@ def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMe
         with open(plan.shard_paths[rank], "rb") as file:
             shard: list[Batch] = pickle.load(file)  # written by the caller (bench/train_throughput.py)
         spec = TrainingSpec.model_validate_json(plan.training_spec_json)
-        context = PhaseContext.outside_run(spec, plan.world_size)  # the plain layout of the first batch's widths
+        widths = (int(shard[0].dense.shape[1]), int(shard[0].sparse.shape[1]))  # every rank's shard has them
+        init = ModelInit(FeatureLayout.plain(spec.model, *widths))
+        context = PhaseContext.outside_run(spec, plan.world_size, init=init)
         exchange = EXCHANGES[plan.exchange]()
         coordinator = LockStep(exchange, timeout_s=plan.timeout_s, transport=plan.transport)
         reader = ShardReader(shard)

@@ -67,6 +67,7 @@ EXIT_CODES = """exit codes:
   1        a failure at run time: a source partition that failed to list (plan, partitions and
            validate --data print each with its source, partition and error; train names the
            sources and errors and trains nothing), no ready data in the window, failed data tasks,
+           a data pool that failed (an executor out of restarts, every node blacklisted),
            data that does not fit its spec read while training, a full disk (a checkpoint that
            could not be written: the same command resumes from the previous one)
   2        bad input: an argument out of range (with the usage line), an invalid job spec, an
@@ -622,12 +623,17 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # a job that cannot run or failed (no ready data, failed tasks past the threshold)
-        from primus_dagster.data.driver import DataFailedError
+        from primus_dagster.cluster import PoolError
+        from primus_dagster.cluster.supervisor import ExecutorFailedError
+        from primus_dagster.data.driver import DataAbortedError, DataFailedError
         from primus_dagster.training.failed_tasks import FailedTasksError
         from primus_dagster.training.planning import NoTrainingDataError
         from primus_dagster.training.run_lock import RunInProgressError
 
-        if not isinstance(exc, (NoTrainingDataError, DataFailedError, FailedTasksError, RunInProgressError)):
+        # an aborted data plane (its pool failed: every node blacklisted, an executor out of restarts) and
+        # every pool error are one line too
+        known = (NoTrainingDataError, DataFailedError, DataAbortedError, FailedTasksError, RunInProgressError)
+        if not isinstance(exc, (*known, PoolError, ExecutorFailedError)):
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1

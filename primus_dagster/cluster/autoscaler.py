@@ -6,7 +6,15 @@ Each control tick of a :class:`~primus_dagster.cluster.pooled_plane.PooledDataPl
 :class:`~primus_dagster.cluster.controller.ScalingController` the pool's statuses, and applies the
 decisions it returns (:func:`~primus_dagster.cluster.controller.apply_decision`): scale out, scale in
 (a stopped executor's leased tasks are read again elsewhere; the claim ledger keeps delivery exactly
-once), resize. OOM restarts are left to the plane's supervisor.
+once), resize. OOM restarts are left to the plane's supervisor. A scaling action the pool cannot carry
+out -- a resize it will not apply in place because it would kill the executor
+(:class:`~primus_dagster.cluster.pool.ResizeNotApplied`), a launch that fails -- is logged as one warning
+and skipped: scaling is an optimisation, and the run goes on with the pool it has. The executors'
+peak RSS (the pool's ``rss_peak_bytes``) sizes vertical scaling's memory, and a pool that lost an
+executor is *recovering* for the job's ``data.lease`` (its leased tasks may wait that long): its
+trainers' wait is not load then, and it is not scaled in. On a local pool the machine's cores bound a
+CPU-busy pool's scale-out (``ScalingController.host_cores``): more busy executors on the same cores add
+only their start-up and their share of the cores.
 
 The trainers are the controller's ``training`` pool, observed but never changed (``fixed_roles``):
 their reader-wait fraction is measured by :class:`TrainerWait` from the plane's readers (the share
@@ -36,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from primus_dagster.cluster.controller import ControllerOptions, ScalingController, apply_decision
 from primus_dagster.cluster.metrics import Sample, sample_from_heartbeat
 from primus_dagster.cluster.policies import ScalingDecision
-from primus_dagster.cluster.pool import ExecutorStatus, Resources, memory_bytes
+from primus_dagster.cluster.pool import ExecutorStatus, PoolError, Resources, memory_bytes
 from primus_dagster.spec import JobSpec, PoolSpec
 
 if TYPE_CHECKING:
@@ -189,8 +197,14 @@ class DataPoolAutoscaler:
         options: ControllerOptions | None = None,
     ):
         # The supervisor restarts OOM-killed executors; local CPU is whole cores (affinity); the
-        # trainers are the run's: observed (their wait), never scaled.
-        options = options or ControllerOptions(oom_restarts=False, cpu_quantum=1.0, fixed_roles=("training",))
+        # trainers are the run's: observed (their wait), never scaled; a lost executor's tasks may wait
+        # for their lease (data.lease): that long the pool is recovering.
+        options = options or ControllerOptions(
+            oom_restarts=False,
+            cpu_quantum=1.0,
+            fixed_roles=("training",),
+            recovery_s=job.data.lease.total_seconds(),
+        )
         self.job = job
         trainers = job.pools.training
         self.training_pool = PoolSpec(
@@ -206,8 +220,10 @@ class DataPoolAutoscaler:
         self.waits: dict[int, TrainerWait] = {}
         self.on_decision = on_decision
         self.applied: list[ScalingDecision] = []
+        self.skipped: list[tuple[ScalingDecision, str]] = []  # decisions the pool could not carry out, why
         self.timeline = ScalingTimeline()
         self._t0: float | None = None
+        self._failures = 0  # failed or OOM-killed attempts the supervisor handled, seen so far
 
     def control(self, plane: PooledDataPlane, now: float) -> None:
         """One tick: observe, decide, apply (called by the plane's control thread)."""
@@ -221,13 +237,26 @@ class DataPoolAutoscaler:
                 self.controller.observe(sample)
         if self._t0 is None:
             self._t0 = plane.started_at
+        decisions_seen = plane.supervisor.decisions if plane.supervisor is not None else []
+        failures = sum(d.state in ("failed", "oom_killed") for d in decisions_seen)
+        if failures > self._failures:  # the supervisor restarted a lost executor: its tasks may wait a lease
+            self._failures = failures
+            self.controller.disrupted("data", now)
         trainer_statuses = self._observe_trainers(plane, now)
         self.controller.pending_tasks = _pending_tasks(plane)
+        cpus = getattr(plane.pool, "cpus", None)  # a local pool places its executors on this machine's cores
+        if cpus:
+            self.controller.host_cores["data"] = float(len(cpus))
         ticks = self.controller.ticks
         decisions = self.controller.tick(now, {"data": statuses, "training": trainer_statuses})
         for decision in decisions:
             log.info("scaling: %s", decision.describe())
-            apply_decision({"data": plane.pool}, decision)
+            try:
+                apply_decision({"data": plane.pool}, decision)
+            except PoolError as exc:  # an optional action the pool cannot do: the run goes on without it
+                log.warning("scaling: %s not applied: %s", decision.kind, exc)
+                self.skipped.append((decision, str(exc)))
+                continue
             self.applied.append(decision)
             if self.on_decision is not None:
                 self.on_decision(decision)
@@ -261,5 +290,6 @@ class DataPoolAutoscaler:
         return {
             **self.controller.summary(),
             "applied": [d.as_dict() for d in self.applied],
+            "not_applied": [{**d.as_dict(), "why": why} for d, why in self.skipped],
             "timeline": self.timeline.as_list(),
         }

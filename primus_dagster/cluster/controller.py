@@ -7,6 +7,8 @@ and the pools' current :class:`~primus_dagster.cluster.pool.ExecutorStatus` list
 :class:`~primus_dagster.cluster.policies.ScalingDecision` s of this tick:
 
 * ``oom_restart`` for every executor newly found OOM-killed (failover: every call, no cooldown);
+* between scaling ticks, vertical scaling's memory increases (every call: an RSS growing faster than
+  the interval must not outrun them; an increase cannot flap);
 * at most every ``scaling.interval``, the decisions of **one** strategy (``horizontal`` or
   ``vertical``; ``enabled: false`` turns one off): the one that wants to act; when both do, they
   take turns (the one that did not act last goes), and the very first contention goes to vertical
@@ -91,7 +93,19 @@ class ControllerOptions:
     * ``fixed_roles``: pools observed but never scaled or resized;
     * ``resize_restarts``: a resize restarts the executor (Kubernetes replaces the pod): then at
       most ``max_unavailable`` of a pool (at least one executor) is starting at a time, resizes
-      included (a rolling update), and only memory increases may exceed it.
+      included (a rolling update), and only memory increases may exceed it;
+    * ``recovery_s``: after an executor of a pool failed or was OOM-killed, the pool is *recovering*
+      this long: its trainers' wait is a stall, not load, and it is not
+      scaled in (default 2 × ``cooldown``; the live autoscaler uses the job's ``data.lease``, how
+      long a killed executor's leased tasks may wait for their lease to expire);
+    * ``busy_wait_cap`` / ``wait_cap``: the largest trainer wait the demand ``L_u / (1 − w)`` takes
+      while the data pool is CPU-busy (its CPU utilisation at least ``scale_up_threshold``: the wait is
+      a capacity shortfall, the fluid demand ``1 / (1 − w)`` holds) and while it is not (the wait is a
+      stall or the transport: at most doubling) -- a wait cannot make a half-idle pool's load 5.5;
+    * ``max_scale_in_fraction``: a scale-in stops at most this share of the pool's live executors at
+      once (at least ``step``): the executors left read the released tasks again, and a bounded step
+      keeps those re-reads within their spare capacity and buffers (a tuned setting, chosen on the
+      simulator's tuning traces, docs/scaling.md).
 
     Example::
 
@@ -116,6 +130,10 @@ class ControllerOptions:
     fixed_roles: tuple[Role, ...] = ()
     resize_restarts: bool = False
     max_unavailable: float = 0.05
+    recovery_s: float | None = None
+    busy_wait_cap: float = 0.9
+    wait_cap: float = 0.5
+    max_scale_in_fraction: float = 0.1
 
 
 _FLOAT_FIELDS = (
@@ -132,6 +150,9 @@ _FLOAT_FIELDS = (
     "ew_cpu",
     "ew_mem",
     "ew_den",
+    "peak",  # the largest RSS seen of the executor in this run (samples and the pool's high-water mark)
+    "floor_mem",  # vertical never goes below it: the allocation it was restarted with after an OOM kill
+    "oom_pending",  # 1: OOM-killed, its floor is set from its next live allocation
 )
 _NAN_FIELDS = ("io", "fill", "wait", "t_first")
 
@@ -290,6 +311,10 @@ class ScalingController:
         self._last_strategy: str | None = None
         self._pending_oom: dict[tuple[str, int], ExecutorStatus] = {}
         self._handled_oom: set[tuple[str, int]] = set()
+        #: The largest RSS of any executor of the pool in this run: every executor may get its heaviest task.
+        self._pool_peak: dict[Role, float] = dict.fromkeys(self.pools, 0.0)
+        self._disrupted: dict[Role, float] = dict.fromkeys(self.pools, -math.inf)  # last failure or OOM kill
+        self.recovery_s = self.options.recovery_s if self.options.recovery_s is not None else 2 * self.cooldown
         self.series = MetricsStore(self.options.series_samples, self.options.series_age_s, self.options.io_capacity)
         self.decision_log: deque[ScalingDecision] = deque(maxlen=self.options.log_size)
         self.actions: Counter[str] = Counter()
@@ -298,8 +323,13 @@ class ScalingController:
             role: deque(maxlen=self.options.history_ticks) for role in self.pools
         }
         self.last_metrics: dict[str, float] = {}
+        #: Per pool, the cores its executors can be placed on where that is known and small (the local
+        #: pool: this machine's); set by the caller: a CPU-busy pool is not grown past them.
+        self.host_cores: dict[Role, float] = {}
         #: Tasks no data executor has leased yet (None: unknown, or an unbounded stream); set by the
-        #: caller before a tick: with none waiting, the ratio rule adds no data executor.
+        #: caller before a tick: with none waiting, the ratio rule adds no data executor, and only the
+        #: ratio rule removes one -- the trainers are the bottleneck, the executors left have the spare
+        #: time to read the stopped one's task again; the load rule leaves them to end by themselves.
         self.pending_tasks: int | None = None
 
     # ------------------------------------------------------------------------------------- input
@@ -329,6 +359,8 @@ class ScalingController:
         a["ew_cpu"][row] = a["ew_cpu"][row] * decay + sample.cpu
         a["ew_mem"][row] = a["ew_mem"][row] * decay + sample.rss_bytes
         a["ew_den"][row] = a["ew_den"][row] * decay + 1.0
+        a["peak"][row] = max(a["peak"][row], sample.rss_bytes)
+        self._pool_peak[sample.role] = max(self._pool_peak[sample.role], sample.rss_bytes)
         st.n[row] += 1
         self.series.add(sample)
 
@@ -366,10 +398,14 @@ class ScalingController:
         a["ew_cpu"][rows] = a["ew_cpu"][rows] * decay + cpu
         a["ew_mem"][rows] = a["ew_mem"][rows] * decay + rss
         a["ew_den"][rows] = a["ew_den"][rows] * decay + 1.0
+        a["peak"][rows] = np.maximum(a["peak"][rows], rss)
+        if rss.size:
+            self._pool_peak[role] = max(self._pool_peak[role], float(rss.max()))
         st.n[rows] += 1
 
-    def update_status(self, role: Role, statuses: Sequence[ExecutorStatus]) -> None:
-        """The pool's current executors (all of them: one missing here has left the pool)."""
+    def update_status(self, role: Role, statuses: Sequence[ExecutorStatus], now: float | None = None) -> None:
+        """The pool's current executors (all of them: one missing here has left the pool); ``now``
+        (default the clock) dates a failure or restart among them (the pool is recovering)."""
         st = self._pool(role)
         count = len(statuses)
         rows = st.rows_of([s.executor_id for s in statuses])
@@ -385,11 +421,24 @@ class ScalingController:
         resources = [s.resources for s in statuses]
         st.arrays["alloc_cpu"][rows] = np.fromiter((r.cpu for r in resources), float, count)
         st.arrays["alloc_mem"][rows] = np.fromiter((r.memory_bytes for r in resources), float, count)
-        for i in np.flatnonzero(states == "oom_killed").tolist():
+        a = st.arrays
+        peaks = np.fromiter((s.rss_peak_bytes for s in statuses), float, count)
+        a["peak"][rows] = np.maximum(a["peak"][rows], peaks)
+        if count:
+            self._pool_peak[role] = max(self._pool_peak[role], float(peaks.max()))
+        killed = np.flatnonzero(states == "oom_killed")
+        for i in killed.tolist():
             status = statuses[i]
             key = (status.executor_id, status.attempt)
             if key not in self._handled_oom:
                 self._pending_oom[key] = status
+        a["oom_pending"][rows[killed]] = 1.0
+        # After an OOM kill the executor's floor only rises: never below what it was restarted with.
+        floor_now = rows[st.live[rows] & (a["oom_pending"][rows] > 0)]
+        a["floor_mem"][floor_now] = np.maximum(a["floor_mem"][floor_now], a["alloc_mem"][floor_now])
+        a["oom_pending"][floor_now] = 0.0
+        if killed.size or np.any(states == "failed"):
+            self.disrupted(role, self.clock() if now is None else now)
         if len(self.series):
             for executor_id in self.series.executors(role):
                 if executor_id not in st.rows:
@@ -437,14 +486,32 @@ class ScalingController:
             & (t_last - st.col("t_first") >= self.warmup)
         )
 
+    def disrupted(self, role: Role, now: float) -> None:
+        """An executor of pool ``role`` failed or was OOM-killed at ``now`` (seen in its statuses, or told
+        by the caller: a supervisor that restarted it before any status showed it finished)."""
+        self._disrupted[role] = max(self._disrupted[role], now)
+
+    def recovering(self, role: Role, now: float) -> bool:
+        """Whether pool ``role`` had an executor fail or get OOM-killed within ``recovery_s``:
+        its trainers' wait is then a stall (a killed executor's tasks wait for their lease), not load."""
+        return now - self._disrupted[role] < self.recovery_s
+
+    def wait_cap(self, data: PoolView) -> float:
+        """The largest trainer wait the demand and the ratio rule take for the data pool ``data``:
+        ``busy_wait_cap`` while its CPU is busy (at least ``scale_up_threshold``), else ``wait_cap``."""
+        cpu = data.mean_util.get("cpu")
+        busy = cpu is not None and cpu >= self.scaling.horizontal.scale_up_threshold
+        return self.options.busy_wait_cap if busy else self.options.wait_cap
+
     def views(self, now: float) -> dict[Role, PoolView]:
-        """Every pool's :meth:`view`; the data pool's load as demand, ``L_u / (1 − w)`` (module docstring)."""
+        """Every pool's :meth:`view`; the data pool's load as demand, ``L_u / (1 − w)`` with ``w`` capped
+        by :meth:`wait_cap`, and no demand term while the pool is :meth:`recovering` (module docstring)."""
         views = {role: self.view(role, now) for role in self.pools}
         data, training = views.get("data"), views.get("training")
         if data is not None and training is not None and data.load is not None and training.fresh:
             wait = training.reader_wait
-            if wait is not None and wait > 0:
-                views["data"] = replace(data, load=data.load / (1.0 - min(wait, 0.9)))
+            if wait is not None and wait > 0 and not self.recovering("data", now):
+                views["data"] = replace(data, load=data.load / (1.0 - min(wait, self.wait_cap(data))))
         return views
 
     # --------------------------------------------------------------------------------------- tick
@@ -458,7 +525,7 @@ class ScalingController:
         """This tick's decisions (module docstring); ``statuses``: pools' statuses to take first."""
         now = self.clock() if now is None else now
         for role, pool_statuses in (statuses or {}).items():
-            self.update_status(role, pool_statuses)
+            self.update_status(role, pool_statuses, now)
         decisions = self._oom_decisions(now)
         if self.due(now):
             self._last_tick = now
@@ -469,6 +536,10 @@ class ScalingController:
                 self._cool_until[role] = now + self.cooldown
             self._record_tick(now, views)
             decisions += chosen
+        elif self.scaling.vertical.enabled:
+            # Between scaling ticks, memory only grows, at once: an executor's RSS can outgrow a tick's
+            # reaction (the pool's high-water mark arrives with every status); growth cannot flap.
+            decisions += self._vertical(set(self.pools), now)[0]
         for decision in decisions:
             log.info("%s", decision.describe())
             self.decision_log.append(decision)
@@ -496,7 +567,8 @@ class ScalingController:
 
     def _horizontal(self, views: Mapping[Role, PoolView], cooling: set[Role], now: float) -> list[ScalingDecision]:
         spec = self.scaling.horizontal
-        if "data" in views and "training" in views:
+        recovering = "data" in views and self.recovering("data", now)
+        if "data" in views and "training" in views and not recovering:
             data, training = views["data"], views["training"]
             ratio = ratio_decision(
                 buffer_fill=data.buffer_fill,
@@ -514,6 +586,25 @@ class ScalingController:
                 data_running=data.running,
                 pending_tasks=self.pending_tasks,
             )
+            if ratio is not None and ratio.kind == "scale_out" and ratio.role == "data":
+                # Trainers wait on a CPU-busy pool: the demand (L_u / (1 − w)) may ask for more than the
+                # ratio rule's doubling -- one step to it, so the new executors start together.
+                load = horizontal_decision(
+                    "data",
+                    data.replicas,
+                    data.load,
+                    spec,
+                    self.pools["data"],
+                    now=now,
+                    running=data.running,
+                    allow_scale_in=False,
+                )
+                if load is not None and load.kind == "scale_out" and load.delta > ratio.delta:
+                    ratio = replace(
+                        load, reason=f"{ratio.reason}; {load.reason}", inputs={**ratio.inputs, **load.inputs}
+                    )
+            if ratio is not None and ratio.kind == "scale_out":
+                ratio = self._within_cores(ratio, data)
             if ratio is not None and ratio.role not in self.options.fixed_roles:
                 # The rule couples the two pools: while it holds, the load rule moves neither.
                 return [] if ratio.role in cooling else [self._complete(ratio)]
@@ -523,7 +614,10 @@ class ScalingController:
         wait = (trainers.reader_wait or 0.0) if trainers is not None else 0.0
         waiting = reporting and wait >= self.options.ratio.wait_high
         data_fill = views["data"].buffer_fill if "data" in views else None
-        ahead = reporting and not waiting and data_fill is not None and data_fill >= self.options.ratio.fill_full
+        # The data pool is ahead -- its buffers are full, or the trainers never wait -- whatever its CPU: a
+        # busy pool that keeps up is filling buffers or reading released tasks again, not short.
+        full = data_fill is not None and data_fill >= self.options.ratio.fill_full
+        ahead = reporting and not waiting and (full or wait <= self.options.ratio.wait_low)
         for role, v in views.items():
             if role in cooling or role in self.options.fixed_roles:
                 continue
@@ -537,12 +631,30 @@ class ScalingController:
                 now=now,
                 inputs=inputs,
                 running=v.running,
-                allow_scale_in=not (role == "data" and waiting),
+                # Tasks running out (none pending): a stop only sends its task to be read again, and
+                # without the trainers as the bottleneck (the ratio rule, above) nothing has time for it.
+                allow_scale_in=not (role == "data" and (waiting or self.pending_tasks == 0))
+                and not self.recovering(role, now),
                 allow_scale_out=not (role == "data" and ahead),
             )
+            if decision is not None and decision.kind == "scale_out":
+                decision = self._within_cores(decision, v)
             if decision is not None:
                 out.append(self._complete(decision))
         return out
+
+    def _within_cores(self, decision: ScalingDecision, view: PoolView) -> ScalingDecision | None:
+        """A scale-out of a CPU-busy pool no larger than :attr:`host_cores` hold: more executors on the
+        same busy cores add no throughput, only their start-up and their share of the cores. A pool whose
+        CPU is not busy (it waits on the transport, a slow store) may grow past them."""
+        cores = self.host_cores.get(decision.role)
+        cpu = view.mean_util.get("cpu")
+        if cores is None or cpu is None or cpu < self.scaling.horizontal.scale_up_threshold:
+            return decision
+        room = math.floor(cores / max(self.pools[decision.role].cpu, 1e-9) + 1e-9) - view.replicas
+        if room <= 0:
+            return None
+        return decision if decision.delta <= room else replace(decision, delta=room)
 
     def _complete(self, decision: ScalingDecision) -> ScalingDecision:
         """Resources of new executors (the pool's median allocation: what vertical scaling learnt,
@@ -554,8 +666,17 @@ class ScalingController:
                 new = Resources(float(np.median(st.col("alloc_cpu")[live])), int(np.median(st.col("alloc_mem")[live])))
             else:
                 new = st.default
+            if self._pool_sized(st, decision.role):
+                # Sized as vertical scaling sizes the pool (its peak with the headroom): no resize after
+                # the start, which is a second start where a resize replaces the pod.
+                floor = float(np.max(st.col("floor_mem")[live], initial=0.0))
+                new = Resources(new.cpu, int(max(self._pool_memory_need(decision.role), floor)))
             return replace(decision, new=new)
-        k = -decision.delta
+        # At most max_scale_in_fraction of the pool at once: the rest read the released tasks again.
+        k = min(
+            -decision.delta,
+            max(self.scaling.horizontal.step, math.ceil(self.options.max_scale_in_fraction * live.size)),
+        )
         busy = np.where(st.n[live] > 0, st.col("rps")[live], -1.0)
         pick = live[np.argsort(busy, kind="stable")[:k]] if k < live.size else live
         ids = tuple(str(st.ids[r]) for r in pick)
@@ -621,8 +742,9 @@ class ScalingController:
         a = st.arrays
         den = a["ew_den"][rows]
         demand_cpu = a["ew_cpu"][rows] / den
-        # Memory cannot be throttled, only killed: its demand is never below the latest RSS.
-        demand_mem = np.maximum(a["ew_mem"][rows] / den, a["rss"][rows])
+        # Memory cannot be throttled, only killed: its demand is its peak in this run (samples and the
+        # pool's high-water mark), never a mean, never below the latest RSS.
+        demand_mem = np.maximum.reduce([a["ew_mem"][rows] / den, a["rss"][rows], a["peak"][rows]])
         cur_cpu, cur_mem = a["alloc_cpu"][rows], a["alloc_mem"][rows]
         pool = self.pools[st.role]
         new_cpu, ch_cpu = vertical_allocation(
@@ -641,7 +763,7 @@ class ScalingController:
             cur_mem,
             headroom=spec.headroom,
             min_change=spec.min_change,
-            floor=opts.min_memory_bytes,
+            floor=self._memory_floor(st, rows, cur_mem),
             cap=self._memory_cap[st.role],
             quantum=opts.memory_quantum,
         )
@@ -673,6 +795,33 @@ class ScalingController:
             new_mem=new_mem[sel],
             grow_mem=grow_mem[sel],
         )
+
+    def _pool_memory_need(self, role: Role) -> float:
+        """The pool's peak RSS with the headroom, quantised and clipped to the floor and the cap."""
+        need, _ = vertical_allocation(
+            self._pool_peak[role],
+            0.0,
+            headroom=self.scaling.vertical.headroom,
+            min_change=0.0,
+            floor=self.options.min_memory_bytes,
+            cap=self._memory_cap[role],
+            quantum=self.options.memory_quantum,
+        )
+        return float(need)
+
+    def _pool_sized(self, st: _PoolState, role: Role) -> bool:
+        """Whether vertical scaling sizes the memory of ``role``'s new executors: it is enabled there
+        and some executor of the pool has the steady history a resize needs (``min_samples``)."""
+        if not self.scaling.vertical.enabled or role in self.options.fixed_roles or self._pool_peak[role] <= 0:
+            return False
+        return bool(np.any(st.n[: st.size] >= self.options.min_samples))
+
+    def _memory_floor(self, st: _PoolState, rows: np.ndarray, current: np.ndarray) -> np.ndarray:
+        """Per executor, the least memory vertical scaling gives it: ``min_memory_bytes``, what it was
+        restarted with after an OOM kill, and -- for a decrease -- the pool's peak RSS with the headroom
+        (any executor of the pool may get the heaviest task kind next; it never pushes one up)."""
+        floor = np.maximum(float(self.options.min_memory_bytes), st.arrays["floor_mem"][rows])
+        return np.maximum(floor, np.minimum(self._pool_memory_need(st.role), current))
 
     def _oom_decisions(self, now: float) -> list[ScalingDecision]:
         out = []

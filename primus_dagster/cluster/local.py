@@ -10,7 +10,14 @@ data executor, a trainer), then owns the process: a watcher thread notices exits
 * **Memory**: the watcher samples every executor's RSS and SIGKILLs one above its allocation; its
   state becomes ``oom_killed``, as a container runtime's OOM killer would report it. Checked every
   ``watch_interval_s``: an allocation spike shorter than that can pass.
-* **Resize** is in place: new affinity and a new memory limit for the running process.
+* **Resize** is in place: new affinity and a new memory limit for the running process -- except a
+  memory limit below the peak RSS the running attempt already reached (the kernel's high-water mark,
+  ``VmHWM``): that would kill it the next time it needs what it needed before, so it is not applied
+  (:class:`~primus_dagster.cluster.pool.ResizeNotApplied`; the executor keeps its allocation). A
+  lowered limit is remembered (``ExecutorStatus.resized_from``) so that an OOM kill below it is
+  blamed on the resize, not on the node (:mod:`~primus_dagster.cluster.supervisor`).
+* **Peak RSS**: each attempt's kernel high-water mark, read by the watcher
+  (``ExecutorStatus.rss_peak_bytes``; vertical scaling sizes memory from it).
 * **Nodes**: every core is a placement "node" (``cpu0``, ``cpu1``, ...) so that the supervisor's
   blacklist has something to avoid on one machine; an executor's node is its first core.
 * **CPU seconds**: every attempt's, measured (``wait4`` at its exit, ``/proc`` while it runs), with
@@ -54,7 +61,16 @@ from typing import IO, Any
 
 import psutil
 
-from primus_dagster.cluster.pool import ExecutorState, ExecutorStatus, PoolError, Resources, Role, memory_bytes
+from primus_dagster.cluster.pool import (
+    ExecutorState,
+    ExecutorStatus,
+    PoolError,
+    ResizeNotApplied,
+    Resources,
+    Role,
+    lowered_from,
+    memory_bytes,
+)
 from primus_dagster.spec import PoolSpec
 
 log = logging.getLogger(__name__)
@@ -98,6 +114,8 @@ class _Executor:
     cpu_s_done: float = 0.0  # CPU seconds of finished attempts
     cpu_s_now: float = 0.0  # of the running attempt, sampled by the watcher
     cpu_s_startup: float = 0.0  # of every attempt (this one included) until it was ready
+    rss_peak: int = 0  # this attempt's peak RSS (the kernel's high-water mark), bytes
+    resized_from: Resources | None = None  # the allocation before a resize lowered its memory
     started: float = field(default_factory=time.monotonic)
 
 
@@ -185,14 +203,25 @@ class LocalPool:
         self._await_ready(fresh)
 
     def resize(self, executor_id: str, resources: Resources) -> None:
-        """In place: the new core count by affinity, the new memory limit for the watcher."""
+        """In place: the new core count by affinity, the new memory limit for the watcher; a memory
+        limit below the attempt's peak RSS is not applied (:class:`ResizeNotApplied`, module docstring)."""
         executor = self._get(executor_id)
         with self._lock:
+            old = executor.resources
+            if resources.memory_bytes < old.memory_bytes:
+                used = max(executor.rss_peak, _rss_peak(executor.proc.pid))
+                if resources.memory_bytes < used:
+                    raise ResizeNotApplied(
+                        f"{executor_id}: memory {resources.memory_bytes >> 20} MiB is below the {used >> 20} MiB "
+                        f"its running attempt already used: not applied in place (it would be killed); it keeps "
+                        f"{old.memory_bytes >> 20} MiB"
+                    )
             cores = self._place(resources, ())
             try:
                 os.sched_setaffinity(executor.proc.pid, cores)
             except ProcessLookupError:
                 raise PoolError(f"{executor_id} is not running: cannot resize it") from None
+            executor.resized_from = lowered_from(executor.resized_from, old, resources)
             executor.resources, executor.cores = resources, cores
         log.info("%s: resized to %s cores, %d MiB", executor_id, resources.cpu, resources.memory_bytes >> 20)
 
@@ -322,17 +351,21 @@ class LocalPool:
             times = proc.cpu_times()
         except (psutil.Error, OSError):
             return
+        peak = max(rss, _rss_peak(executor.proc.pid))
         with self._lock:
             executor.cpu_s_now = times.user + times.system
+            executor.rss_peak = max(executor.rss_peak, peak)
             over = rss > executor.resources.memory_bytes and not executor.stop_requested
+            lowered = executor.resized_from
             if over:
                 executor.oom = True
                 executor.last_error = (
                     f"{executor.executor_id}: RSS {rss >> 20} MiB above its memory allocation "
                     f"{executor.resources.memory_bytes >> 20} MiB: killed"
-                )
+                ) + (f" (a resize had lowered it from {lowered.memory_bytes >> 20} MiB)" if lowered else "")
         if over:
-            log.warning("%s", executor.last_error)
+            # A kill below what a resize lowered: the supervisor's warning names the resize.
+            log.log(logging.INFO if lowered else logging.WARNING, "%s", executor.last_error)
             _signal(executor.proc, signal.SIGKILL)
 
     def _reap(self, executor: _Executor) -> bool:
@@ -366,7 +399,7 @@ class LocalPool:
             else:
                 executor.state = "failed"
                 executor.last_error = f"{executor.executor_id} exited with code {code}: {self._tail(executor)}"
-        if executor.state in ("failed", "oom_killed"):
+        if executor.state == "failed":  # an OOM kill was logged when the watcher killed it
             log.warning("%s", executor.last_error)
 
     def _wait_exit(self, executor: _Executor, timeout: float) -> bool:
@@ -405,6 +438,8 @@ class LocalPool:
             exit_code=executor.exit_code,
             last_error=executor.last_error,
             labels={"pid": str(executor.proc.pid)},
+            rss_peak_bytes=executor.rss_peak,
+            resized_from=executor.resized_from,
         )
 
     @staticmethod
@@ -430,6 +465,18 @@ def _sweep_log_dirs_of_dead_pools() -> None:
             match = _OWN_LOG_DIR.match(entry.name)
             if match and entry.is_dir() and not psutil.pid_exists(int(match.group(1))):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _rss_peak(pid: int) -> int:
+    """The kernel's RSS high-water mark of a live process (``VmHWM``), bytes; 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) << 10  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _cpu_of(proc: subprocess.Popen[str]) -> float:

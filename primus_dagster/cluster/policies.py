@@ -336,7 +336,7 @@ def vertical_allocation(
     *,
     headroom: float,
     min_change: float,
-    floor: float,
+    floor: np.ndarray | float,
     cap: np.ndarray | float,
     quantum: float,
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -66,10 +66,31 @@ class Resources:
         return Resources(self.cpu * cpu, int(self.memory_bytes * memory))
 
 
+def lowered_from(before: Resources | None, old: Resources, new: Resources) -> Resources | None:
+    """An executor's ``resized_from`` after its pool resizes it from ``old`` to ``new``: the largest
+    allocation a memory-lowering resize came from, while its memory stays below it (None once back up).
+
+    >>> gib = 1 << 30
+    >>> lowered_from(None, Resources(1, 2 * gib), Resources(1, gib)).memory_bytes >> 30
+    2
+    >>> lowered_from(Resources(1, 2 * gib), Resources(1, gib), Resources(1, 2 * gib)) is None
+    True
+    """
+    if new.memory_bytes < old.memory_bytes:
+        return old if before is None or old.memory_bytes > before.memory_bytes else before
+    if before is not None and new.memory_bytes >= before.memory_bytes:
+        return None
+    return before
+
+
 @dataclass
 class ExecutorStatus:
     """One executor as its pool sees it. ``attempt`` counts restarts of the same executor id;
-    ``node`` is where it runs (the host for local processes, the Kubernetes node)."""
+    ``node`` is where it runs (the host for local processes, the Kubernetes node); ``rss_peak_bytes``:
+    the current attempt's peak RSS where the backend measures it (the local pool: the kernel's
+    high-water mark), else 0; ``resized_from``: the attempt's allocation before the pool's own resize
+    lowered its memory (None: never lowered) -- an OOM kill below it is the pool's doing, not the
+    node's or the executor's (:func:`~primus_dagster.cluster.supervisor.restart_decision`)."""
 
     executor_id: str
     role: Role
@@ -81,14 +102,27 @@ class ExecutorStatus:
     exit_code: int | None = None
     last_error: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    rss_peak_bytes: int = 0
+    resized_from: Resources | None = None
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_STATES
 
+    @property
+    def shrunk_by_pool(self) -> bool:
+        """The pool's own resize lowered this attempt's memory below what it started with."""
+        return self.resized_from is not None and self.resized_from.memory_bytes > self.resources.memory_bytes
+
 
 class PoolError(RuntimeError):
     """A pool cannot do what was asked (no capacity, a backend error, an executor out of restarts)."""
+
+
+class ResizeNotApplied(PoolError):
+    """A resize the pool would not apply in place because it would kill the running executor (a memory
+    limit below what the attempt already used); the executor keeps its allocation. Not a failure of
+    the run: the applier logs it and goes on."""
 
 
 class ExecutorPool(Protocol):
@@ -112,7 +146,8 @@ class ExecutorPool(Protocol):
 
     def resize(self, executor_id: str, resources: Resources) -> None:
         """Give a running executor new resources: in place where the backend can, else by
-        replacing it (a restart under the same id)."""
+        replacing it (a restart under the same id). A memory limit below what the running attempt
+        already used is not applied in place (:class:`ResizeNotApplied`): it would kill it."""
         ...
 
     def status(self) -> list[ExecutorStatus]:

@@ -193,8 +193,9 @@ class PooledDataPlane(DataPlaneBase):
             time.sleep(poll_s)
 
     def summary(self) -> dict[str, Any]:
-        """What the pool did: executors launched, restarts, blacklist, CPU seconds, the error that
-        aborted the run's tasks, and the scaling ``timeline`` (one point per scaling tick, at most 500; empty without a
+        """What the pool did: executors launched, restarts, OOM kills (``oom_kills_from_resize``: those
+        its own resizes caused), blacklist, CPU seconds, the error that aborted the run's tasks, and the
+        scaling ``timeline`` (one point per scaling tick, at most 500; empty without a
         controller; see :class:`~primus_dagster.cluster.autoscaler.ScalingTimeline`)."""
         statuses = self.pool.status() if self.pool is not None else []
         supervisor = self.supervisor
@@ -206,6 +207,8 @@ class PooledDataPlane(DataPlaneBase):
             "data_executors_running": sum(not s.finished for s in statuses),
             "restarts": sum(supervisor.restarts.values()) if supervisor else 0,
             "oom_restarts": sum(d.state == "oom_killed" for d in supervisor.decisions) if supervisor else 0,
+            # OOM kills the pool's own sizing caused (restarted, blaming no node): 0 is the goal
+            "oom_kills_from_resize": len(supervisor.oom_kills_by_scaling) if supervisor else 0,
             "blacklisted_nodes": supervisor.blacklist if supervisor else [],
             "error": self.error,
             "cpu_seconds": round(self.cpu_seconds(), 3),

@@ -10,7 +10,13 @@ leave it); a :class:`Supervisor` applies it to a pool's statuses, once per finis
 * an OOM-killed executor restarts with its memory times ``oom_memory_factor``, up to
   ``max_memory`` (default four times the pool's memory);
 * a node on which ``blacklist_after`` executor attempts failed gets no executor again (the pool
-  places restarts and new executors elsewhere; a pool with every node blacklisted fails).
+  places restarts and new executors elsewhere; a pool with every node blacklisted fails);
+* an OOM kill that is the pool's own doing -- the attempt ran below the memory it started with
+  because the pool's resize lowered it (``ExecutorStatus.resized_from``), or below the pool spec's
+  ``memory`` (only scaling sizes an executor there) -- is not the node's or the executor's fault:
+  it never counts toward the blacklist or ``max_restarts``, and the executor restarts (whatever the
+  restart policy: the run must not end because scaling shrank it) with at least the memory it had
+  before the resize and the spec's; one warning names the resize.
 
 An executor the pool stopped on purpose (``stopped``: scale-in, the end of the run) is left alone.
 
@@ -55,11 +61,26 @@ class RestartDecision:
     action: Literal["restart", "fail_job", "leave"]
     reason: str
     resources: Resources | None = None
+    by_scaling: bool = False  # an OOM kill the pool's own sizing caused: blames neither node nor executor
 
 
 def memory_cap(spec: PoolSpec) -> int:
     """``max_memory`` in bytes, default four times the pool's memory."""
     return memory_bytes(spec.max_memory) if spec.max_memory else 4 * memory_bytes(spec.memory)
+
+
+def oom_by_scaling(status: ExecutorStatus, spec: PoolSpec) -> bool:
+    """Whether an attempt's OOM kill is the pool's own doing (module docstring): it ran below the
+    memory it started with (a lowering resize) or below the pool spec's ``memory``.
+
+    >>> from primus_dagster.spec import PoolSpec
+    >>> killed = ExecutorStatus("data-0", "data", "oom_killed", Resources(1, 256 << 20))
+    >>> oom_by_scaling(killed, PoolSpec(memory="2Gi")), oom_by_scaling(killed, PoolSpec(memory="256Mi"))
+    (True, False)
+    """
+    if status.state != "oom_killed":
+        return False
+    return status.shrunk_by_pool or status.resources.memory_bytes < memory_bytes(spec.memory)
 
 
 def restart_decision(status: ExecutorStatus, spec: PoolSpec, restarts: int, *, run_active: bool) -> RestartDecision:
@@ -68,6 +89,20 @@ def restart_decision(status: ExecutorStatus, spec: PoolSpec, restarts: int, *, r
     leave = RestartDecision(status.executor_id, status.attempt, status.state, "leave", f"{status.state}: nothing to do")
     if not status.finished or status.state == "stopped" or not run_active:
         return leave
+    if oom_by_scaling(status, spec):
+        before = status.resized_from.memory_bytes if status.resized_from is not None else 0
+        memory = max(before, memory_bytes(spec.memory), status.resources.memory_bytes)
+        shrunk = (
+            f"after the pool's resize from {before >> 20} MiB" if before else "(sized below pools.memory by scaling)"
+        )
+        reason = (
+            f"{status.executor_id} OOM-killed at {status.resources.memory_bytes >> 20} MiB {shrunk}: restarted with "
+            f"{memory >> 20} MiB; the resize's doing, not counted against node {status.node or '?'} or max_restarts"
+        )
+        resources = Resources(status.resources.cpu, memory)
+        return RestartDecision(
+            status.executor_id, status.attempt, status.state, "restart", reason, resources, by_scaling=True
+        )
     failed = status.state in _FAILED
     if not failed and spec.restart != "always":
         return leave
@@ -102,6 +137,8 @@ class Supervisor:
         self.restarts: Counter[str] = Counter()
         self.failures_by_node: Counter[str] = Counter()
         self.decisions: list[RestartDecision] = []
+        #: OOM kills the pool's own sizing caused (:func:`oom_by_scaling`): restarted, blaming nothing.
+        self.oom_kills_by_scaling: list[RestartDecision] = []
         self._handled: set[tuple[str, int]] = set()
 
     @property
@@ -119,9 +156,9 @@ class Supervisor:
             if not status.finished or key in self._handled:
                 continue
             self._handled.add(key)
-            if status.state in _FAILED and status.node:
-                self.failures_by_node[status.node] += 1
             decision = restart_decision(status, self.spec, self.restarts[status.executor_id], run_active=run_active)
+            if status.state in _FAILED and status.node and not decision.by_scaling:
+                self.failures_by_node[status.node] += 1
             if decision.action == "leave":
                 continue
             taken.append(decision)
@@ -129,7 +166,10 @@ class Supervisor:
             if decision.action == "fail_job":
                 failure = failure or decision
                 continue
-            self.restarts[status.executor_id] += 1
+            if decision.by_scaling:
+                self.oom_kills_by_scaling.append(decision)
+            else:
+                self.restarts[status.executor_id] += 1
             self.pool.restart(status.executor_id, decision.resources, avoid_nodes=self.blacklist)
         self.decisions += taken
         if failure is not None:

@@ -48,6 +48,12 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
     return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), 0, shape, strides)
 
 
+def on_huge_pages(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` starts on a 2 MB boundary of CPU memory, as :func:`huge_page_zeros` places it (a
+    tensor there needs no :func:`huge_page_copy`)."""
+    return tensor.device.type == "cpu" and tensor.numel() > 0 and tensor.data_ptr() % _HUGE_PAGE == 0
+
+
 def huge_page_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of a CPU ``tensor`` in :func:`huge_page_zeros` memory (the tensor itself when it is
     smaller than 2 MB or not on the CPU)."""

@@ -3,7 +3,9 @@
 A trainer holds its model's embedding tables, their optimiser state (lazy Adam: two moments a row, 3x the
 table; ``row_wise_adagrad``: one value a row), the dense parameters and the process itself. With
 ``training.sharding: row_wise`` every trainer of a group of N holds ``ceil(rows / N)`` rows of each table
-and their state; ``replicated`` every row; ``auto`` (the default) shards once a group's replicated tables
+and their state; ``replicated`` every row; a resume reads a checkpoint's tables one at a time
+(``torch.distributed.checkpoint`` loads a stored table whole, then copies it in), so a trainer also needs
+room for twice its largest table; ``auto`` (the default) shards once a group's replicated tables
 and state would take more than :data:`AUTO_SHARD_FRACTION` of ``pools.training.memory``. A plan that does
 not fit ``pools.training.memory`` is refused before training (:class:`MemoryPlanError`), naming the
 sharding and the group size that would fit.
@@ -23,9 +25,9 @@ from typing import Literal
 from primus_dagster.spec.job import PoolSpec, TrainingSpec
 from primus_dagster.training.features import FeatureLayout
 
-#: Bytes of a trainer process before its model: the interpreter, torch, Arrow, the reader (a rank of a
-#: small model, bench/scale.py reports the RSS it measures).
-PROCESS_BYTES = 512 << 20
+#: Bytes of a trainer process before its model: the interpreter, torch, Arrow, the reader, its batches
+#: (a rank of a small model, with room for its buffers; bench/scale.py reports the RSS it measures).
+PROCESS_BYTES = 576 << 20
 #: ``auto`` shards when the replicated tables and their state would take more than this share of a trainer.
 AUTO_SHARD_FRACTION = 0.5
 
@@ -49,7 +51,7 @@ class MemoryPlan:
     trainers: int
     table_bytes: int  # per trainer
     state_bytes: int  # per trainer: the tables' optimiser state
-    other_bytes: int  # the process and the dense parameters
+    other_bytes: int  # the process, the dense parameters and a restore's read of its largest table
     limit_bytes: int
     why: str
 
@@ -81,6 +83,11 @@ def _state_per_value(spec: TrainingSpec, dim: int) -> float:
     return 1.0 / dim if spec.embedding_optimizer == "row_wise_adagrad" else 2.0
 
 
+def _restore_bytes(tables: list[tuple[int, int]], shards: int) -> int:
+    """A restore's transient: the largest table a trainer holds, read whole and then copied in."""
+    return 2 * 4 * max((math.ceil(rows / shards) * dim for rows, dim in tables), default=0)
+
+
 def _bytes(spec: TrainingSpec, tables: list[tuple[int, int]], shards: int) -> tuple[int, int]:
     values = [math.ceil(rows / shards) * dim for rows, dim in tables]
     table = 4 * sum(values)
@@ -106,8 +113,9 @@ def plan_memory(spec: TrainingSpec, pool: PoolSpec, layout: FeatureLayout, *, li
     else:
         sharding = "replicated" if trainers == 1 else asked
         why = "training.sharding" if trainers > 1 else "one trainer holds every row"
-    table, state = _bytes(spec, tables, trainers if sharding == "row_wise" else 1)
-    plan = MemoryPlan(sharding, trainers, table, state, other, limit_bytes, why)
+    shards = trainers if sharding == "row_wise" else 1
+    table, state = _bytes(spec, tables, shards)
+    plan = MemoryPlan(sharding, trainers, table, state, other + _restore_bytes(tables, shards), limit_bytes, why)
     if plan.per_trainer_bytes > limit_bytes:
         raise MemoryPlanError(f"the model does not fit: {plan.line()}; {_fix(spec, tables, other, limit_bytes)}")
     return plan
@@ -116,11 +124,11 @@ def plan_memory(spec: TrainingSpec, pool: PoolSpec, layout: FeatureLayout, *, li
 def _fix(spec: TrainingSpec, tables: list[tuple[int, int]], other: int, limit_bytes: int) -> str:
     """What would fit: the smallest group that shards the tables into the memory, or more memory."""
     for group in range(2, 1025):
-        table, state = _bytes(spec, tables, group)
-        if table + state + other <= limit_bytes:
+        need = sum(_bytes(spec, tables, group)) + other + _restore_bytes(tables, group)
+        if need <= limit_bytes:
             return (
                 f"set training.sharding: row_wise (or auto) with pools.training.replicas: {group} (and "
-                f"max_replicas >= {group}; {_gib(table + state + other)} per trainer), or raise pools.training.memory"
+                f"max_replicas >= {group}; {_gib(need)} per trainer), or raise pools.training.memory"
             )
-    table, state = _bytes(spec, tables, 1)
-    return f"raise pools.training.memory to at least {_gib(table + state + other)}, or shrink the tables"
+    need = sum(_bytes(spec, tables, 1)) + other + _restore_bytes(tables, 1)
+    return f"raise pools.training.memory to at least {_gib(need)}, or shrink the tables"

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,7 +36,9 @@ from primus_dagster.training.memory_plan import MemoryPlan
 from primus_dagster.training.modes import phase_index
 from primus_dagster.training.planning import consumed_sources
 from primus_dagster.training.progress import Heartbeat
-from primus_dagster.training.tracking import MlflowTracker
+
+if TYPE_CHECKING:  # a trainer rank imports this module and never MLflow
+    from primus_dagster.training.tracking import MlflowTracker
 
 log = logging.getLogger(__name__)
 

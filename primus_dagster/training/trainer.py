@@ -33,7 +33,7 @@ from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
 from primus_dagster.training import kernels
 from primus_dagster.training.device import to_device
-from primus_dagster.training.huge_pages import huge_page_copy, huge_page_zeros
+from primus_dagster.training.huge_pages import huge_page_copy, huge_page_zeros, on_huge_pages
 from primus_dagster.training.models import RecModel, loss_function, model_inputs, sparse_tables
 from primus_dagster.training.row_sparse import sorted_row_sums
 
@@ -127,7 +127,7 @@ class LazyAdam(torch.optim.SparseAdam):
         super().load_state_dict(state_dict)
         for state in self.state.values():  # the moments of a restored table back on 2 MB pages
             for key in ("exp_avg", "exp_avg_sq"):
-                if key in state:
+                if key in state and not on_huge_pages(state[key]):
                     state[key] = huge_page_copy(state[key])
 
 

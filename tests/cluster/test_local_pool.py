@@ -17,6 +17,7 @@ import pytest
 
 from primus_dagster.cluster import PoolError, Resources
 from primus_dagster.cluster.local import LaunchRequest, LocalPool
+from primus_dagster.cluster.pool import ResizeNotApplied
 from primus_dagster.cluster.supervisor import ExecutorFailedError, Supervisor, restart_decision
 from primus_dagster.spec import PoolSpec
 
@@ -91,6 +92,25 @@ def test_an_executor_above_its_memory_is_oom_killed_and_a_failure_keeps_its_erro
         wait_for(lambda: pool.executor(failing).state == "failed")
         status = pool.executor(failing)
         assert status.exit_code == 3 and "disk on fire" in (status.last_error or "")
+
+
+def test_a_memory_limit_below_what_the_executor_already_used_is_not_applied_in_place() -> None:
+    """The watcher reports each attempt's peak RSS (the kernel's high-water mark); a resize below it would
+    kill the executor the next time it needs that much, so it is refused and the executor keeps its
+    allocation; a lower limit above the peak applies, and is remembered as a resize's doing."""
+    with LocalPool("data", spec(memory="1Gi"), launcher("grow")) as pool:
+        (grower,) = pool.launch(1)
+        wait_for(lambda: pool.executor(grower).rss_peak_bytes >= 400 << 20)
+        peak = pool.executor(grower).rss_peak_bytes
+        with pytest.raises(ResizeNotApplied, match=r"below the \d+ MiB its running attempt already used"):
+            pool.resize(grower, Resources(cpu=1.0, memory_bytes=256 << 20))
+        status = pool.executor(grower)
+        assert (status.state, status.resources.memory_bytes, status.resized_from) == ("running", 1 << 30, None)
+        pool.resize(grower, Resources(cpu=1.0, memory_bytes=peak + (64 << 20)))
+        status = pool.executor(grower)
+        assert status.shrunk_by_pool and status.resized_from == Resources(1.0, 1 << 30)
+        pool.resize(grower, Resources(cpu=1.0, memory_bytes=1 << 30))
+        assert pool.executor(grower).resized_from is None and pool.executor(grower).state == "running"
 
 
 def test_on_failure_restarts_until_max_restarts_then_fails_the_job_with_the_last_error() -> None:

@@ -9,77 +9,28 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from primus_dagster.cluster.local import LaunchRequest, LocalPool
-from primus_dagster.cluster.pool import ExecutorPool
 from primus_dagster.cluster.pooled_plane import PooledDataPlane
-from primus_dagster.data import wait_ready
 from primus_dagster.spec import parse_job_spec
+from tests.cluster.memkit import growing_pool, small_job
 from tests.cluster.prockit import assert_no_orphans, child_pids, processes_with
 from tests.data.executor.datakit import job_text, plan, write_tree
 
 pytestmark = pytest.mark.integration
 
-# Test-only memory growth, injected from outside the product: a ``sitecustomize`` on the executor's
-# PYTHONPATH starts a thread that, once the trigger file exists, allocates (and touches) BALLAST_MB
-# in 32 MiB steps -- like buffers that grow -- and keeps it. The real executor runs unchanged.
-SITECUSTOMIZE = """
-import os, threading, time
-_mb = int(os.environ.get("PRIMUS_TEST_BALLAST_MB", "0"))
-_trigger = os.environ.get("PRIMUS_TEST_BALLAST_TRIGGER")
-if _mb and _trigger:
-    def _grow():
-        while not os.path.exists(_trigger):
-            time.sleep(0.02)
-        hog = []
-        while len(hog) * 32 < _mb:
-            hog.append(bytearray(b"\\x01") * (32 << 20))
-            time.sleep(0.02)
-        globals()["_hog"] = hog
-    threading.Thread(target=_grow, daemon=True).start()
-"""
-
 MiB = 1 << 20
 
 
-def growing_pool(tmp_path: Path, executor_id: str, ballast_mb: int, trigger: Path):
-    """A pool factory: the plane's own local pool, whose ``executor_id`` (every attempt) grows."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    extra = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-        "PRIMUS_TEST_BALLAST_MB": str(ballast_mb),
-        "PRIMUS_TEST_BALLAST_TRIGGER": str(trigger),
-    }
-
-    def factory(plane: PooledDataPlane) -> ExecutorPool:
-        def launch(request: LaunchRequest) -> subprocess.Popen[str]:
-            if request.executor_id == executor_id:
-                request = dataclasses.replace(request, env={**request.env, **extra})
-            return plane.launch_local(request)
-
-        return LocalPool("data", plane.job.pools.data, launch, ready=wait_ready)
-
-    return factory
-
-
 def test_an_oom_killed_executor_restarts_with_more_memory_and_its_tasks_are_read_again(tmp_path: Path) -> None:
-    ids = write_tree(tmp_path, hours=2, files=6, rows=400)
-    spec = tmp_path / "job.yaml"
     # An idle executor holds ~140 MiB; with 400 MiB more it is above 384 MiB and below 768 MiB.
     pool = "max_replicas: 4, memory: 384Mi, oom_memory_factor: 3, max_memory: 768Mi, restart: on_failure"
-    spec.write_text(job_text(batch_rows=50, buffer_batches=2, task_runners=1, lease="3s", replicas=2, data_pool=pool))
-    tasks = plan(parse_job_spec(spec.read_text()), tmp_path, hours=2)
+    ids, spec, tasks = small_job(tmp_path, pool)
     trigger = tmp_path / "grow-now"
     factory = growing_pool(tmp_path, "data-0", ballast_mb=400, trigger=trigger)
     before = child_pids()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from primus_dagster.cluster import Resources
+from primus_dagster.cluster import ControllerOptions, Resources
 from primus_dagster.cluster.autoscaler import DataPoolAutoscaler, TrainerWait
 from primus_dagster.cluster.pool import ExecutorStatus
 from primus_dagster.data.driver.api import ExecutorReport
@@ -93,19 +93,20 @@ def run(
     n: int = 2,
     pool: str = "min_replicas: 1, max_replicas: 10, memory: 1Gi",
     cores: float = 1.0,
+    options: ControllerOptions | None = None,
 ) -> tuple[DataPoolAutoscaler, FakePool]:
     """``seconds`` of 0.25 s control ticks of an autoscaler with ``scaling`` (merged into the
     defaults); executors at ``cpu`` of their ``cores`` and ``rss`` of 1 GiB, buffers ``fill`` full; a trainer
     reader with ``queued`` batches (None: no trainer reader, 0: the trainer waits)."""
     job = parse_job_spec(job_text(replicas=n, data_pool=pool, top_level=yaml.safe_dump({"scaling": scaling})))
-    scaler = DataPoolAutoscaler(job)
+    scaler = DataPoolAutoscaler(job, options=options)
     fake = FakePool(n, cores)
     metrics = {"cpu": cpu * cores, "rss_bytes": rss * GIB}
     if fill is not None:
         metrics["buffer_fill"] = fill
     readers = {} if queued is None else {0: FakeReader(queued)}
     plane = SimpleNamespace(
-        pool=fake, driver=FakeDriver(fake, metrics, pending), started_at=0.0, readers=lambda: readers
+        pool=fake, driver=FakeDriver(fake, metrics, pending), started_at=0.0, readers=lambda: readers, supervisor=None
     )
     for k in range(int(seconds / 0.25) + 1):
         scaler.control(plane, k * 0.25)  # type: ignore[arg-type]
@@ -189,7 +190,7 @@ def test_metrics_aggregation_key() -> None:
         fake = FakePool(2)
         driver = FakeDriver(fake, {"cpu": 0.3, "rss_bytes": 0.3 * GIB}, 10)
         driver.per_executor["data-0"] = {"cpu": 0.95}
-        plane = SimpleNamespace(pool=fake, driver=driver, started_at=0.0, readers=dict)
+        plane = SimpleNamespace(pool=fake, driver=driver, started_at=0.0, readers=dict, supervisor=None)
         for k in range(60):
             scaler.control(plane, k * 0.25)  # type: ignore[arg-type]
         return kinds(scaler)
@@ -221,8 +222,15 @@ def test_proportional_key_sizes_the_step_from_the_measurement() -> None:
     sized = first(run({"horizontal": {"proportional": True}, **NO_VERTICAL}, cpu=0.95, n=4)[0], "scale_out")
     fixed = first(run({"horizontal": {"proportional": False}, **NO_VERTICAL}, cpu=0.95, n=4)[0], "scale_out")
     assert sized.delta == 2 and fixed.delta == 1  # ceil(4 x 0.95 / 0.75) = 6
-    shrink = first(run({"horizontal": {"proportional": True}, **NO_VERTICAL}, cpu=0.1, n=8)[0], "scale_in")
+    unbounded = ControllerOptions(
+        oom_restarts=False, cpu_quantum=1.0, fixed_roles=("training",), max_scale_in_fraction=1
+    )
+    shrink = first(
+        run({"horizontal": {"proportional": True}, **NO_VERTICAL}, cpu=0.1, n=8, options=unbounded)[0], "scale_in"
+    )
     assert shrink.delta == -6  # to ceil(8 x 0.1 / 0.75) = 2
+    # At the defaults at most a tenth of the pool (at least step) stops at once: its tasks are read again.
+    assert first(run({"horizontal": {"proportional": True}, **NO_VERTICAL}, cpu=0.1, n=8)[0], "scale_in").delta == -1
 
 
 def vertical(**keys: Any) -> Resources:
@@ -262,7 +270,9 @@ def test_vertical_history_decay_key() -> None:
         scaler = DataPoolAutoscaler(job)
         fake = FakePool(1, cores=4.0)
         metrics = {"cpu": 1.0, "rss_bytes": 0.5 * GIB}
-        plane = SimpleNamespace(pool=fake, driver=FakeDriver(fake, metrics, 10), started_at=0.0, readers=dict)
+        plane = SimpleNamespace(
+            pool=fake, driver=FakeDriver(fake, metrics, 10), started_at=0.0, readers=dict, supervisor=None
+        )
         for k in range(24):
             if k == 18:
                 metrics["cpu"] = 3.0
@@ -300,13 +310,15 @@ def test_no_task_left_for_a_new_executor_means_no_scale_out() -> None:
 def test_a_trainer_that_is_the_bottleneck_scales_the_pool_in() -> None:
     scaler, pool = run(NO_VERTICAL, cpu=0.05, fill=1.0, queued=8, n=4, seconds=6.0)
     d = first(scaler, "scale_in")
-    assert "fewer data executors" in d.reason and d.inputs["trainer_wait"] == 0.0 and len(pool.statuses) == 1
+    assert "fewer data executors" in d.reason and d.inputs["trainer_wait"] == 0.0
+    assert d.delta == -1 and len(pool.statuses) == 3  # to 1 (the target), a tenth of the pool (at least step) at once
 
 
 def test_a_busy_pool_that_is_ahead_is_not_grown() -> None:
     # CPU 95 % but full buffers and a trainer that never waits: more executors would add nothing.
     assert "scale_out" not in kinds(run(NO_VERTICAL, cpu=0.95, fill=1.0, queued=8, seconds=30.0)[0])
-    assert "scale_out" in kinds(run(NO_VERTICAL, cpu=0.95, fill=0.5, queued=8, seconds=30.0)[0])
+    # Without the trainer's report (no reader) the same busy pool grows: the load rule alone.
+    assert "scale_out" in kinds(run(NO_VERTICAL, cpu=0.95, fill=0.5, queued=None, seconds=30.0)[0])
 
 
 def test_the_load_is_the_demand_when_the_trainer_waits() -> None:
@@ -315,7 +327,10 @@ def test_the_load_is_the_demand_when_the_trainer_waits() -> None:
     assert scaler.applied == []
     controller = run(NO_VERTICAL, cpu=0.5, fill=0.5, queued=0, seconds=6.0)[0].controller
     loads = [load for _, _, load, _ in controller.history["data"] if load is not None]
-    assert loads[0] == pytest.approx(0.5 / (1 - 0.9))  # wait 1.0 counts as 0.9
+    assert loads[0] == pytest.approx(0.5 / (1 - 0.5))  # a half-idle pool: wait 1.0 counts as 0.5 (at most doubled)
+    controller = run(NO_VERTICAL, cpu=0.9, fill=0.5, queued=0, seconds=6.0)[0].controller
+    loads = [load for _, _, load, _ in controller.history["data"] if load is not None]
+    assert loads[0] == pytest.approx(0.9 / (1 - 0.9))  # CPU-busy: a capacity shortfall, wait 1.0 counts as 0.9
 
 
 def test_vertical_leaves_the_cpu_of_a_horizontally_scaled_pool_alone() -> None:

@@ -108,7 +108,9 @@ def test_each_scaling_tick_of_the_autoscaler_adds_a_point() -> None:
     job = parse_job_spec(job_text(replicas=2, data_pool="max_replicas: 4", top_level=scaling))
     scaler = DataPoolAutoscaler(job)
     driver, pool = FakeDriver(), FakePool()
-    plane = SimpleNamespace(pool=pool, driver=driver, started_at=100.0, readers=dict)  # no trainer reader here
+    plane = SimpleNamespace(
+        pool=pool, driver=driver, started_at=100.0, readers=dict, supervisor=None
+    )  # no trainer reader here
     for t in (100.2, 100.5, 101.2, 102.2):  # 100.5: within the interval, no scaling tick
         driver.reports = {
             s.executor_id: ExecutorReport(s.executor_id, "", metrics={"cpu": 0.95, "rss_bytes": 1 << 28})

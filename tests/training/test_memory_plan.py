@@ -26,8 +26,8 @@ def test_auto_keeps_small_tables_whole_and_shards_large_ones() -> None:
         and small.table_bytes == 4 * 100_000 * 16
         and small.state_bytes == 2 * small.table_bytes
     )
-    large = _plan(2, 10_000_000)  # 0.6 GiB of table and 1.2 GiB of Adam state: over half a trainer replicated
-    assert large.sharding == "row_wise" and large.table_bytes == 4 * 5_000_000 * 16
+    large = _plan(2, 8_000_000)  # 0.48 GiB of table and 0.95 GiB of Adam state: over half a trainer replicated
+    assert large.sharding == "row_wise" and large.table_bytes == 4 * 4_000_000 * 16
     assert large.per_trainer_bytes == large.table_bytes * 3 + large.other_bytes and large.other_bytes > PROCESS_BYTES
     assert "sharding row_wise over 2 trainer(s)" in large.line()
     assert _plan(2, 100_000, sharding="row_wise").sharding == "row_wise"  # asked for
@@ -36,12 +36,12 @@ def test_auto_keeps_small_tables_whole_and_shards_large_ones() -> None:
 
 def test_a_model_that_does_not_fit_names_the_group_that_would() -> None:
     with pytest.raises(
-        MemoryPlanError, match=r"does not fit: memory per trainer: 2\.65 GiB .*pools\.training\.replicas: 2 "
+        MemoryPlanError, match=r"does not fit: memory per trainer: 2\.95 GiB .*pools\.training\.replicas: 2 "
     ):
-        _plan(1, 12_000_000)
+        _plan(1, 8_000_000)
     with pytest.raises(MemoryPlanError, match=r"sharding replicated over 2 trainer\(s\): training.sharding"):
-        _plan(2, 12_000_000, sharding="replicated")
-    assert _plan(2, 12_000_000).sharding == "row_wise"  # auto: fits as row_wise on 2
+        _plan(2, 8_000_000, sharding="replicated")
+    assert _plan(2, 8_000_000).sharding == "row_wise"  # auto: fits as row_wise on 2
 
 
 def test_mtrm_holds_its_tables_once_a_tower_and_row_wise_adagrad_one_value_a_row() -> None:

@@ -72,7 +72,15 @@ from primus_dagster.cluster.kubernetes.manifests import (
     trainer_container,
 )
 from primus_dagster.cluster.kubernetes.pod_status import pod_outcome
-from primus_dagster.cluster.pool import FINISHED_STATES, ExecutorStatus, PoolError, Resources, Role, memory_bytes
+from primus_dagster.cluster.pool import (
+    FINISHED_STATES,
+    ExecutorStatus,
+    PoolError,
+    Resources,
+    Role,
+    lowered_from,
+    memory_bytes,
+)
 from primus_dagster.spec import JobSpec, PoolSpec
 
 log = logging.getLogger(__name__)
@@ -187,6 +195,7 @@ class _Executor:
     pod: str | None = None  # the current attempt's pod
     stopped: bool = False
     error: str | None = None  # why the current attempt has no pod
+    resized_from: Resources | None = None  # the allocation before a resize lowered its memory
 
 
 class KubernetesPool:
@@ -346,7 +355,9 @@ class KubernetesPool:
             if state in FINISHED_STATES:
                 raise PoolError(f"{executor_id} is {state}: restart it with the new resources instead")
             assert executor.pod is not None  # an unfinished executor has a pod
+            lowered = lowered_from(executor.resized_from, executor.resources, resources)
             if self._resize_in_place(executor.pod, resources):
+                executor.resized_from = lowered
                 log.info(
                     "%s: resized in place to %s cores, %d MiB", executor_id, resources.cpu, resources.memory_bytes >> 20
                 )
@@ -355,6 +366,7 @@ class KubernetesPool:
             log.info("%s: replacing pod %s to resize it (in place refused)", executor_id, executor.pod)
             self._delete_pod(executor.pod, None)
             self._new_attempt(executor, resources)
+            executor.resized_from = lowered
 
     def status(self) -> list[ExecutorStatus]:
         """Every executor's current attempt, from one list of the pool's pods."""
@@ -528,7 +540,7 @@ class KubernetesPool:
 
     def _new_attempt(self, executor: _Executor, resources: Resources) -> None:
         executor.attempt += 1
-        executor.resources = resources
+        executor.resources, executor.resized_from = resources, None
         try:
             self._create_pod(executor)
         except PoolError as exc:
@@ -642,4 +654,5 @@ class KubernetesPool:
             exit_code=exit_code,
             last_error=last_error,
             labels=labels,
+            resized_from=executor.resized_from,
         )

@@ -62,6 +62,7 @@ from primus_dagster.training.models import (
     RowWindow,
     TablePlacement,
     build_initial_model,
+    huge_page_zeros,
     model_inputs,
     shard_rows,
     sparse_tables,
@@ -237,8 +238,12 @@ class ShardedExchange:
                 if sparse_state.get(info.optimizer_index[t.parameter]) is not None:  # it took a step: its moments
                     width = () if info.moments == ("sum",) else (t.table.dim,)
                     keys += [(moment_key(t.parameter, m), (n_rows, *width)) for m in info.moments]
-                for key, shape in keys:
-                    local[key] = torch.zeros(shape)
+                # loaded in place: the rows into the table itself, the moments into the 2 MB pages the
+                # optimizer keeps them on (a copy of a rank's shards would take it past its memory plan)
+                local[keys[0][0]] = t.table.table.weight.detach()
+                for key, shape in keys[1:]:
+                    local[key] = huge_page_zeros(shape)
+                for key, _ in keys:
                     wanted[key] = self._distributed(local[key], t.table)
             dcp.load(wanted, checkpoint_id=str(directory / SHARDS_DIR))
         for t in self.tables:

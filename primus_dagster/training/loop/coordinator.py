@@ -111,7 +111,9 @@ class Coordinator(Protocol):
     size; ``backward_first``: the loop runs a ready trainer's backward *before* :meth:`agree` (its
     gradients then ride with its status), else :meth:`gradients` runs it; ``barrier_wait_s``: how long it
     waits at a checkpoint barrier for the others (the one that saves waits; the others only report);
-    ``table_shards``: how a group with sharded tables checkpoints them (None: every rank holds every row)."""
+    ``table_shards``: how a group with sharded tables checkpoints them (None: every rank holds every row);
+    with it, building the model and applying its start are collectives, so the loop builds on every trainer
+    before the first round."""
 
     rank: int
     world: int

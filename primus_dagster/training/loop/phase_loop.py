@@ -15,7 +15,9 @@ of its own -- trains a phase with this loop; what differs is its
 * **Build.** The model is built at the first round in which some trainer has data, on the run's feature
   layout (:class:`~primus_dagster.training.features.ModelInit`, the same seed on every trainer), then the
   start is applied: a resume (model, optimizer, this rank's counters, the round count) or a warm start (a
-  finished run's model and optimizer).
+  finished run's model and optimizer). A group with sharded tables builds on every trainer before its
+  first round instead: the build and the start are collectives there, and a trainer holding data must
+  not enter one while the others wait in the round's agreement.
 * **Checkpoints.** Once ``checkpoint_every_steps`` rounds have passed, the trainers stop pulling and finish
   the rows they hold; at the first round in which none holds any (the same round on every trainer) every
   trainer reports its consumed batches at the driver's barrier, the counters are gathered, and rank 0 saves
@@ -134,6 +136,8 @@ class PhaseLoop:
     def run(self, max_rounds: int | None = None) -> None:
         """Rounds until every trainer's data ended (or ``max_rounds`` rounds with data)."""
         idle, done = False, 0
+        if self.state.trainer is None and self.coordinator.table_shards is not None:
+            self._build_collectively()
         while max_rounds is None or done < max_rounds:
             self.coordinator.before_round(self.state.rounds)
             if self.rank_hook is not None:
@@ -230,6 +234,13 @@ class PhaseLoop:
         self.state.trainer, self.widths = trainer, widths
         self.samples0, self.train_s0 = trainer.counters.samples, trainer.counters.train_s
         return trainer
+
+    def _build_collectively(self) -> None:
+        """The trainer of a group with sharded tables, built on every rank at the same point (module docstring)."""
+        init = self.context.init
+        if init is None:
+            raise ValueError("a group with sharded tables needs the run's feature layout before its first round")
+        self._trainer((init.layout.n_dense, init.layout.n_sparse))
 
     def _apply_start(self, trainer: Trainer) -> None:
         start = self.context.start

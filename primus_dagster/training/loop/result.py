@@ -42,7 +42,18 @@ class RankResult:
 
 
 def params_checksum(model: nn.Module) -> tuple[str, float]:
-    """(sha256 of the float32 parameter bytes in order, float64 sum of their absolute values)."""
-    flat = [p.detach().to(torch.float32).contiguous().cpu() for p in model.parameters()]
-    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in flat)).hexdigest()
-    return digest, float(sum(float(t.abs().sum(dtype=torch.float64)) for t in flat))
+    """(sha256 of the float32 parameter bytes in order, float64 sum of their absolute values).
+
+    Read in blocks of :data:`_CHECKSUM_BLOCK` values: a rank's tables are most of its memory, and a
+    whole-table copy here would take it past the plan (``training/memory_plan.py``) at the end of every loop."""
+    digest, abs_sum = hashlib.sha256(), 0.0
+    for p in model.parameters():
+        flat = p.detach().reshape(-1)
+        for block in flat.split(_CHECKSUM_BLOCK):
+            values = block.to(torch.float32).contiguous().cpu()
+            digest.update(memoryview(values.numpy()))  # the tensor's own bytes: no copy
+            abs_sum += float(values.abs().sum(dtype=torch.float64))
+    return digest.hexdigest(), abs_sum
+
+
+_CHECKSUM_BLOCK = 1 << 20
