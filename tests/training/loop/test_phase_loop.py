@@ -167,3 +167,27 @@ def test_a_carried_trainer_goes_on_into_the_next_phase(tmp_path: Path) -> None:
     )
     second.run()
     assert state.trainer is trainer and state.rounds == 2 and second.result().samples_trained == 16
+
+
+class ShardedSolo(Solo):
+    """Solo with sharded tables: it records whether the trainer existed at every agreement (a build there
+    would be a collective inside a round that a peer without data never enters)."""
+
+    def __init__(self) -> None:
+        self.table_shards = object()  # type: ignore[assignment]  # only its presence matters to the loop
+        self.built_at_agree: list[bool] = []
+
+    def agree(self, status: Any, trainer: Any, micro: Any) -> Any:
+        self.built_at_agree.append(trainer is not None)
+        return super().agree(status, trainer, micro)
+
+
+def test_a_group_with_sharded_tables_builds_before_its_first_round_even_with_no_data(tmp_path: Path) -> None:
+    coordinator = ShardedSolo()
+    loop = PhaseLoop(context(tmp_path, every=100), coordinator, ListReader([]), RecordingSink())
+    loop.run()
+    assert loop.state.trainer is not None and coordinator.built_at_agree == [True]
+    plain = Solo()
+    unbuilt = PhaseLoop(context(tmp_path, every=100), plain, ListReader([]), RecordingSink())
+    unbuilt.run()
+    assert unbuilt.state.trainer is None  # without shards the first round with data builds it
