@@ -16,6 +16,9 @@ constraints.txt --no-deps torchrec==1.8.0``)::
   Weighted lists pool unweighted here (the collection is not ``is_weighted``).
 * The unsharded collection holds ``nn.EmbeddingBag`` modules; marked ``sparse`` they get the trainer's
   lazy sparse Adam (a step updates only the rows it touched) and the multi-trainer row-sparse exchange.
+* With ``training.sharding: row_wise`` (and ``embedding_optimizer: row_wise_adagrad``) on 2 or more
+  ranks, TorchRec's ``DistributedModelParallel`` shards the collection's tables row-wise across the
+  ranks instead (docs/training.md, *TorchRec models under DMP*); the logged model is the unsharded one.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ import psutil
 from primus_dagster.cluster.pool import memory_bytes
 from primus_dagster.data import Batch, DataPlane, DriverClient, RemoteReader
 from primus_dagster.training.distributed import (
+    DMPExchange,
     LockStep,
     RankProcesses,
     ShardedExchange,
@@ -114,7 +115,13 @@ def rank_main(rank: int, init_method: str, out: Any, plan: RankPlan) -> None:
             DriverClient(plan.location, token=plan.token) as client,
             RemoteReader(client, rank, token=plan.token, choose_queue=context.mixture(rank), **ordered) as reader,
         ):
-            exchange = ShardedExchange(timeout_s=plan.collective_timeout_s) if context.sharding == "row_wise" else None
+            exchange = None
+            if context.sharding == "row_wise":  # a custom model's TorchRec tables: TorchRec's DMP shards them
+                exchange = (
+                    DMPExchange(note=lambda line: out.put((rank, "log", line)))
+                    if context.spec.model.type == "custom"
+                    else ShardedExchange(timeout_s=plan.collective_timeout_s)
+                )
             coordinator = LockStep(exchange, timeout_s=plan.collective_timeout_s, parent_pid=plan.parent_pid)
             sink = QueueSink(out, plan.record_batches)
             loop = PhaseLoop(context, coordinator, reader, sink, rank_hook=plan.rank_hook)
@@ -200,6 +207,8 @@ class _Group:
             self.results[rank] = payload
         elif kind == "error":
             self.errors[rank] = payload
+        elif kind == "log":  # a rank's line for the run log
+            self.run.stage("%s", payload)
 
     def _check_memory(self, procs: list[Any]) -> None:
         for rank, proc in enumerate(procs):

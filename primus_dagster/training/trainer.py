@@ -23,6 +23,7 @@ import math
 import sys
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,7 +256,8 @@ class RecOptimizer:
     the rows its batch touched), a lazy :class:`torch.optim.SparseAdam` (:class:`LazyAdam`, its faster
     equal; ``embedding_optimizer: adam``) or :class:`RowWiseAdagrad` (``row_wise_adagrad``), behind one
     ``zero_grad`` / ``step`` / ``state_dict``. Parameters whose grad is None (MTRM's untrained
-    tower) are skipped by both. A parameter learns at ``lr x model.lr_scale(name)`` where the model
+    tower) are skipped by both, and so are ``stepped_elsewhere`` (tables whose optimiser runs in their
+    backward: TorchRec's fused ones). A parameter learns at ``lr x model.lr_scale(name)`` where the model
     has one (:meth:`~primus_dagster.training.models.RecModel.lr_scale`; MTRM's memory tower).
 
     Example::
@@ -264,12 +266,22 @@ class RecOptimizer:
         opt.zero_grad(); loss.backward(); opt.step()
     """
 
-    def __init__(self, model: nn.Module, lr: float, embedding_optimizer: str = "adam"):
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float,
+        embedding_optimizer: str = "adam",
+        *,
+        stepped_elsewhere: Collection[nn.Parameter] = (),
+    ):
         sparse_ids = {id(p) for p in sparse_tables(model)}
+        elsewhere = {id(p) for p in stepped_elsewhere}  # e.g. TorchRec's fused tables: updated in their backward
         scale_of = getattr(model, "lr_scale", None)
         # one parameter group per learning rate (RecModel.lr_scale: MTRM's memory tower may learn faster)
         groups: dict[str, dict[float, list[nn.Parameter]]] = {"dense": {}, "sparse": {}}
         for name, param in model.named_parameters():
+            if id(param) in elsewhere:
+                continue
             scale = float(scale_of(name)) if callable(scale_of) else 1.0
             groups["sparse" if id(param) in sparse_ids else "dense"].setdefault(scale, []).append(param)
 
@@ -334,7 +346,7 @@ class Trainer:
     ``device``: where the model and each batch go (training/device.py; the model is moved there);
     ``deterministic``: the run is ``data.deterministic``; ``replicas``: the trainers of a rank group
     this one is among (both choose the kernels: :mod:`~primus_dagster.training.kernels`,
-    ``training.compile``)."""
+    ``training.compile``); ``optimizer``: its own (default: a :class:`RecOptimizer` of ``model``)."""
 
     def __init__(
         self,
@@ -346,6 +358,7 @@ class Trainer:
         device: torch.device | None = None,
         deterministic: bool = False,
         replicas: int = 1,
+        optimizer: RecOptimizer | None = None,
     ):
         keep_freed_memory()
         self.device = device if device is not None else torch.device("cpu")
@@ -357,7 +370,9 @@ class Trainer:
         # tells it every trainer's of a round itself (observe_labels=False), so the replicas agree
         self.observe_labels = observe_labels
         self.spec = spec
-        self.optimizer = RecOptimizer(model, spec.learning_rate, spec.embedding_optimizer)
+        self.optimizer = (
+            optimizer if optimizer is not None else RecOptimizer(model, spec.learning_rate, spec.embedding_optimizer)
+        )
         self.loss_fn = loss_function(spec.loss, model)
         self.counters = TrainerStats()
         self._last_loss = float("nan")
@@ -376,9 +391,10 @@ class Trainer:
         loss = self.backward(batch)
         return self.apply(batch, loss, started)
 
-    def backward(self, batch: Batch) -> torch.Tensor:
+    def backward(self, batch: Batch, loss_scale: float = 1.0) -> torch.Tensor:
         """The first half of :meth:`train_step`: gradients of ``batch``'s loss, not applied yet (a
-        trainer group exchanges them in between, ``distributed``); the loss."""
+        trainer group exchanges them in between, ``distributed``); the loss. ``loss_scale``: the gradients
+        are of ``loss_scale`` times the loss (a group whose tables step inside the backward averages so)."""
         self.module.train()
         dense, sparse, label = model_inputs(batch)
         dense, sparse, label, lists = to_device(self.device, dense, sparse, label, batch.lists)
@@ -393,7 +409,7 @@ class Trainer:
         if self.observe_labels:
             self.model.observe_labels(batch.kind, float(label.sum()), label.numel())
         with kernels.using(self.kernels.current(self.counters.step + 1)):
-            loss.backward()
+            (loss if loss_scale == 1.0 else loss * loss_scale).backward()
         return loss
 
     def apply(self, batch: Batch, loss: torch.Tensor, started: float) -> float:

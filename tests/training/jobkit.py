@@ -34,7 +34,9 @@ def skip_without_torchrec(example: str) -> None:
         import pytest
 
         pytest.importorskip(
-            "torchrec", reason="torchrec is installed with .[bench] only (README: Bring your own model)"
+            "torchrec",
+            reason="torchrec is not installed (make test installs .[dev]; `pip install -c constraints.txt -e '.[bench]'` "
+            "then `pip install -c constraints.txt --no-deps torchrec==1.8.0`: README, Bring your own model)",
         )
 
 

@@ -12,6 +12,8 @@ the tests (``tests/training/rankkit.py``) and the benchmarks (``bench/_ddp.py``)
   :class:`RowSparseExchange` (the one jobs run), :func:`parameter_groups`, the status row's layout;
 * :mod:`.lockstep` -- :class:`LockStep`: the phase loop's coordinator of a lock-step group;
 * :mod:`.sharded` -- :class:`ShardedExchange`: tables sharded by rows across the ranks (``training.sharding``);
+* :mod:`.torchrec_dmp` -- :class:`DMPExchange`: a custom model's TorchRec tables sharded by TorchRec's
+  ``DistributedModelParallel`` (``training.sharding: row_wise``);
 * :mod:`.launch` -- starting ranks: :class:`RankProcesses`, :func:`serve_rank`, :func:`collect_results`,
   :func:`pin_cores`.
 
@@ -86,9 +88,11 @@ from primus_dagster.training.distributed.launch import (
 from primus_dagster.training.distributed.lockstep import LockStep
 from primus_dagster.training.distributed.mesh import ByteAllGather, GlooBytes, PeerMesh
 from primus_dagster.training.distributed.sharded import ShardedExchange, sharded_tables
+from primus_dagster.training.distributed.torchrec_dmp import DMPExchange
 
 __all__ = [
     "ByteAllGather",
+    "DMPExchange",
     "Divisor",
     "GlooBytes",
     "GradientExchange",
