@@ -91,12 +91,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
-    print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))
     _check_device(args, job)
     _check_memory(args, job)
     if job.training.model.factories():
         _check_custom_model(args, job)
+    sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
+    print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))  # after every check passed
     return _check_data(args, job) if args.data else 0
 
 

@@ -5,8 +5,9 @@ table; ``row_wise_adagrad``: one value a row), the dense parameters and the proc
 ``training.sharding: row_wise`` every trainer of a group of N holds ``ceil(rows / N)`` rows of each table
 and their state; ``replicated`` every row; a resume reads a checkpoint's tables one at a time
 (``torch.distributed.checkpoint`` loads a stored table whole, then copies it in), so a trainer also needs
-room for twice its largest table; ``auto`` (the default) shards once a group's replicated tables
-and state would take more than :data:`AUTO_SHARD_FRACTION` of ``pools.training.memory``. A plan that does
+room for twice its largest table; ``auto`` (the default) shards a group's tables once a replicated
+trainer would not fit ``pools.training.memory``, or its tables and state would take more than
+:data:`AUTO_SHARD_FRACTION` of it. A plan that does
 not fit ``pools.training.memory`` is refused before training (:class:`MemoryPlanError`), naming the
 sharding and the group size that would fit.
 
@@ -103,9 +104,13 @@ def plan_memory(spec: TrainingSpec, pool: PoolSpec, layout: FeatureLayout, *, li
     other = PROCESS_BYTES + 8 * layout.n_dense * 1024  # the dense parameters are small next to the tables
     replicated = _bytes(spec, tables, 1)
     asked = spec.sharding
+    replicated_need = sum(replicated) + other + _restore_bytes(tables, 1)
     if asked == "auto":
-        if trainers > 1 and sum(replicated) > AUTO_SHARD_FRACTION * limit_bytes:
+        if trainers > 1 and replicated_need > limit_bytes:
             sharding: Sharding = "row_wise"
+            why = f"auto: a replicated trainer would need {_gib(replicated_need)}"
+        elif trainers > 1 and sum(replicated) > AUTO_SHARD_FRACTION * limit_bytes:
+            sharding = "row_wise"
             why = f"auto: replicated tables and state ({_gib(sum(replicated))}) over half a trainer's memory"
         else:
             sharding = "replicated"

@@ -1,4 +1,5 @@
-"""The trainers' memory, planned before training: ``auto`` shards only tables that would crowd a trainer, a
+"""The trainers' memory, planned before training: ``auto`` shards only tables that would crowd a trainer
+or not fit it replicated, a
 model that does not fit is refused naming the group that would, row-wise Adagrad's state is one value a row."""
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def test_a_model_that_does_not_fit_names_the_group_that_would() -> None:
     with pytest.raises(MemoryPlanError, match=r"sharding replicated over 2 trainer\(s\): training.sharding"):
         _plan(2, 8_000_000, sharding="replicated")
     assert _plan(2, 8_000_000).sharding == "row_wise"  # auto: fits as row_wise on 2
+
+
+def test_auto_shards_tables_under_half_a_trainer_when_a_replicated_one_would_not_fit() -> None:
+    """Tables and state of 0.89 GiB (under half of 2 GiB) with the process and a restore's read on top do not
+    fit a replicated trainer: auto shards them, saying why."""
+    plan = _plan(2, 5_000_000)
+    assert plan.sharding == "row_wise" and "auto: a replicated trainer would need" in plan.why
+    with pytest.raises(MemoryPlanError, match="row_wise"):
+        _plan(2, 5_000_000, sharding="replicated")
 
 
 def test_mtrm_holds_its_tables_once_a_tower_and_row_wise_adagrad_one_value_a_row() -> None:
