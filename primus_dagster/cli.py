@@ -609,13 +609,14 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         from primus_dagster.training.live import NotLiveError
         from primus_dagster.training.memory_plan import MemoryPlanError
         from primus_dagster.training.model_api import ModelFactoryError
+        from primus_dagster.training.tracking import TrackingUriError
 
         if isinstance(exc, PermanentDataError | KafkaConfigError):  # data that does not fit its spec, read
             print(f"error: {exc}", file=sys.stderr)  # in this process; a Kafka it cannot reach or configure
             return 1
         # a custom model that cannot be built or breaks the protocol; a training.device this machine lacks; a
-        # model that does not fit pools.training.memory
-        if isinstance(exc, ModelFactoryError | DeviceError | MemoryPlanError):
+        # model that does not fit pools.training.memory; a tracking URI MLflow cannot use
+        if isinstance(exc, ModelFactoryError | DeviceError | MemoryPlanError | TrackingUriError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if not isinstance(exc, (NotLiveError, TailOffsetError)):
@@ -629,10 +630,12 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         from primus_dagster.training.failed_tasks import FailedTasksError
         from primus_dagster.training.planning import NoTrainingDataError
         from primus_dagster.training.run_lock import RunInProgressError
+        from primus_dagster.training.window import MissingPredecessorError
 
         # an aborted data plane (its pool failed: every node blacklisted, an executor out of restarts) and
         # every pool error are one line too
         known = (NoTrainingDataError, DataFailedError, DataAbortedError, FailedTasksError, RunInProgressError)
+        known += (MissingPredecessorError,)  # a warm start from a run that never finished
         if not isinstance(exc, (*known, PoolError, ExecutorFailedError)):
             raise
         print(f"error: {exc}", file=sys.stderr)
@@ -662,7 +665,35 @@ def _disk_full_line(exc: OSError) -> str:
     reason = os.strerror(exc.errno or errno.ENOSPC)
     if exc.filename:
         return f"writing {exc.filename} failed: {reason}; {free_space_text(str(exc.filename))}"
-    return f"a write failed (the file is not known): {reason}; {free_space_text(os.getcwd())} (the current directory)"
+    return f"a write failed (the file is not known): {reason}; {_free_where_runs_write()}"
+
+
+def _free_where_runs_write() -> str:
+    """The free space of each filesystem a run writes to -- the temporary directory, the current one,
+    PRIMUS_HOME -- the fullest first (a full one is named whichever of them it is)."""
+    import shutil
+    import tempfile
+
+    from primus_dagster.paths import primus_home
+    from primus_dagster.training.checkpoint import free_space_text
+
+    places = [
+        (tempfile.gettempdir(), "TMPDIR"),
+        (os.getcwd(), "the current directory"),
+        (str(primus_home()), "PRIMUS_HOME"),
+    ]
+    seen: dict[int, tuple[int, str]] = {}
+    for path, label in places:
+        where = Path(path).absolute()
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            device, free = where.stat().st_dev, shutil.disk_usage(where).free
+        except OSError:
+            continue
+        if device not in seen:
+            seen[device] = (free, f"{free_space_text(where)} ({label})")
+    return ", ".join(text for _, text in sorted(seen.values())) or "free space unknown"
 
 
 class Cancelled(KeyboardInterrupt):

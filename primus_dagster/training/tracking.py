@@ -46,6 +46,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from mlflow.exceptions import MlflowException
 from mlflow.models.signature import ModelSignature
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
 from mlflow.types import Schema, TensorSpec
 from mlflow.types.schema import Array, ColSpec, DataType
 
@@ -246,6 +247,15 @@ def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[start : start + size]
 
 
+class TrackingUriError(ValueError):
+    """A tracking URI MLflow has no store for (its scheme), named with the schemes it takes.
+
+    Example::
+
+        MlflowTracker("bogus://x", "primus")  # TrackingUriError: tracking URI 'bogus://x': ...
+    """
+
+
 class MlflowTracker:
     """One MLflow run of a training job, resumable by ``run_key`` (see the module docstring).
 
@@ -267,7 +277,15 @@ class MlflowTracker:
     def __init__(self, tracking_uri: str | None, experiment: str, *, artifact_location: str | None = None) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.experiment = experiment
-        self.client = mlflow.MlflowClient(self.tracking_uri)
+        try:
+            self.client = mlflow.MlflowClient(self.tracking_uri)
+        except UnsupportedModelRegistryStoreURIException:
+            scheme = self.tracking_uri.split(":", 1)[0]
+            raise TrackingUriError(
+                f"tracking URI {self.tracking_uri!r}: MLflow has no store for the scheme {scheme!r}; use "
+                "sqlite:///PATH, file:///PATH, http(s)://HOST (an MLflow server) or a database URI "
+                "(postgresql://, mysql://, mssql://)"
+            ) from None
         self.experiment_id = self._experiment(artifact_location or _artifact_root(self.tracking_uri))
         self.run_id: str | None = None
         self.resumed = False

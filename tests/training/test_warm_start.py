@@ -1,5 +1,6 @@
 """Training jobs refuse what cannot work with errors that say why: a warm start from a model that
-does not fit, a window without ready data."""
+does not fit or from a run that never finished, a tracking URI MLflow has no store for, a window without
+ready data."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def test_a_window_without_ready_data_is_a_clear_error(tmp_path) -> None:
     expected = r"no ready data in window .* \(batch lag 2:00:00; events 2026-11-01T05:.*; imp 2026-11-01T03:[^;]*\)$"
     with pytest.raises(NoTrainingDataError, match=expected):
         plan_training_tasks(job, SourceContext(str(tmp_path)), window)
+
+
+def test_train_from_a_missing_run_or_a_bogus_tracking_uri_is_one_line(tmp_path, capsys) -> None:
+    from primus_dagster.cli import main
+
+    env = make_job(tmp_path, hours=1)
+    train = ["train", str(env["job_path"]), "--start", "2026-11-01", "--hours", "1", "--data-root", str(tmp_path)]
+    assert main([*train, "--warm-start", "train-test/nosuchrun"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "no finished run 'train-test/nosuchrun'" in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
+    assert main([*train, "--tracking-uri", "bogus://x"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == err.strip().splitlines()[0] and "MLflow has no store for the scheme 'bogus'" in err
