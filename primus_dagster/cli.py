@@ -95,6 +95,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     _check_memory(args, job)
     if job.training.model.factories():
         _check_custom_model(args, job)
+    for advice in job.advisories():
+        print(f"{args.spec}: warning: {advice}", file=sys.stderr)
     sources = [f"{s.name} ({s.type}, {s.kind}, per {s.granularity})" for _, s in job.dataset.all_sources()]
     print(f"{args.spec}: job {job.name!r} is valid; sources: " + ", ".join(sources))  # after every check passed
     return _check_data(args, job) if args.data else 0

@@ -686,6 +686,42 @@ class JobSpec(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _mtrm_has_both_kinds_of_source(self) -> JobSpec:
+        # MTRM's memory tower learns the batch sources and its adapt tower the stream: a model asked for as
+        # MTRM without one kind of source would train a tower on the other kind's copies only, without a word.
+        # The default model type is only advised against (advisories): a first spec still runs.
+        problem = self._mtrm_missing_kind()
+        if problem is not None and "type" in self.training.model.model_fields_set:
+            raise ValueError(f"{problem}: add one, or use model type 'single'")
+        return self
+
+    def _mtrm_missing_kind(self) -> str | None:
+        if self.training.model.type != "mtrm":
+            return None
+        kinds = {source.kind for _, source in self.dataset.all_sources()}
+        for kind, tower in (("batch", "memory"), ("stream", "adapt")):
+            if kind not in kinds:
+                return (
+                    f"training.model type 'mtrm' needs a source of kind {kind!r} (its {tower} tower learns it); "
+                    f"every source of the dataset is of kind {sorted(kinds)[0]!r}"
+                )
+        return None
+
+    def advisories(self) -> list[str]:
+        """What the spec allows but a team rarely means, each with its fix (``validate`` prints them, a run
+        logs them as warnings).
+
+        Example::
+
+            for line in job.advisories():
+                log.warning("%s", line)
+        """
+        problem = self._mtrm_missing_kind()
+        if problem is None:
+            return []
+        return [f"{problem}: the default model type is mtrm; set training.model.type: single for this data"]
+
+    @model_validator(mode="after")
     def _source_names_free(self) -> JobSpec:
         # A source's asset key must not be one the job's own assets take: Dagster refuses duplicate keys.
         taken = {name: what for what, name in job_asset_names(self.name).items()}

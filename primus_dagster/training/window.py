@@ -163,6 +163,8 @@ def _train(
         tags["primus.skipped_partitions"] = ", ".join(f"{n.source} {n.partition:%Y-%m-%dT%H:%M}" for n in skipped)[
             :5000
         ]
+    for advice in job.advisories():
+        log.warning("spec: %s", advice)
     beat.stage("MLflow: opening the run %s", request.key())
     tracker.start(request.key(), params={**run_params(job, request.window, executors), **extra_params}, tags=tags)
     lock.record_run(tracker.require_run_id())  # a refused second run names it

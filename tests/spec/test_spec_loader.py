@@ -231,3 +231,13 @@ def test_owners_and_tags_are_checked_as_dagster_takes_them() -> None:
         parse_job_spec(MINIMAL + "owners: [recsys]\n")
     with pytest.raises(SpecError, match=r"tags \['a b: x'\]"):
         parse_job_spec(MINIMAL + "tags: {'a b': x}\n")
+
+
+def test_mtrm_without_a_stream_source_is_refused_when_asked_for_and_advised_against_by_default(capsys) -> None:
+    """MINIMAL's one source is of kind batch: MTRM's adapt tower would learn no stream."""
+    asked = MINIMAL + "training: {mode: mixed, model: {type: mtrm}}\n"
+    with pytest.raises(SpecError, match=r"needs a source of kind 'stream' \(its adapt tower learns it\).*'single'"):
+        parse_job_spec(asked)
+    (advice,) = parse_job_spec(MINIMAL).advisories()  # the default model type
+    assert "set training.model.type: single" in advice
+    assert parse_job_spec(MINIMAL + "training: {model: {type: single}}\n").advisories() == []
