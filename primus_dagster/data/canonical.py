@@ -357,6 +357,27 @@ def _numeric(array: pa.Array, target: pa.DataType, what: str, where: str) -> pa.
     return pc.cast(array, target, safe=False)
 
 
+def _label(array: pa.Array, column: str, positive: str | None, where: str) -> pa.Array:
+    """The label column as float32: numbers as they are; with ``columns.label_positive``, string labels
+    as 1.0 where the value (surrounding whitespace trimmed) is that one, else 0.0 (a null stays null)."""
+    what = f"label column {column!r}"
+    if positive is None:
+        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_dictionary(array.type):
+            seen = pc.unique(pc.utf8_trim_whitespace(pc.cast(array, pa.string())).drop_null())[:3].to_pylist()
+            raise SchemaMismatchError(
+                f"{where}: {what} has type {array.type} (values such as {seen}); expected a number: declare which "
+                "value is a positive in the source's columns, `label_positive: '<that value>'`"
+            )
+        return _numeric(array, pa.float32(), what, where)
+    if not is_hashable_category(array.type):
+        raise SchemaMismatchError(
+            f"{where}: {what} has type {array.type}; columns.label_positive maps string labels: drop it for a "
+            "numeric label"
+        )
+    text = pc.utf8_trim_whitespace(pc.cast(array, pa.string()))
+    return pc.cast(pc.equal(text, pa.scalar(positive.strip())), pa.float32())
+
+
 def _mask(array: pa.Array) -> np.ndarray:
     """A boolean Arrow array as numpy (null: False)."""
     if array.null_count:
@@ -732,7 +753,7 @@ class Normalizer:
         if self.wants("ts"):
             arrays.append(self._ts(cols, where, partition, rules))
         if m.label:
-            label = _numeric(cols(m.label), pa.float32(), f"label column {m.label!r}", where)
+            label = _label(cols(m.label), m.label, m.label_positive, where)
             if label.null_count or not _all_finite(label.to_numpy()):  # (an inf is no NaN: checked below)
                 unlabelled = pc.or_kleene(label.is_null(), pc.is_nan(label))
                 if pc.any(unlabelled).as_py() and rules.check(

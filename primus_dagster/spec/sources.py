@@ -69,6 +69,13 @@ class ColumnMapping(StrictModel):
         ),
     )
     label: str | None = Field(default=None, description="Label column (0/1); may be null in stream rows.")
+    label_positive: str | None = Field(
+        default=None,
+        description=(
+            "For a string label column: the value that is a positive (e.g. '>50K'; compared with surrounding "
+            "whitespace trimmed); every other value is a negative, a null stays unlabelled."
+        ),
+    )
     id: str | None = Field(default=None, description="Unique sample id column (int64), used for exactly-once checks.")
     dense: list[str] | str = Field(
         default_factory=list, description="Dense feature columns (numeric; none is fine), or one list column."
@@ -83,6 +90,16 @@ class ColumnMapping(StrictModel):
         default_factory=dict,
         description="Per list column (canonical name): the native list<float> column of its ids' pooling weights.",
     )
+
+    @field_validator("label_positive", mode="before")
+    @classmethod
+    def _label_positive_is_text(cls, value: object) -> object:
+        if isinstance(value, bool | int | float):
+            raise ValueError(
+                f"label_positive must be the label's text, got {value!r}: quote it (YAML reads yes / no / on / "
+                "off / true / false as booleans and digits as numbers), e.g. label_positive: 'yes'"
+            )
+        return value
 
     @field_validator("dense")
     @classmethod
@@ -104,6 +121,8 @@ class ColumnMapping(StrictModel):
                 raise ValueError(f"weights: {name!r} is not a list column (columns.lists: {sorted(lists)})")
         if not dense and not names:
             raise ValueError("no features: map at least one dense, sparse or lists column")
+        if self.label_positive is not None and self.label is None:
+            raise ValueError("label_positive names the positive value of the label column: set columns.label too")
         return self
 
     def sparse_pairs(self) -> list[tuple[str, str]]:

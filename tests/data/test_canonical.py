@@ -87,6 +87,27 @@ def test_non_numeric_feature_is_rejected() -> None:
         norm(pa.record_batch({"t": pa.array([0], pa.int64()), "a": pa.array(["x"])}))
 
 
+def test_a_string_label_maps_through_label_positive_and_is_refused_without_it() -> None:
+    batch = pa.record_batch(
+        {"t": pa.array([0, 1, 2], pa.int64()), "y": pa.array([" >50K", "<=50K", None]), "a": pa.array([1.0] * 3)}
+    )
+    plain = Normalizer(source("{ts: t, label: y, dense: [a]}"))
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"label column 'y' has type string \(values such as \['>50K', '<=50K'\]\).*label_positive: '<that value>'",
+    ):
+        plain(batch, where="adult.parquet")
+    norm = Normalizer(source("{ts: t, label: y, label_positive: '>50K', dense: [a]}"))
+    assert norm(batch).column("label").to_pylist() == [1.0, 0.0, 0.0]  # the stream's null: repaired to 0
+    assert norm.take() == {"null_label": 1}
+    with pytest.raises(SchemaMismatchError, match="label_positive maps string labels: drop it"):
+        norm(pa.record_batch({"t": pa.array([0], pa.int64()), "y": pa.array([1]), "a": pa.array([1.0])}))
+    with pytest.raises(Exception, match="label_positive names the positive value of the label column"):
+        source("{ts: t, label_positive: 'yes', dense: [a]}")
+    with pytest.raises(Exception, match="label_positive must be the label's text, got True: quote it"):
+        source("{ts: t, label: y, label_positive: yes, dense: [a]}")
+
+
 def test_schema_hash_is_stable_and_type_sensitive() -> None:
     a = pa.schema([("x", pa.int64())])
     assert schema_hash(a) == schema_hash(pa.schema([("x", pa.int64())]))

@@ -99,7 +99,7 @@ def json_schema(spec: KafkaSourceSpec, kinds: Mapping[str, IdKind] | None = None
         raise ValueError(f"{unknown} are not id fields of source {spec.name!r} (those are {sorted(ids)})")
     types: dict[str, pa.DataType] = {m.ts: pa.int64()}
     if m.label:
-        types.setdefault(m.label, pa.float64())
+        types.setdefault(m.label, pa.float64() if m.label_positive is None else pa.string())
     if m.id:
         types.setdefault(m.id, pa.int64())
     dense = [m.dense] if isinstance(m.dense, str) else m.dense
