@@ -672,9 +672,11 @@ class Normalizer:
         self, batch: pa.RecordBatch | _Columns, native: str, what: str, where: str, rules: _Rules
     ) -> pa.Array:
         """An id column as int64 after the ``bad_id`` / ``missing_field`` rules; repaired values are null.
-        Sparse columns may hold strings (hashed); sample ids are integers."""
+        Sparse columns and sample ids may hold strings: hashed by
+        :func:`~primus_dagster.data.hashing.stable_hash64` (a sample id stays the same id on every read, so
+        the exactly-once checks hold; two distinct strings share an id with a 64-bit hash's odds)."""
         column = _column(batch, native, where)
-        ids, nulls, bad = _ids(column, f"{what} {native!r}", where, categories=what == "sparse column")
+        ids, nulls, bad = _ids(column, f"{what} {native!r}", where, categories=True)
         if self.kafka:
             rules.check("missing_field", nulls, native)
             rules.check("bad_id", bad, native, " (NaN, not whole or out of int64 range)", values=column)

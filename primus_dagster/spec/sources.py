@@ -76,7 +76,10 @@ class ColumnMapping(StrictModel):
             "whitespace trimmed); every other value is a negative, a null stays unlabelled."
         ),
     )
-    id: str | None = Field(default=None, description="Unique sample id column (int64), used for exactly-once checks.")
+    id: str | None = Field(
+        default=None,
+        description="Unique sample id column (integers, or strings: hashed to int64), used for exactly-once checks.",
+    )
     dense: list[str] | str = Field(
         default_factory=list, description="Dense feature columns (numeric; none is fine), or one list column."
     )

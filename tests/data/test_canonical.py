@@ -20,6 +20,7 @@ from primus_dagster.data.canonical import (
     quality_summary,
     schema_hash,
 )
+from primus_dagster.data.hashing import stable_hash64
 from primus_dagster.data.sources import SourceReadError
 from primus_dagster.spec import parse_job_spec
 
@@ -394,7 +395,7 @@ def test_string_sparse_ids_are_hashed_and_their_nulls_repaired(kind: pa.DataType
     assert norm.take() == {"bad_id": 1}
 
 
-def test_a_list_sparse_column_and_a_string_sample_id_are_named() -> None:
+def test_a_list_sparse_column_is_named_and_a_string_sample_id_hashed() -> None:
     norm = Normalizer(source("{ts: t, id: i, dense: [a], sparse: [genres]}", "type: parquet, kind: batch, path: p"))
     batch = pa.record_batch(
         {
@@ -410,6 +411,8 @@ def test_a_list_sparse_column_and_a_string_sample_id_are_named() -> None:
         r"expected an integer or a string \(hashed to an id\); it is a list column: map it in columns.lists",
     ):
         norm(batch, where="f.parquet", partition=T0)
-    string_ids = batch.set_column(1, "i", pa.array(["s-7"]))
-    with pytest.raises(SchemaMismatchError, match=r"id column 'i' has type string; expected an integer$"):
-        norm(string_ids.set_column(3, "genres", pa.array([1], pa.int64())), where="f.parquet", partition=T0)
+    string_ids = batch.set_column(1, "i", pa.array(["s-7"])).set_column(3, "genres", pa.array([1], pa.int64()))
+    out = norm(string_ids, where="f.parquet", partition=T0)  # a string sample id is hashed, as a sparse one
+    assert out.column("sample_id").to_pylist() == stable_hash64(pa.array(["s-7"])).to_pylist()
+    with pytest.raises(SchemaMismatchError, match=r"id column 'i' has type list<item: string>; expected an integer"):
+        norm(batch.set_column(1, "i", pa.array([["s-7"]])), where="f.parquet", partition=T0)
