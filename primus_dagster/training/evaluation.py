@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from primus_dagster.data import Batch, Planner, SourceContext, TimeWindow, read_batches
-from primus_dagster.spec import JobSpec
+from primus_dagster.data import Batch, DataTask, Planner, SourceContext, TimeWindow, read_batches
+from primus_dagster.spec import JobSpec, granularity_step
 from primus_dagster.training.baseline import (
     CHANCE_MARGIN,
     BaselineVerdict,
@@ -103,6 +103,15 @@ def fit_popularity_prior(
     return None
 
 
+def scored_window(job: JobSpec, tasks: Sequence[DataTask]) -> TimeWindow:
+    """The time the rows of ``tasks`` cover: from the first partition's start to the last one's end (a daily
+    source's partition is a whole day, however short the window asked for)."""
+    spans = [
+        (t.partition, t.partition + granularity_step(job.dataset.source(t.read.source).granularity)) for t in tasks
+    ]
+    return TimeWindow(min(a for a, _ in spans), max(b for _, b in spans))
+
+
 def evaluate_window(
     job: JobSpec,
     context: SourceContext,
@@ -149,6 +158,9 @@ def evaluate_window(
                 baseline.popularity_feature,
                 ", ".join(f"{name} {value:.4f}" for name, value in baseline.aucs.items()),
             )
-        return NextHourEvaluation(result, kind, window, baseline)
+        scored = scored_window(job, chosen)
+        if scored != window:
+            log.info("evaluation: the %s partition(s) read cover %s (asked: %s)", kind, scored, window)
+        return NextHourEvaluation(result, kind, scored, baseline)
     log.warning("no %s data after the window (%s) to evaluate on", "/".join(labels), window)
     return None
