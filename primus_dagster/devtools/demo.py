@@ -48,6 +48,7 @@ from rich.table import Table
 
 from primus_dagster import paths
 from primus_dagster.broker_discovery import KAFKA_ENV
+from primus_dagster.console import report_console
 from primus_dagster.dagster_defs import live_asset_name, training_asset_job, training_asset_name
 from primus_dagster.dagster_defs.live_asset import live_pool
 from primus_dagster.dagster_defs.sensors import source_asset_jobs, unmaterialized_inputs
@@ -265,7 +266,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from primus_dagster.devtools.kafka_broker import EmbeddedBroker
     from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
 
-    console = Console()
+    console = report_console()
     dagster_home = paths.dagster_home()
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     spec_path = Path(args.spec).resolve()

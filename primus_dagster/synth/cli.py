@@ -195,8 +195,9 @@ def _realistic_problem(sources: list[Any]) -> str | None:
 
 def print_summary(summary: WriteSummary, data_root: str) -> None:
     """A table of rows, bytes and seconds per source."""
-    from rich.console import Console
     from rich.table import Table
+
+    from primus_dagster.console import report_console
 
     table = Table(
         title=f"synthetic world: {summary.hours} hour(s), {summary.world_rows:,} impressions "
@@ -216,10 +217,7 @@ def print_summary(summary: WriteSummary, data_root: str) -> None:
             f"{s.seconds:.2f}",
             rate,
         )
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)
-    console.print(table)
+    report_console().print(table)
 
 
 def run(args: argparse.Namespace) -> int:
