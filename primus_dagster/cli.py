@@ -572,9 +572,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
 def exit_without_teardown(code: int) -> NoReturn:
     """End the process with ``code`` without the interpreter's module teardown.
 
-    After a command, freeing the ~4,700 modules and ~600 k objects that torch, MLflow, pyarrow and
-    scikit-learn bring costs about 2 s of CPU (measured: ``Py_FinalizeEx`` -> ``finalize_modules``,
-    all of it in ``free``), 5-15 s of wall time on a loaded machine, after the result is printed.
+    After a command, freeing the thousands of modules and hundreds of thousands of objects that torch,
+    MLflow, pyarrow and scikit-learn bring costs seconds of CPU, and more of wall time, after the result is
+    printed (measured: ``Py_FinalizeEx`` -> ``finalize_modules``, all of it in ``free``; figures in
+    docs/automation.md, "Measured reasons in the code").
     What an orderly exit does before that still happens, in its order: ``threading._shutdown`` (the
     thread pools' exit hooks, then non-daemon threads joined -- the interpreter's own first step at
     exit), the ``atexit`` handlers (logging, multiprocessing's children, temp-folder finalizers,

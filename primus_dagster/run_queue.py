@@ -2,8 +2,9 @@
 
 One stream-sensor tick may ask for a whole training window of Kafka hours (24 runs for a daily
 partition) and a batch-sensor tick for every new file partition. Launched at once, each run a Python
-process importing Dagster, torch and pyarrow and training ones several more, they load a 2-core
-machine to 10+ and the UI stops answering. :func:`dagster_home <primus_dagster.paths.dagster_home>`
+process importing Dagster, torch and pyarrow and training ones several more, they load a small
+machine far past its cores and the UI stops answering (observed load in docs/scaling.md, "Measured
+reasons in the code"). :func:`dagster_home <primus_dagster.paths.dagster_home>`
 writes these settings into a new instance's ``dagster.yaml``; the daemon's queued run coordinator then
 starts the requested runs in the order they were asked for, at most ``max_concurrent_runs`` at a time:
 

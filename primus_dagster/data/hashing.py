@@ -7,10 +7,10 @@ value gets the same id in every process, run, machine and language; the model th
 its embedding buckets as it does any integer id. Nulls stay null.
 
 Why written here and not taken from a library: Arrow has no public hash kernel, and per-value hashing in
-Python is what a library would cost here -- measured on 65 536 high-cardinality strings (``user-<7
-digits>``) on this 2-core machine, loaded: ``hashlib.blake2b`` over the distinct values 258 ms, pandas'
-``hash_array`` (SipHash) 87 ms, this vectorised FNV-1a (one numpy pass per byte position over the
-values still that long) 6 ms.
+Python is what a library would cost here -- measured on high-cardinality strings (``user-<7 digits>``):
+``hashlib.blake2b`` over the distinct values was the slowest, pandas' ``hash_array`` (SipHash) next, and
+this vectorised FNV-1a (one numpy pass per byte position over the values still that long) an order of
+magnitude faster than either (figures in docs/data_plane.md, "Measured reasons in the code").
 
 Example::
 

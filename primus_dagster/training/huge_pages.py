@@ -27,7 +27,8 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
 
     For embedding tables and their optimiser state, far larger than the caches: a training step reads
     and writes ~50 000 random rows of each, and with 4 KB pages nearly every one of those also misses
-    the TLB. 2 MB pages made the row gathers and writes of a step ~25 % cheaper (issue 11). The values
+    the TLB. 2 MB pages made the row gathers and writes of a step cheaper (``bench/train_throughput.py``;
+    figures in docs/training.md, "Measured reasons in the code"). The values
     are the same; only the memory under them differs (an anonymous mapping, 2 MB-aligned).
     """
     count = math.prod(shape)

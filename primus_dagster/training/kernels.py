@@ -2,16 +2,16 @@
 and the lazy Adam update of the touched rows.
 
 Why compile them. On list features each table's backward pass and optimizer step are a dozen eager
-passes over the touched rows (gathers, arithmetic, scatters; ~1.3 ms a table for 8 lists of mean
-length 10 at batch 2048, ``bench/train_throughput.py`` part 5), where FBGEMM -- TorchRec's kernel --
-does the same work in one fused C++ loop. ``torch.compile`` (inductor) fuses each kernel below into
-one loop from the same Python source: measured here, one thread, 20 000 ids into a 10 000 x 16 table,
-the row gradients 685 -> 130 us and the Adam update of the 8 700 touched rows 600 -> 160 us; the
-whole multi-hot step +40 % samples per CPU-second (docs/training.md, "Compiled kernels").
+passes over the touched rows (gathers, arithmetic, scatters; ``bench/train_throughput.py`` part 5),
+where FBGEMM -- TorchRec's kernel -- does the same work in one fused C++ loop. ``torch.compile``
+(inductor) fuses each kernel below into one loop from the same Python source, and both the row
+gradients and the Adam update of the touched rows run several times faster than eager, the whole
+multi-hot step markedly more samples per CPU-second (figures in docs/training.md, "Compiled kernels"
+and "Measured reasons in the code").
 
-What it costs: the first compile on a machine takes ~20 s of CPU (inductor writes C++ and builds it;
-the result is cached under the system temp directory), every later process ~3.5 s to trace and load
-the cached code. So ``training.compile: auto`` (the default) trains eagerly and compiles in a
+What it costs: the first compile on a machine takes many seconds of CPU (inductor writes C++ and builds
+it; the result is cached under the system temp directory), every later process a few seconds to trace
+and load the cached code. So ``training.compile: auto`` (the default) trains eagerly and compiles in a
 background thread once a run has taken ``training.compile_after_steps`` steps, then switches at the
 next step: a short run never pays, a long run pays once and trains faster from then on. ``on``
 compiles before the first step (waiting for it), ``off`` never compiles. ``data.deterministic`` runs
@@ -26,7 +26,8 @@ bit-exact with torch's own); they ask :func:`active` for the compiled kernel and
 :class:`KernelSet` with one is active (:func:`using`, entered by the trainer around its steps).
 ``tests/training/test_kernels.py`` checks each compiled kernel against the eager path (to float
 tolerance: the compiled loop may fuse a multiply and an add). Hashing is not compiled: its cost is the
-int64 remainders, which a compiled loop does no faster (measured: 230 against 114 us for 20 000 ids).
+int64 remainders, which a compiled loop does no faster (measured: no gain;
+figures in docs/training.md, "Measured reasons in the code").
 
 Example::
 

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from primus_dagster.training import kernels
 
 # A presence mask over the table costs passes over its rows and an accumulating scatter of the ids; a sort
-# costs ~log2(ids) passes over the ids, then a fast segment sum. Measured here (torch 2.13, one CPU thread,
-# 16-float rows): the mask path wins up to about one table row per id (20 k ids into 10 k rows: 0.55 ms
-# against 1.2 ms) and ties at 53 k ids into 53 k rows; the DLRM shape's shared table (5 rows per id) sorts.
+# costs ~log2(ids) passes over the ids, then a fast segment sum. Measured (one CPU thread, 16-float rows):
+# the mask path wins up to about one table row per id and ties near one; the DLRM shape's shared table
+# (several rows per id) sorts. Figures in docs/training.md, "Measured reasons in the code".
 COUNTING_ROWS_PER_ID = 1
 
 

@@ -47,8 +47,8 @@ def keep_freed_memory() -> None:
     Every step allocates the embedding tables' gradients afresh (``zero_grad(set_to_none=True)``:
     MTRM relies on ``None`` grads so that Adam leaves the untrained tower alone) -- 6.4 MB for
     100 000 x 16 floats. With glibc's defaults those come from ``mmap`` or a trimmed heap and
-    are page-faulted in anew every step (measured: 5-6 ms of a 16 ms step); a high mmap and trim
-    threshold keeps them on the heap.
+    are page-faulted in anew every step (measured: a third of a step; figures in docs/training.md,
+    "Measured reasons in the code"); a high mmap and trim threshold keeps them on the heap.
     """
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED or not sys.platform.startswith("linux"):
@@ -69,9 +69,9 @@ class LazyAdam(torch.optim.SparseAdam):
     ``state_dict`` -- with the row bookkeeping done by gathers and row writes.
 
     torch's version coalesces the gradient with the generic sparse ``coalesce``, then reads the moments
-    through ``sparse_mask`` and writes them and the parameter with dense += sparse additions: ~30 ms
-    of a ~45 ms step when a batch of 2048 rows x 26 features touches ~44 000 rows of a 260 000 x 16
-    table (profiled for issue 11, ``bench/train_throughput.py --only-torchrec``); here ~12 ms:
+    through ``sparse_mask`` and writes them and the parameter with dense += sparse additions: most of a
+    step on the TorchRec shape (profiled with ``bench/train_throughput.py --only-torchrec``); here well
+    under half of that (figures in docs/training.md, "Measured reasons in the code"):
 
     * the duplicate ids' rows are summed by ``coalesce``'s own sort and an ``embedding_bag`` segment
       sum -- in the sorted order, as ``coalesce`` (that sort, then a running sum) adds them;
@@ -288,8 +288,8 @@ class RecOptimizer:
         def param_groups(part: str) -> list[dict[str, Any]]:
             return [{"params": params, "lr": lr * scale} for scale, params in groups[part].items()]
 
-        # fused: one kernel over every dense tensor (~110 us a step for the built-in towers' MLPs, against ~370
-        # for torch's per-tensor loop on the CPU); the same state and state_dict
+        # fused: one kernel over every dense tensor (a fraction of the per-tensor loop's time on the CPU for the
+        # built-in towers' MLPs; docs/training.md, "Compiled kernels"); the same state and state_dict
         self.parts: dict[str, torch.optim.Optimizer] = {
             "dense": torch.optim.Adam(param_groups("dense"), lr=lr, fused=True)
         }

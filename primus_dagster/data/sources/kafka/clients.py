@@ -62,10 +62,11 @@ class GcPause:
 
     Measured reason: a librdkafka ``consume`` of 65 536 records builds 65 536 ``Message`` objects the
     collector tracks, and every collection it triggers meanwhile walks the young objects, and now and then
-    the whole heap. On bench/source_scan.py's topic, consuming and taking the values out cost 2.0 us of CPU
-    a record with the collector running, 1.4 us paused (in a process that has also imported torch: 3.8 us
-    against 2.4 us with the records dropped inside the pause, 2.7 us if they outlive it) -- the largest
-    single cost of a read after the JSON decode. The readers take what they need out of the records and
+    the whole heap. On bench/source_scan.py's topic, consuming and taking the values out cost markedly less
+    CPU a record paused than with the collector running -- more so in a process that has also imported
+    torch, and most when the records are dropped inside the pause rather than outliving it (figures in
+    docs/data_plane.md, "Measured reasons in the code") -- the collector being the largest single cost of a
+    read after the JSON decode. The readers take what they need out of the records and
     drop them before the pause ends, so the collector never sees them. Nothing allocated while paused
     forms a reference cycle the adapter keeps; the collector runs again at its next threshold.
     It is enabled again when the last pause ends, and only if it was enabled when the first began

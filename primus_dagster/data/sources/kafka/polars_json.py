@@ -1,13 +1,13 @@
 """The Kafka JSON decoder's fast path: one polars ``read_ndjson`` per chunk, kept only where it provably gives
 what the ``pyarrow.json`` path gives.
 
-Why polars (measured on bench/source_scan.py's records: 65 536 Criteo-shaped JSON objects of ~350 bytes,
-21 mapped fields, one core, CPU time per record): ``pyarrow.json`` with the explicit schema 3.0 µs (any block
-size from 1 to 64 MB, with or without threads); polars 2.1 ``read_ndjson`` with the explicit schema 1.5 µs,
-converted to Arrow without a copy. Also tried: msgspec typed decoding 1.4 µs to Python objects before any
-column is built (3.3 µs with columns), orjson 1.9 µs (dicts only), pysimdjson 3.1 µs, DuckDB
-``json_transform`` 1.1 µs but it casts ``"7"`` to 7, ``1.5`` to 2 and ``true`` to 1 in silence (and its strict
-variant rejects a missing key), so it cannot stand in for a decoder that counts those records undecodable.
+Why polars (measured on bench/source_scan.py's Criteo-shaped JSON records, CPU time per record; figures in
+docs/data_plane.md, "Measured reasons in the code"): polars ``read_ndjson`` with the explicit schema takes
+about half the time of ``pyarrow.json`` with the explicit schema (whatever its block size or threads), and
+converts to Arrow without a copy. Also tried: msgspec typed decoding (fast to Python objects, slower than
+pyarrow once columns are built), orjson (dicts only), pysimdjson (no faster than pyarrow), and DuckDB
+``json_transform`` (the fastest, but it casts ``"7"`` to 7, ``1.5`` to 2 and ``true`` to 1 in silence, and its
+strict variant rejects a missing key), so it cannot stand in for a decoder that counts those records undecodable.
 
 polars with an explicit schema is as strict as pyarrow on number columns: a string, a boolean, an
 object, a float in an integer column, an integer past int64 all fail the parse, and float64 values round
@@ -41,7 +41,7 @@ Everything polars rejects (bad JSON, ``NaN``, a UTF-8 error in an unmapped field
 nesting) goes to the pyarrow path unchanged, which decides what is undecodable as before: the fast path
 only ever vouches for a whole chunk. A chunk it declines after parsing costs a wasted parse, so after one
 it stands aside for 1, 2, 4, ... 64 chunks (a topic whose records carry explicit nulls of mapped fields
-pays about 1/64 of a parse per chunk). The checks cost about 0.3 us a record on the bench's records
+pays about 1/64 of a parse per chunk). The checks cost a small part of the parse on the bench's records
 (most of it the ``-0`` search, run when a float column holds a zero, as a 0/1 label does).
 
 Example::
@@ -103,10 +103,10 @@ def float32_midpoints(values: np.ndarray) -> bool:
 def count_byte(text: bytes, byte: int, block: int = 1 << 18) -> int:
     """How many times ``byte`` occurs in ``text``: numpy, a block at a time into one reused buffer.
 
-    Measured reason: ``bytes.count`` of one byte takes 0.11 us per 350-byte record here, numpy's
-    ``count_nonzero(text == byte)`` 0.035 us but allocates a mask as large as the text, and inside a read
-    (polars and Arrow allocating between) each such mask page-faults afresh: 0.2 us a record of system
-    time per mask. By blocks: 0.04 us and no fault.
+    Measured reason: numpy's ``count_nonzero(text == byte)`` is several times faster than ``bytes.count``
+    of one byte, but allocates a mask as large as the text, and inside a read (polars and Arrow allocating
+    between) each such mask page-faults afresh, costing more system time than the count saves. By blocks:
+    as fast as the whole-text mask and no fault (figures in docs/data_plane.md, "Measured reasons in the code").
     """
     view = np.frombuffer(text, np.uint8)
     mask = np.empty(min(block, len(view)), bool)
