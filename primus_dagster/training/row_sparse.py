@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from primus_dagster.training import kernels
 
 # A presence mask over the table costs passes over its rows and an accumulating scatter of the ids; a sort
-# costs ~log2(ids) passes over the ids, then a fast segment sum. Measured (one CPU thread, 16-float rows):
-# the mask path wins up to about one table row per id and ties near one; the DLRM shape's shared table
-# (several rows per id) sorts. Figures in docs/training.md, "Measured reasons in the code".
+# costs ~log2(ids) passes over the ids, then a fast segment sum. Measured: the mask path wins up to about one
+# table row per id and ties near one; the DLRM shape's shared table (several rows per id) sorts. Figures
+# and their conditions in docs/training.md, "Measured reasons in the code".
 COUNTING_ROWS_PER_ID = 1
 
 
