@@ -36,14 +36,16 @@ demo: setup
 
 # Style, lint rules, import contracts ([tool.importlinter]), the architecture checks import-linter cannot
 # state (tests/test_architecture.py: no module cycles, no private names across modules, every module
-# reachable from an entry point; tests/test_readme_map.py: the README's map lists the tree), then types of
-# the engine ([tool.mypy] files). The checks are static (AST, grimp): no conftest, no fixtures.
+# reachable from an entry point; tests/test_module_map.py: docs/modules.md lists the tree), then types of
+# the engine ([tool.mypy] files), then the docs site (mkdocs.yml) built --strict: a broken link or anchor fails.
+# The checks are static (AST, grimp): no conftest, no fixtures.
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q -p no:cacheprovider -p no:xdist --noconftest tests/test_architecture.py tests/test_readme_map.py
+	$(VENV)/bin/pytest -q -p no:cacheprovider -p no:xdist --noconftest tests/test_architecture.py tests/test_module_map.py
 	$(VENV)/bin/mypy
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Two pytest workers (pytest-xdist), one test file per worker at a time: most tests wait on processes,
 # brokers and daemons, so two files at once fit 2 cores; the longest files first (tests/conftest.py LONGEST_FIRST). TEST_WORKERS=0 runs them in this process.

@@ -2,6 +2,7 @@
 
 primus-dagster validate examples/job.yaml
 primus-dagster spec-schema --out .primus/jobspec.schema.json
+primus-dagster spec-reference --out spec.md
 primus-dagster synth --spec examples/job.yaml --days 1
 primus-dagster partitions examples/job.yaml --source impressions_parquet --start 2026-11-01 --hours 3
 primus-dagster plan examples/job.yaml --start 2026-11-01 --hours 24 [--json]
@@ -53,6 +54,7 @@ from primus_dagster.spec import (
     SpecError,
     job_spec_json_schema,
     load_job_spec,
+    spec_reference_markdown,
 )
 from primus_dagster.synth.cli import add_arguments as synth_arguments
 
@@ -171,11 +173,18 @@ def _check_data(args: argparse.Namespace, job: JobSpec) -> int:
 
 
 def _cmd_spec_schema(args: argparse.Namespace) -> int:
-    text = job_spec_json_schema()
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-        print(f"wrote {args.out}")
+    return _print_or_write(job_spec_json_schema(), args.out)
+
+
+def _cmd_spec_reference(args: argparse.Namespace) -> int:
+    return _print_or_write(spec_reference_markdown(), args.out)
+
+
+def _print_or_write(text: str, out: str | None) -> int:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+        print(f"wrote {out}")
     else:
         print(text)
     return 0
@@ -450,6 +459,10 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.Argument
     p.add_argument("--out", help="write to this file instead of stdout")
     p.set_defaults(func=_cmd_spec_schema)
 
+    p = add_parser("spec-reference", help="print (or write) the job spec's reference page (Markdown, every key)")
+    p.add_argument("--out", help="write to this file instead of stdout")
+    p.set_defaults(func=_cmd_spec_reference)
+
     p = add_parser("partitions", help="list a source's partitions and whether they are ready")
     p.add_argument("spec")
     p.add_argument("--source", required=True)
@@ -648,7 +661,18 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
 
         if exc.errno not in DISK_FULL_ERRNOS:
             raise
-        print(f"error: {_disk_full_line(exc)}", file=sys.stderr)
+        print(f"error: {_disk_full_line(exc, _tracking_uri_of(args))}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the MLflow store on a full disk: its SQL store raises errors of its own
+        from primus_dagster.spec import redact_text
+        from primus_dagster.training.tracking import store_full_reason
+
+        reason = store_full_reason(exc)
+        if reason is None:
+            raise
+        uri = _tracking_uri_of(args)
+        where = redact_text(uri) if uri else "the default MLflow store"
+        print(f"error: writing to {where} failed: {reason}; {_free_where_runs_write(uri)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: a cancelled run; the with-blocks stopped the executors
         signum = exc.signum if isinstance(exc, Cancelled) else signal.SIGINT
@@ -658,9 +682,19 @@ def _run(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
         restore_signals()
 
 
-def _disk_full_line(exc: OSError) -> str:
+def _tracking_uri_of(args: argparse.Namespace) -> str | None:
+    """The MLflow store a command wrote to: ``--tracking-uri``, else its spec's, else the default."""
+    if getattr(args, "tracking_uri", None):
+        return str(args.tracking_uri)
+    with contextlib.suppress(SpecError, OSError, AttributeError, TypeError):
+        return load_job_spec(args.spec).tracking.tracking_uri
+    return None
+
+
+def _disk_full_line(exc: OSError, tracking_uri: str | None = None) -> str:
     """What a full disk stopped: a checkpoint's own message (it names the checkpoint, the file and the
-    free space), else the file (when known), the error and the free space there."""
+    free space), else the file (when known), the error and the free space there; with no file named,
+    the free space of every filesystem the run writes to (``tracking_uri``'s store among them)."""
     from primus_dagster.training.checkpoint import CheckpointWriteError, free_space_text
 
     if isinstance(exc, CheckpointWriteError):
@@ -668,19 +702,21 @@ def _disk_full_line(exc: OSError) -> str:
     reason = os.strerror(exc.errno or errno.ENOSPC)
     if exc.filename:
         return f"writing {exc.filename} failed: {reason}; {free_space_text(str(exc.filename))}"
-    return f"a write failed (the file is not known): {reason}; {_free_where_runs_write()}"
+    return f"a write failed (the file is not known): {reason}; {_free_where_runs_write(tracking_uri)}"
 
 
-def _free_where_runs_write() -> str:
-    """The free space of each filesystem a run writes to -- the temporary directory, the current one,
-    PRIMUS_HOME -- the fullest first (a full one is named whichever of them it is)."""
+def _free_where_runs_write(tracking_uri: str | None) -> str:
+    """The free space of each filesystem a run writes to -- the MLflow store, the temporary directory,
+    the current one, PRIMUS_HOME -- the fullest first (a full one is named whichever of them it is)."""
     import shutil
     import tempfile
 
     from primus_dagster.paths import primus_home
     from primus_dagster.training.checkpoint import free_space_text
+    from primus_dagster.training.tracking import local_store_folders
 
-    places = [
+    places = [(str(folder), "the MLflow store") for folder in local_store_folders(tracking_uri)]
+    places += [
         (tempfile.gettempdir(), "TMPDIR"),
         (os.getcwd(), "the current directory"),
         (str(primus_home()), "PRIMUS_HOME"),

@@ -5,66 +5,16 @@
 --detach``; ``mlflow``: ``$MLFLOW_TRACKING_URI``, else the spec's, else SQLite under ``$PRIMUS_HOME``;
 ``executor_pool``: local processes. Variables that are set go in as ``EnvVar``.
 
-``EXECUTOR``: how a run executes its steps, chosen by ``$PRIMUS_DEPLOYMENT``:
-
-* ``local`` (the default): Dagster's ``multi_or_in_process_executor`` set to ``in_process`` -- a run's steps
-  one after another in its run worker, which is already a process of its own; the training step's data
-  executors and trainers are processes of the executor pool either way. A step process costs more than the
-  steps of this location (importing Dagster, torch and pyarrow again: about 5 s of a core each) and a run
-  rarely has two steps to overlap (a source job's three file sources do: they run one after another). A run
-  still stops on Terminate (its step is interrupted, its pool's processes stopped); what it gives up is a
-  step's isolation: a step that crashes its process (a segfault, the kernel's OOM killer) takes the run
-  worker with it. Run config brings step processes back for one run: ``execution: config: multiprocess:
-  {max_concurrent: 2}``.
-* ``kubernetes``: dagster-k8s's ``k8s_job_executor`` (each step a Kubernetes Job, owner-referenced to its
-  run's pod; docs/kubernetes.md).
+``EXECUTOR``: how a run executes its steps, chosen by ``$PRIMUS_DEPLOYMENT`` (``local``, the default: a
+run's steps one after another in its run worker; ``kubernetes``: each step a Kubernetes Job); see
+``primus_dagster.dagster_defs.executors``.
 
 Example::
 
     RESOURCES = {**default_resources(), "executor_pool": ExecutorPoolResource(data_executors=4)}
 """
 
-import os
-from typing import Any
-
-from dagster import ExecutorDefinition, Field, Permissive, Selector, multi_or_in_process_executor
-from dagster_k8s import k8s_job_executor
-
-from primus_dagster.dagster_defs import default_resources
+from primus_dagster.dagster_defs import default_resources, deployment_executor
 
 RESOURCES = default_resources()
-
-#: ``execution: config:`` of a local run: ``in_process`` unless the run asks for ``multiprocess`` (Dagster
-#: validates either against its own executor's schema).
-LOCAL_EXECUTION = Field(
-    Selector(
-        {"in_process": Field(Permissive(), default_value={}), "multiprocess": Field(Permissive(), default_value={})}
-    ),
-    default_value={"in_process": {}},
-    description="in_process (the default: every step in the run worker) or multiprocess (a process per step)",
-)
-
-
-def _owner_references_on(config: dict[str, Any] | None) -> dict[str, Any]:
-    # Step Jobs owned by the run's pod: deleting the run's Job removes its steps (and their executor pods).
-    return {"enable_owner_references": True, **(config or {})}
-
-
-def _as_given(config: dict[str, Any]) -> dict[str, Any]:
-    return config
-
-
-def deployment_executor(deployment: str | None = None) -> ExecutorDefinition:
-    """The executor of ``deployment`` (default ``$PRIMUS_DEPLOYMENT``, else ``local``): for ``local``, Dagster's
-    ``multi_or_in_process_executor`` defaulting to ``in_process`` (module docstring); for ``kubernetes``,
-    ``k8s_job_executor`` with owner references. Run config still reaches either (``execution: config:
-    {max_concurrent: 4}`` for the k8s executor, ``{multiprocess: {}}`` for the local one)."""
-    deployment = deployment or os.environ.get("PRIMUS_DEPLOYMENT") or "local"
-    if deployment == "kubernetes":
-        return k8s_job_executor.configured(_owner_references_on)
-    if deployment == "local":
-        return multi_or_in_process_executor.configured(_as_given, config_schema=LOCAL_EXECUTION)
-    raise ValueError(f"PRIMUS_DEPLOYMENT={deployment!r}: expected 'local' or 'kubernetes'")
-
-
 EXECUTOR = deployment_executor()

@@ -37,7 +37,7 @@ of the package is imported. Each failure names the modules, the importing ``file
    in the executor's warm-up) counts only where an import reaches it too: the source registry imports
    every adapter.
 
-The README's map of the tree is checked by ``tests/test_readme_map.py``.
+The map of the tree (docs/modules.md) is checked by ``tests/test_module_map.py``.
 """
 
 from __future__ import annotations

@@ -7,9 +7,16 @@ Example::
 
     defs = build_definitions("examples/job.yaml")      # one asset per source + the training asset
     defs = build_definitions("examples/job.yaml", sensors=build_sensors(job), schedules=build_schedules(job))
+
+The same as a Dagster component (:class:`PrimusJobComponent`, ``type: primus_dagster.PrimusJobComponent`` in a
+``defs.yaml``)::
+
+    dg scaffold defs primus_dagster.PrimusJobComponent my_job && dg check defs
 """
 
+from primus_dagster.dagster_defs.component import PrimusJobComponent
 from primus_dagster.dagster_defs.definitions import build_definitions
+from primus_dagster.dagster_defs.executors import DEPLOYMENTS, deployment_executor
 from primus_dagster.dagster_defs.live_asset import build_live_asset, live_asset_job, live_asset_name
 from primus_dagster.dagster_defs.partitions import partitions_covering, time_partitions
 from primus_dagster.dagster_defs.resources import (
@@ -42,6 +49,7 @@ from primus_dagster.dagster_defs.training_asset import (
 __all__ = [
     "AUC_CHECK_NAME",
     "AUC_FINAL_CHECK_NAME",
+    "DEPLOYMENTS",
     "EVENT_TIMES_IN_PARTITION",
     "FRESHNESS",
     "LABEL_RATE_IN_RANGE",
@@ -52,6 +60,7 @@ __all__ = [
     "ExecutorPoolResource",
     "KafkaResource",
     "MlflowResource",
+    "PrimusJobComponent",
     "PrimusStorageResource",
     "auc_final_job",
     "build_auc_final_check",
@@ -65,6 +74,7 @@ __all__ = [
     "build_stream_sensor",
     "build_training_asset",
     "default_resources",
+    "deployment_executor",
     "live_asset_job",
     "live_asset_name",
     "partitions_covering",

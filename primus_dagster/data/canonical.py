@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
 import numpy as np
@@ -237,18 +237,23 @@ def native_columns(mapping: ColumnMapping, fields: frozenset[str] | None = None)
 _DONE = {"repair": "repaired", "drop": "dropped", "fail": "failed"}
 
 
-def quality_summary(spec: SourceSpec, counts: Mapping[str, int]) -> str:
-    """One line for the run log: the rows of ``spec``'s source touched per rule and what was done to them.
+def quality_summary(
+    spec: SourceSpec, counts: Mapping[str, int], columns: Mapping[str, Sequence[str]] | None = None
+) -> str:
+    """One line for the run log: the rows of ``spec``'s source touched per rule, in which native ``columns``
+    (``{rule: [column]}``, where known) and what was done to them.
 
-    >>> quality_summary(spec, {"dense_invalid": 12, "null_label": 3})  # doctest: +SKIP
-    'clicks: 12 rows dense_invalid (repaired: NaN, +-inf or null dense values -> 0.0), 3 rows null_label (dropped)'
+    >>> quality_summary(spec, {"bad_id": 12, "null_label": 3}, {"bad_id": ["user_id"]})  # doctest: +SKIP
+    'clicks: 12 rows bad_id in column user_id (repaired: sparse id -> 0, sample id -> null), 3 rows null_label (dropped)'
     """
     actions = spec.quality.actions(spec.kind)
     parts = []
     for rule, rows in sorted(counts.items()):
         action = actions.get(rule)  # None: undecodable_record, always skipped
         what = "skipped" if action is None else _DONE[action] + (f": {REPAIRS[rule]}" if action == "repair" else "")
-        parts.append(f"{rows:,} rows {rule} ({what})")
+        names = list((columns or {}).get(rule, ()))
+        where = f" in column{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
+        parts.append(f"{rows:,} row{'' if rows == 1 else 's'} {rule}{where} ({what})")
     return f"{spec.name}: " + ", ".join(parts)
 
 
@@ -571,6 +576,13 @@ class Normalizer:
 
     def wants(self, field: str) -> bool:
         return self.fields is None or field in self.fields
+
+    def broken_columns(self) -> dict[str, list[str]]:
+        """The native columns whose values broke each rule since the last :meth:`take` (call it first)."""
+        columns: dict[str, list[str]] = {}
+        for rule, column in self.examples:
+            columns.setdefault(rule, []).append(column)
+        return {rule: sorted(set(names)) for rule, names in sorted(columns.items())}
 
     def take(self) -> dict[str, int]:
         """The rows touched per rule since the last call (only rules with rows), and reset."""

@@ -38,6 +38,7 @@ from primus_dagster.spec.job import (
 from primus_dagster.spec.loader import Problem, SpecError, job_spec_json_schema, load_job_spec, parse_job_spec
 from primus_dagster.spec.names import DAGSTER_RESERVED_NAMES, dagster_name_problem
 from primus_dagster.spec.redact import REDACTED, is_secret_key, redact, redact_text
+from primus_dagster.spec.reference import spec_reference_markdown
 from primus_dagster.spec.sources import (
     SOURCE_TYPES,
     ColumnMapping,
@@ -102,6 +103,7 @@ __all__ = [
     "redact",
     "redact_text",
     "source_inputs",
+    "spec_reference_markdown",
     "training_inputs",
     "training_span_fed_by",
 ]

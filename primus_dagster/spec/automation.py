@@ -34,7 +34,8 @@ class AutomationSpec(StrictModel):
 
     sensor_interval: PositiveDuration = Field(
         default=duration_default("30s"),
-        description="Minimum time between two ticks of the job's sensors (whole seconds).",
+        description="Minimum time between two ticks of the job's batch and stream sensors (a duration: `30s`, "
+        "`5m`; rounded down to whole seconds, at least 1).",
     )
     min_new_records: int = Field(
         default=10_000,
@@ -44,7 +45,8 @@ class AutomationSpec(StrictModel):
     )
     max_wait: PositiveDuration = Field(
         default=duration_default("15m"),
-        description="... or once this long passed since it first saw a record it has not asked for yet.",
+        description="A stream sensor also asks for a live increment once this long passed since it first saw a "
+        "record it has not asked for yet (a duration: `15m`, `1h`).",
     )
     rerun: Literal["never", "retrain"] = Field(
         default="never",

@@ -36,24 +36,55 @@ def granularity_step(granularity: str) -> timedelta:
 class JoinSpec(StrictModel):
     """Join two sources of a stream by key inside a window (e.g. impressions with late clicks)."""
 
-    left: str = Field(description="Source holding the samples (e.g. impressions).")
-    right: str = Field(description="Source holding the late events (e.g. clicks).")
-    key: str = Field(description="Join key present in both sources.")
+    left: str = Field(description="Name of the stream's source holding the samples (e.g. impressions).")
+    right: str = Field(description="Name of the stream's source holding the late events (e.g. clicks).")
+    key: str = Field(description="Join key column present in both sources.")
     lateness: NonNegativeDuration = Field(
-        default=duration_default("15m"), description="How long to wait for a right event."
+        default=duration_default("15m"),
+        description="How long a right event may come after its left row and still label it 1 (a duration: `15m`, "
+        "`1h`); a join task waits until the right source is complete that far.",
     )
 
 
 class StreamSpec(StrictModel):
     """A mixture of sources scheduled chronologically over a sliding time window."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128, description="Also the Dagster group name.")
-    sources: list[SourceSpec] = Field(min_length=1, max_length=1000)
-    window: PositiveDuration = Field(default=duration_default("24h"), description="Sliding-window length.")
-    slide: PositiveDuration | None = Field(default=None, description="Slide step; default: the granularity.")
-    weight: float = Field(default=1.0, gt=0, le=1e6, description="Prioritization weight w_i of this stream's buffer.")
-    shuffle: Literal["forward", "rebalance"] = Field(default="rebalance")
-    join: JoinSpec | None = None
+    name: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=128,
+        description="Unique stream name (letters, digits, `_`); also the Dagster group name of its sources.",
+    )
+    sources: list[SourceSpec] = Field(
+        min_length=1,
+        max_length=1000,
+        description="The stream's data sources, each a parquet, delta, iceberg or kafka source chosen by `type`.",
+    )
+    window: PositiveDuration = Field(
+        default=duration_default("24h"),
+        description="Sliding-window length of this stream: whole partitions of its coarsest source (`24h`, `7d`).",
+    )
+    slide: PositiveDuration | None = Field(
+        default=None,
+        description="Step the window slides by, whole partitions (`1h`, `1d`); default: one partition of the "
+        "coarsest source.",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1e6,
+        description="Prioritization weight w_i of this stream's data in mixed training (a data kind takes the "
+        "mean weight of its streams).",
+    )
+    shuffle: Literal["forward", "rebalance"] = Field(
+        default="rebalance",
+        description="Which trainer a data executor hands its next batch: `forward` (executor i feeds trainer "
+        "i mod T) or `rebalance` (the trainer whose buffer in that executor is emptiest).",
+    )
+    join: JoinSpec | None = Field(
+        default=None,
+        description="Label one of the stream's sources with another's late events by key (e.g. impressions with "
+        "clicks); default: no join.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> StreamSpec:
@@ -74,9 +105,19 @@ class StreamSpec(StrictModel):
 class DatasetSpec(StrictModel):
     """The unbounded, stateful input of a job: streams of sources from ``start`` on."""
 
-    start: datetime = Field(description="First partition (UTC), e.g. 2026-11-01 or 2026-11-01T00:00Z.")
-    end: datetime | None = Field(default=None, description="Optional last partition end (exclusive).")
-    streams: list[StreamSpec] = Field(min_length=1, max_length=1000)
+    start: datetime = Field(
+        description="Start of the first partition (UTC; a date or a time, e.g. 2026-11-01 or 2026-11-01T00:00Z); "
+        "Dagster partitions start here."
+    )
+    end: datetime | None = Field(
+        default=None,
+        description="End of the dataset (exclusive, UTC; after `start`); default: none, the data goes on.",
+    )
+    streams: list[StreamSpec] = Field(
+        min_length=1,
+        max_length=1000,
+        description="The dataset's streams; stream names and the source names across all streams are unique.",
+    )
 
     @field_validator("start", "end", mode="before")
     @classmethod

@@ -59,17 +59,23 @@ class DenseFeature(StrictModel):
     """
 
     name: str = Field(pattern=_NAME, max_length=128, description="Canonical dense column (a name in columns.dense).")
-    transform: DenseTransform = Field(default="standardize", description="standardize | log1p | clip | none.")
+    transform: DenseTransform = Field(
+        default="standardize",
+        description="`standardize`: (x - mean) / std; `log1p`: sign(x) log(1 + |x|), then standardized (skewed "
+        "counts and amounts); `clip`: to the 1st..99th percentile, then standardized (outliers); `none`: as it is.",
+    )
     fill: float | Literal["mean"] = Field(
-        default="mean", description="A missing value's stand-in: a number in the column's units, or mean."
+        default="mean",
+        description="A missing value's stand-in: a number in the column's own units, or `mean` (the column's "
+        "mean, 0 after standardizing).",
     )
 
 
 class TableSpec(StrictModel):
     """An embedding table: ``buckets`` rows (ids hash into them) of width ``dim``."""
 
-    buckets: int = Field(ge=16, le=2**31 - 1, description="Rows of the table (ids hash modulo 2^31-1 first).")
-    dim: int = Field(ge=1, le=65_536, description="Embedding width.")
+    buckets: int = Field(ge=16, le=2**31 - 1, description="Rows of the table that ids hash into (modulo 2^31-1 first).")
+    dim: int = Field(ge=1, le=65_536, description="Embedding width: the length of each row.")
 
 
 class CategoricalFeature(StrictModel):
@@ -77,9 +83,23 @@ class CategoricalFeature(StrictModel):
     table of its own (give ``buckets`` and ``dim`` instead of ``table``)."""
 
     name: str = Field(pattern=_NAME, max_length=128, description="Canonical id column (a name in columns.sparse).")
-    table: str | None = Field(default=None, description="Table to embed in: shared (default) or a name of tables.")
-    buckets: int | None = Field(default=None, ge=16, le=2**31 - 1, description="Rows of the feature's own table.")
-    dim: int | None = Field(default=None, ge=1, le=65_536, description="Width of the feature's own table.")
+    table: str | None = Field(
+        default=None,
+        description="Table to embed in: `shared` (the default: model.hash_buckets x model.embedding_dim) or a "
+        "name of training.features.tables.",
+    )
+    buckets: int | None = Field(
+        default=None,
+        ge=16,
+        le=2**31 - 1,
+        description="Rows of the feature's own table (with `dim`, instead of `table`).",
+    )
+    dim: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="Embedding width of the feature's own table (with `buckets`, instead of `table`).",
+    )
 
     @model_validator(mode="after")
     def _one_table(self) -> CategoricalFeature:
@@ -103,16 +123,42 @@ class CategoricalListFeature(CategoricalFeature):
     """A list of ids per row (``list<int | string>``), embedded like a categorical and pooled."""
 
     name: str = Field(pattern=_NAME, max_length=128, description="Canonical list column (a name in columns.lists).")
-    pooling: Literal["sum", "mean"] = Field(default="mean", description="How a row's embeddings pool: sum | mean.")
+    pooling: Literal["sum", "mean"] = Field(
+        default="mean",
+        description="How a row's embeddings pool into one: `sum` or `mean` (weighted where the source maps "
+        "columns.weights).",
+    )
 
 
 class FeaturesSpec(StrictModel):
-    """Declared features (see the module docstring)."""
+    """How the model reads each column the sources map, by canonical name (undeclared columns take the defaults).
 
-    dense: list[DenseFeature] = Field(default_factory=list, max_length=100_000)
-    categorical: list[CategoricalFeature] = Field(default_factory=list, max_length=100_000)
-    categorical_list: list[CategoricalListFeature] = Field(default_factory=list, max_length=100_000)
-    tables: dict[str, TableSpec] = Field(default_factory=dict, description="Named shared embedding tables.")
+    A dense column is standardized, an id column goes to the ``shared`` table, a list is mean-pooled
+    unless declared otherwise here.
+    """
+
+    dense: list[DenseFeature] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="Dense columns with their own transform or fill; others are standardized, missing values "
+        "filled with the mean.",
+    )
+    categorical: list[CategoricalFeature] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="Id columns (one id per row) with their own embedding table; others go to the `shared` table.",
+    )
+    categorical_list: list[CategoricalListFeature] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="List columns (several ids per row) with their own table or pooling; others are mean-pooled "
+        "in the `shared` table.",
+    )
+    tables: dict[str, TableSpec] = Field(
+        default_factory=dict,
+        description="Named embedding tables that categorical and list features share by `table` (`shared` is "
+        "the default table's name and cannot be declared).",
+    )
     stats_rows: int = Field(
         default=100_000,
         ge=1,

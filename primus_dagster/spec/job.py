@@ -33,39 +33,80 @@ LayerSize = Annotated[int, Field(ge=1, le=1_048_576)]
 
 
 class PoolSpec(StrictModel):
-    """One executor pool (data executors or training executors)."""
+    """One executor pool: the data executors or the trainers, their count and resources."""
 
-    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="Initial number of executors.")
-    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
-    max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS)
-    cpu: float = Field(default=1.0, gt=0, le=1024, description="CPU cores per executor.")
-    memory: str = Field(default="2Gi", pattern=_QUANTITY, max_length=32, description="Memory per executor.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Executors started for a run (data pool; `--executors` overrides it), or the number of "
+        "trainer ranks (training pool: more than 1 trains a lock-step group).",
+    )
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Fewest executors horizontal scaling keeps in the data pool (at most `replicas`); the "
+        "training pool's ranks stay at `replicas`.",
+    )
+    max_replicas: int = Field(
+        default=4,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Most executors horizontal scaling grows the data pool to (at least `replicas`); a pool with "
+        "min_replicas equal to max_replicas is fixed.",
+    )
+    cpu: float = Field(
+        default=1.0,
+        gt=0,
+        le=1024,
+        description="CPU cores per executor (fractions allowed): locally `ceil(cpu)` pinned cores, on Kubernetes "
+        "the pod's request and limit.",
+    )
+    memory: str = Field(
+        default="2Gi",
+        pattern=_QUANTITY,
+        max_length=32,
+        description="Memory per executor: bytes, or a number with a Ki, Mi, Gi or Ti suffix (`512Mi`, `2Gi`); "
+        "an executor above it is OOM-killed.",
+    )
     task_runners: int = Field(
         default=1,
         ge=1,
         le=256,
-        description="Concurrent task runners per executor (data pool); default: the executor's cpu, rounded down, "
-        "at least 1 (one reading thread per core it asks for: more threads than cores cost CPU per row, "
-        "docs/data_plane.md); more than cpu overlaps reads from a slow store.",
+        description="Tasks a data executor reads at once, one thread each; default: one per whole core of "
+        "`cpu`, at least 1 (more than `cpu` only helps to overlap reads from a slow store).",
     )
     restart: Literal["always", "on_failure", "never"] = Field(
         default="on_failure",
-        description="When a finished executor is started again: always, after a failure or OOM kill, or never.",
+        description="When a finished executor is started again: `always`, `on_failure` (after a failure or an "
+        "OOM kill; trainers restart from the latest checkpoint) or `never`.",
     )
     max_restarts: int = Field(
-        default=3, ge=0, le=10_000, description="Restarts per executor; one more failure fails the job."
+        default=3,
+        ge=0,
+        le=10_000,
+        description="Restarts allowed per executor; one more failure fails the job.",
     )
     blacklist_after: int = Field(
-        default=2, ge=1, le=10_000, description="Failures on one node after which no executor is placed there again."
+        default=2,
+        ge=1,
+        le=10_000,
+        description="Failed executor attempts on one node (locally: a CPU core) after which no executor is "
+        "placed there again.",
     )
     oom_memory_factor: float = Field(
-        default=1.5, ge=1, le=100, description="An OOM-killed executor restarts with its memory times this factor."
+        default=1.5,
+        ge=1,
+        le=100,
+        description="An OOM-killed executor restarts with its memory times this factor (at most `max_memory`).",
     )
     max_memory: str | None = Field(
         default=None,
         pattern=_QUANTITY,
         max_length=32,
-        description="Cap for memory raised after OOM kills and by vertical scaling (default: 4 x memory).",
+        description="Cap on the memory raised after OOM kills and by vertical scaling, a quantity like `memory`; "
+        "default: 4 x `memory`.",
     )
 
     @field_validator("memory", "max_memory")
@@ -97,30 +138,41 @@ class PoolSpec(StrictModel):
 
 
 class PoolsSpec(StrictModel):
-    """Executor pools and the backend that runs them. ``namespace`` and ``image`` belong to the kubernetes
-    backend (``image`` is required there); with another backend either one is an error, since it could
-    do nothing (docs/kubernetes.md). ``in_trainer`` runs ``pools.data.replicas`` data executors as
-    threads of the trainer's process (one trainer; no pool: no restarts, limits or scaling), which
-    saves the executor processes, the Flight stream and the copy into shared memory
-    (docs/data_plane.md)."""
+    """Executor pools and the backend that runs them.
+
+    ``namespace`` and ``image`` belong to the kubernetes backend (``image`` is required there); with
+    another backend either one is an error, since it could do nothing (docs/kubernetes.md).
+    ``in_trainer`` runs ``pools.data.replicas`` data executors as threads of the trainer's process (one
+    trainer; no pool: no restarts, limits or scaling), which saves the executor processes, the Flight
+    stream and the copy into shared memory (docs/data_plane.md).
+    """
 
     backend: Literal["local", "kubernetes", "in_trainer"] = Field(
         default="local",
-        description="Where the data executors run: local processes, Kubernetes pods, or threads of the trainer.",
+        description="Where the data executors run: `local` OS processes, `kubernetes` pods, or `in_trainer` "
+        "threads of the trainer's process (one trainer, no pool keys but `replicas` and `task_runners`).",
     )
     namespace: str | None = Field(
         default=None,
         max_length=63,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="Kubernetes namespace of the executor pods (kubernetes backend; default: the run's own).",
+        description="Kubernetes namespace of the executor pods (kubernetes backend only; default: the run's own).",
     )
     image: str | None = Field(
         default=None,
         pattern=r"^\S+$",
-        description="Container image of the executor pods (kubernetes backend, required).",
+        description="Container image of the executor pods (kubernetes backend only, and required there).",
     )
-    data: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2, max_replicas=8))
-    training: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=1, max_replicas=1))
+    data: PoolSpec = Field(
+        default_factory=lambda: PoolSpec(replicas=2, max_replicas=8),
+        description="The data executors that read the sources and serve batches to the trainers "
+        "(default: 2 executors, scaled between 1 and 8).",
+    )
+    training: PoolSpec = Field(
+        default_factory=lambda: PoolSpec(replicas=1, max_replicas=1),
+        description="The trainers: `replicas` ranks with their `cpu`, `memory`, `restart` and `max_restarts` "
+        "(the data-only keys are errors here).",
+    )
 
     @field_validator("training")
     @classmethod
@@ -180,9 +232,20 @@ class PoolsSpec(StrictModel):
 class MetricSpec(StrictModel):
     """One utilisation signal u_k of the horizontal load metric L_u = sum_k w_k * u_k (Primus: MetricCRD)."""
 
-    name: Literal["buffer_fill", "cpu", "memory", "io"]
-    weight: float = Field(ge=0, le=1e6)
-    aggregation: Literal["mean", "max"] = "mean"
+    name: Literal["buffer_fill", "cpu", "memory", "io"] = Field(
+        description="The signal u_k: `cpu` (cores busy / allocated), `memory` (RSS / memory allocated), `io` "
+        "(IO bytes/s / the IO capacity) or `buffer_fill` (the data buffer's fill, 0..1).",
+    )
+    weight: float = Field(
+        ge=0,
+        le=1e6,
+        description="w_k: this signal's weight in L_u; weights are normalised (only their ratios matter), 0 "
+        "leaves the signal out.",
+    )
+    aggregation: Literal["mean", "max"] = Field(
+        default="mean",
+        description="How the latest samples of a pool's live executors combine into the pool's u_k: `mean` or `max`.",
+    )
 
 
 class HorizontalScalingSpec(StrictModel):
@@ -193,21 +256,41 @@ class HorizontalScalingSpec(StrictModel):
     from that measurement (``step`` is the least one), else it is ``step`` executors.
     """
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True,
+        description="Grow and shrink the data pool within [min_replicas, max_replicas] from its load; false: "
+        "the pool keeps its size.",
+    )
     metrics: list[MetricSpec] = Field(
         # CPU only: memory does not rise when the pool falls behind (it is vertical scaling's); the
         # trainers' wait enters as demand (L_u / (1 - wait)), and buffer fill and trainer wait are
         # read by the ratio rule, the right way round (docs/scaling.md).
-        default_factory=lambda: [MetricSpec(name="cpu", weight=1.0)]
+        default_factory=lambda: [MetricSpec(name="cpu", weight=1.0)],
+        description="The weighted utilisation signals of the load L_u; default: `cpu` alone (memory is left to "
+        "vertical scaling, buffer fill and trainer wait to the data/training ratio rule).",
     )
-    scale_up_threshold: float = Field(default=0.8, gt=0, le=1)
-    scale_down_threshold: float = Field(default=0.3, ge=0, lt=1)
+    scale_up_threshold: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="L_theta: the data pool's load (utilisation, 0..1) above which executors are added.",
+    )
+    scale_down_threshold: float = Field(
+        default=0.3,
+        ge=0,
+        lt=1,
+        description="The load (0..1) below which executors are removed; must be below scale_up_threshold.",
+    )
     step: int = Field(
-        default=1, ge=1, le=MAX_REPLICAS, description="Executors per step (the least one when proportional)."
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Executors added or removed per decision (the least change when `proportional`).",
     )
     proportional: bool = Field(
         default=True,
-        description="Size a step from the measured load (to scale_up_threshold - 0.05), not a fixed step.",
+        description="Size a step from the measured load, to bring it to scale_up_threshold - 0.05; false: "
+        "always `step` executors.",
     )
 
     @model_validator(mode="after")
@@ -222,11 +305,29 @@ class HorizontalScalingSpec(StrictModel):
 class VerticalScalingSpec(StrictModel):
     """Resize executors to a recency-weighted demand D(N_R) plus headroom; skip changes below ``min_change``."""
 
-    enabled: bool = True
-    history_decay: float = Field(default=0.7, gt=0, lt=1, description="Weight ratio between consecutive samples.")
-    headroom: float = Field(default=0.2, ge=0, le=100, description="Fraction added on top of predicted demand.")
+    enabled: bool = Field(
+        default=True,
+        description="Resize executors from their measured use (memory only where horizontal scaling sizes the "
+        "pool); false: executors keep their `cpu` and `memory`.",
+    )
+    history_decay: float = Field(
+        default=0.7,
+        gt=0,
+        lt=1,
+        description="Recency weighting of the demand D(N_R): each sample weighs this times the one after it "
+        "(smaller: older samples are forgotten faster).",
+    )
+    headroom: float = Field(
+        default=0.2,
+        ge=0,
+        le=100,
+        description="Fraction added on top of the predicted demand (0.2: 20 % more than the demand).",
+    )
     min_change: float = Field(
-        default=0.1, ge=0, le=100, description="R_theta: relative change below which nothing is done."
+        default=0.1,
+        ge=0,
+        le=100,
+        description="R_theta: a resize smaller than this fraction of the current allocation is not made.",
     )
 
 
@@ -237,28 +338,41 @@ class ScalingSpec(StrictModel):
     pool that changed waits 10 s, and an executor's first 5 s of samples (start-up) are ignored.
     """
 
-    interval: PositiveDuration = Field(default=duration_default("5s"), description="Decision tick.")
-    cooldown: PositiveDuration = Field(default=duration_default("10s"), description="A changed pool waits this long.")
+    interval: PositiveDuration = Field(
+        default=duration_default("5s"), description="Time between two scaling decisions (a duration: `5s`, `1m`)."
+    )
+    cooldown: PositiveDuration = Field(
+        default=duration_default("10s"), description="How long a pool that changed waits before it changes again."
+    )
     warmup: NonNegativeDuration = Field(
         default=duration_default("5s"),
-        description="An executor's samples from its first this-long (start-up) are not decided on.",
+        description="Samples from an executor's first this long (its start-up) are left out of the decisions.",
     )
-    horizontal: HorizontalScalingSpec = Field(default_factory=HorizontalScalingSpec)
-    vertical: VerticalScalingSpec = Field(default_factory=VerticalScalingSpec)
+    horizontal: HorizontalScalingSpec = Field(
+        default_factory=HorizontalScalingSpec,
+        description="How many data executors run: the load signals, thresholds and steps.",
+    )
+    vertical: VerticalScalingSpec = Field(
+        default_factory=VerticalScalingSpec, description="How much CPU and memory each executor gets."
+    )
 
 
 class DataPlaneSpec(StrictModel):
-    """Task planning and hand-out (DTGG, data driver)."""
+    """How read tasks are planned (DTGG), handed out to the data executors and retried (data driver)."""
 
-    planner_threads: int = Field(default=4, ge=1, le=256)
+    planner_threads: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Threads that list the sources' partitions when a window is planned (`--threads` overrides it).",
+    )
     pack_bytes: int = Field(
         default=128 * 2**20,
         ge=0,
         le=2**40,
-        description="The DTGG packs a Parquet, Delta or Iceberg partition's small files into one task while their "
-        "sizes plus open_cost_bytes each add up to at most this (Spark's maxPartitionBytes rule, files kept in "
-        "order); a pack is read as one stream of full batches, and a file of it that cannot be read is given up "
-        "alone (docs/data_plane.md, Packs). 0: a task per file.",
+        description="Bytes of small Parquet, Delta or Iceberg files packed into one read task: a partition's "
+        "files, in order, while their sizes plus open_cost_bytes each add up to at most this (Spark's "
+        "maxPartitionBytes). 0: a task per file.",
     )
     open_cost_bytes: int = Field(
         default=4 * 2**20,
@@ -267,35 +381,47 @@ class DataPlaneSpec(StrictModel):
         description="What opening a file costs, in bytes, when packing (Spark's openCostInBytes): a pack holds "
         "at most pack_bytes / open_cost_bytes files.",
     )
-    max_attempts: int = Field(default=3, ge=1, le=1000)
-    failed_task_threshold: float = Field(default=0.05, ge=0, le=1, description="Fail the job past this share.")
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Failed attempts (errors or expired leases) after which a task, or a file of a pack, is given up.",
+    )
+    failed_task_threshold: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Share of a run's tasks (counted in files) that may be given up; one more fails the job.",
+    )
     allow_failed_tasks: bool = Field(
         default=True,
-        description="Tasks given up (failed max_attempts times) below failed_task_threshold let the run go on "
-        "without their rows: each is reported with its file or offset range and error in the run log, the result, "
-        "MLflow (failed_tasks metric, failed_tasks.json) and the asset's metadata, and its partition is marked "
-        "incomplete. false: the first task given up fails the run, naming the file (as train --strict does).",
+        description="true: tasks given up below failed_task_threshold let the run go on without their rows, "
+        "each reported with its file and error and its partition marked incomplete; false: the first task "
+        "given up fails the run (as `train --strict` does).",
     )
     lease: PositiveDuration = Field(
-        default=duration_default("60s"), description="A running task's executor must report within it."
+        default=duration_default("60s"),
+        description="How long a task stays leased to its executor without a heartbeat; past it the task goes back "
+        "to be read by another executor.",
     )
-    buffer_batches: int = Field(default=8, ge=1, le=1_000_000, description="Per-executor buffer before backpressure.")
+    buffer_batches: int = Field(
+        default=8,
+        ge=1,
+        le=1_000_000,
+        description="Batches a data executor buffers per trainer before it stops reading (backpressure).",
+    )
     deterministic: bool = Field(
         default=False,
-        description="Each trainer takes its batches in one order fixed by the plan (task by task, each task's "
-        "batches in order) whatever executor reads them when: with training.seed the same spec and data give the "
-        "same samples in the same order and the same model, with any number of executors and trainers (with "
-        "several trainers each batch goes to a trainer fixed by its task and place, not by the streams' shuffle, "
-        "and the trainers wait for each other's next batch in order); costs the reorder wait "
-        "(docs/data_plane.md). Default false: batches are trained as they arrive.",
+        description="true: each trainer takes its batches in one order fixed by the plan, so with training.seed "
+        "the same spec and data train the same model whatever the number of executors and trainers, at the "
+        "cost of waiting to reorder (docs/data_plane.md). false: batches are trained as they arrive.",
     )
     backup_after: float = Field(
         default=0.0,
         ge=0,
         le=1e6,
         description="An idle executor gets a backup copy of a task running longer than this many times the "
-        "median task time; the first copy to finish is delivered (0, the default: no backup copies -- a "
-        "task also runs long while its batches wait for a slow trainer, and copying those only re-reads).",
+        "median task time, and the first copy to finish is delivered. 0 (the default): no backup copies.",
     )
 
 
@@ -307,31 +433,42 @@ _FACTORY = r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class TowerSpec(StrictModel):
-    """A team's own module as one of MTRM's two towers (``training.model.memory`` / ``adapt``): the
-    factory that builds it and its ``params`` (training/model_api.py; README 'MTRM over your towers')."""
+    """A team's own module as one of MTRM's two towers: the factory that builds it and its ``params``.
+
+    Set as ``training.model.memory`` or ``training.model.adapt`` (docs/models.md, "MTRM over your towers").
+    """
 
     factory: str = Field(
         max_length=4096,
         pattern=_FACTORY,
-        description="'package.module:function' (importable) or 'path/to/file.py:function' (relative to the spec "
-        "file); it receives a ModelContext (role 'memory' or 'adapt'; aux_dim: the width of the memory state an "
-        "adapt tower reads) and returns a torch module.",
+        description="The function that builds the tower: 'package.module:function' (importable) or "
+        "'path/to/file.py:function' (relative to the spec file); it gets a ModelContext (role `memory` or "
+        "`adapt`; aux_dim: the width of the memory state an adapt tower reads) and returns a torch module.",
     )
-    params: dict[str, Any] = Field(default_factory=dict, description="handed to the factory as ModelContext.params.")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Handed to the factory as ModelContext.params (the tower's own sizes)."
+    )
 
 
 class ModelSpec(StrictModel):
-    """Model shape: hashed sparse embeddings + dense features into one or two towers, or a team's own
-    module (``type: custom``: ``factory`` and ``params``; training/model_api.py)."""
+    """Model shape: hashed sparse embeddings and dense features into one or two towers, or a team's own module.
 
-    type: Literal["mtrm", "single", "custom"] = "mtrm"
+    A team's module is ``type: custom`` with ``factory`` and ``params`` (docs/models.md).
+    """
+
+    type: Literal["mtrm", "single", "custom"] = Field(
+        default="mtrm",
+        description="`mtrm`: two towers, a memory tower learning the batch data and an adapt (serving) tower "
+        "learning the stream; `single`: one DLRM-style tower learning every batch; `custom`: a team's module "
+        "built by `factory`.",
+    )
     factory: str | None = Field(
         default=None,
         max_length=4096,
         pattern=_FACTORY,
         description="type custom only: the function that builds the model, 'package.module:function' (importable) "
-        "or 'path/to/file.py:function' (relative to the spec file); it receives a ModelContext (the declared "
-        "features and params) and returns a torch module (README 'Bring your own model').",
+        "or 'path/to/file.py:function' (relative to the spec file); it gets a ModelContext (the declared "
+        "features and params) and returns a torch module.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="type custom only: handed to the factory as ModelContext.params."
@@ -346,38 +483,50 @@ class ModelSpec(StrictModel):
         description="type mtrm only: a team's module as the adapt (serving) tower (the stream; inputs.aux is the "
         "detached h_aux); default: the built-in tower of adapt_hidden.",
     )
-    embedding_dim: int = Field(default=16, ge=1, le=65_536)
+    embedding_dim: int = Field(
+        default=16,
+        ge=1,
+        le=65_536,
+        description="Width of the shared embedding table's rows (and of the dense features' bottom layer in "
+        "the built-in single and adapt towers).",
+    )
     hash_buckets: int = Field(
         default=100_000,
         ge=16,
         le=MAX_HASH_BUCKETS,
         description="Rows of the shared embedding table (ids hash modulo 2^31-1, so more rows are never used).",
     )
-    memory_hidden: list[LayerSize] = Field(default_factory=lambda: [64, 32], max_length=64)
-    adapt_hidden: list[LayerSize] = Field(default_factory=lambda: [128, 64], max_length=64)
+    memory_hidden: list[LayerSize] = Field(
+        default_factory=lambda: [64, 32],
+        max_length=64,
+        description="Hidden-layer widths of the built-in memory tower's MLP (type mtrm), first layer first.",
+    )
+    adapt_hidden: list[LayerSize] = Field(
+        default_factory=lambda: [128, 64],
+        max_length=64,
+        description="Hidden-layer widths of the top MLP of the built-in single tower and of MTRM's built-in "
+        "adapt tower, first layer first.",
+    )
     sparse_embeddings: bool = Field(
         default=True,
-        description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the "
-        "rows its batch touches (about 2x faster on CPU). DDP training uses dense gradients either way.",
+        description="Sparse embedding gradients with a lazy (sparse) Adam: a step updates only the rows its "
+        "batch touches. Sharded (row_wise) tables need it.",
     )
     memory_lr_scale: float = Field(
         default=_MEMORY_LR_SCALE,
         gt=0,
         le=100,
         description="MTRM only: the memory tower learns at training.learning_rate x this (the adapt tower at "
-        "training.learning_rate). The memory tower sees only the batch data, each sample once; 3 raised MTRM's "
-        "AUC on the quality bench (lr 5e-4), but the adapt tower reads a memory state that then moves faster, "
-        "which cost AUC at a higher base rate: docs/training.md.",
+        "training.learning_rate); the default 1 was chosen on `bench/quality.py`'s tuning seeds "
+        "(docs/training.md).",
     )
     adapt_batch_weight: float = Field(
         default=_ADAPT_BATCH_WEIGHT,
         ge=0,
         le=100,
-        description="MTRM only: a batch sample also trains the adapt tower (on the detached memory state), its "
-        "loss weighted by this; 0: the paper's split (the adapt tower learns the stream alone). 0.1 (the default) "
-        "was best on the quality bench's tuning seeds at the spec's learning rate (0.05-0.15 alike, 0 and 0.25+ "
-        "worse in all three worlds; docs/training.md). With several trainers a batch rank's adapt-tower gradients "
-        "are averaged with the stream ranks'.",
+        description="MTRM only: weight of the adapt tower's loss on batch samples (it reads the detached memory "
+        "state); 0 is the paper's split, the adapt tower learning the stream alone. The default 0.1 was chosen "
+        "on `bench/quality.py`'s tuning seeds (docs/training.md).",
     )
 
     @model_validator(mode="after")
@@ -439,12 +588,26 @@ class ModelSpec(StrictModel):
 class TrainingSpec(StrictModel):
     """How the model learns from the batch and stream queues."""
 
-    mode: Literal["batch", "stream", "batch_then_stream", "mixed"] = "batch_then_stream"
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    features: FeaturesSpec = Field(
-        default_factory=FeaturesSpec, description="How the model reads each mapped column (spec/features.py)."
+    mode: Literal["batch", "stream", "batch_then_stream", "mixed"] = Field(
+        default="batch_then_stream",
+        description="What a training window trains on: `batch` or `stream` data only, `batch_then_stream` "
+        "(pre-train on the batch window, then follow the stream) or `mixed` (both at once, the mixture "
+        "prioritisation picking the next batch).",
     )
-    batch_size: int = Field(default=1024, ge=1, le=2**24)
+    model: ModelSpec = Field(
+        default_factory=ModelSpec, description="The model: built-in MTRM or single tower, or a team's own module."
+    )
+    features: FeaturesSpec = Field(
+        default_factory=FeaturesSpec,
+        description="How the model reads each column the sources map: dense transforms, embedding tables and "
+        "list pooling.",
+    )
+    batch_size: int = Field(
+        default=1024,
+        ge=1,
+        le=2**24,
+        description="Rows per optimiser step, cut from consecutive reader batches of one kind.",
+    )
     loss: Literal["bce", "mse", "model"] = Field(
         default="bce",
         description="bce: binary cross-entropy on the logits; mse: squared error of sigmoid(logits) (the Brier "
@@ -454,86 +617,104 @@ class TrainingSpec(StrictModel):
         default=3e-3,
         gt=0,
         le=1e3,
-        description="Adam's step size (finite, > 0); 3e-3 was chosen on tuning seeds of the realistic world "
-        "(docs/training.md: 'Defaults that learn').",
+        description="Adam's step size (finite, > 0); the default 3e-3 was chosen on tuning seeds of the "
+        "realistic world (docs/training.md, 'Defaults that learn').",
     )
-    checkpoint_every_steps: int = Field(default=500, ge=1, le=2**40)
+    checkpoint_every_steps: int = Field(
+        default=500,
+        ge=1,
+        le=2**40,
+        description="Steps between checkpoints (model, optimiser, the data driver's barrier snapshot and the "
+        "source versions, logged to MLflow); a restarted run resumes from the latest.",
+    )
     checkpoint_keep_last: int = Field(
         default=3,
         ge=1,
         le=2**20,
-        description="Checkpoints kept in MLflow per run (the newest; the final one always among them); older ones are deleted.",
+        description="Checkpoints kept in MLflow per run (the newest, the final one always among them); older "
+        "ones are deleted.",
     )
     auc_tolerance: float = Field(
         default=0.01,
         ge=0,
         le=1,
-        description="Max AUC drop vs the previous partition. Default: above the run-to-run noise of identical "
-        "runs (bench/real_schema.py: std 0.0035, so two runs differ by up to ~2.8 std = 0.0098 at 95 %).",
+        description="The training asset's AUC check fails when next-hour AUC drops more than this below the "
+        "previous partition's; the default sits above the run-to-run noise of identical runs on "
+        "`bench/real_schema.py`.",
     )
     baseline_guard: Literal["block", "warn"] = Field(
         default="block",
-        description="A model no better than chance (AUC <= 0.51) or than the popularity prior on its own "
-        "training rows: block -- the training asset's check fails with severity ERROR (the run fails, "
-        "downstream waits); warn -- it fails with severity WARN (the run succeeds). Either way the model "
-        "is not promoted to champion.",
+        description="What a model no better than chance (AUC <= 0.51) or the popularity prior does: `block` "
+        "fails the training asset's check with severity ERROR (the run fails), `warn` with severity WARN (the run "
+        "succeeds). Either way it is not promoted to champion.",
     )
     batch_lag: NonNegativeDuration = Field(
         default=duration_default("0h"),
-        description="Batch data of a training window comes from the window shifted back by this "
-        "(MTRM: the batch sources' label delay, e.g. 24h: the stream of today with the complete batch of yesterday).",
+        description="Batch data of a training window comes from the window shifted back by this duration "
+        "(e.g. `24h`, the batch sources' label delay: the stream of today with the complete batch of yesterday).",
     )
-    partition: Literal["hour", "day"] = Field(default="day", description="Granularity of the training asset.")
+    partition: Literal["hour", "day"] = Field(
+        default="day", description="Partitions of the training asset: one training window per hour or per day."
+    )
     eval_hours: int = Field(
-        default=1, ge=1, le=24 * 366, description="Held-out hours after the window for next-hour AUC."
+        default=1,
+        ge=1,
+        le=24 * 366,
+        description="Held-out hours after the window that the next-hour AUC and log loss are measured on.",
     )
-    threads: int = Field(default=1, ge=1, le=1024, description="torch intra-op threads per training executor.")
+    threads: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="torch intra-op threads of a single trainer (training and evaluation); the ranks of a "
+        "multi-trainer group take ceil(pools.training.cpu) each.",
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(auto|cpu|cuda(:[0-9]{1,3})?)$",
-        description="Where the model trains and is evaluated: cpu (the default: the path the benches measure), "
-        "cuda / cuda:N (a GPU; an error at validate and at the start of a run where there is none), or auto "
-        "(cuda where available, else cpu, said in the run log). One trainer only: multi-trainer jobs train on "
-        "the CPU (training/device.py).",
+        description="Where the model trains and is evaluated: `cpu`, `cuda` / `cuda:N` (a GPU; an error at "
+        "validate and at the start of a run where there is none) or `auto` (cuda where available, else cpu). "
+        "Multi-trainer jobs train on the CPU.",
     )
     seed: int = Field(
-        default=0, ge=0, le=2**32 - 1, description="Seeds model initialisation and the prioritisation's sampling."
+        default=0,
+        ge=0,
+        le=2**32 - 1,
+        description="Seeds the model's initialisation and the mixture prioritisation's sampling.",
     )
     compile: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="The embedding tables' backward pass and lazy Adam step as torch.compile'd fused loops "
-        "(training/kernels.py): auto -- after compile_after_steps steps, compiled in the background, then "
-        "switched to (CPU only; data.deterministic runs stay eager); on -- compiled before the first step; "
-        "off -- eager. A failed compile is said in the run log and the run trains on eagerly.",
+        description="The embedding tables' backward pass and lazy Adam step as torch.compile'd fused loops: "
+        "`auto` compiles in the background after compile_after_steps steps (CPU, one trainer, not "
+        "data.deterministic), `on` before the first step, `off` never. A failed compile is logged and the run "
+        "trains on eagerly.",
     )
     compile_after_steps: int = Field(
         default=1000,
         ge=0,
         le=2**40,
-        description="Steps a run trains eagerly before compile: auto compiles (the first compile on a machine "
-        "takes ~20 s of CPU, each later process ~3.5 s: a shorter run never pays it).",
+        description="Steps a run trains eagerly before `compile: auto` compiles, so that a short run never "
+        "pays for the compile.",
     )
     sharding: Literal["auto", "replicated", "row_wise"] = Field(
         default="auto",
-        description="Where a group of trainers (pools.training.replicas > 1) keeps the built-in embedding "
-        "tables and their optimiser state: replicated -- every trainer holds every row; row_wise -- each "
-        "trainer holds 1/N of every table's rows and their state, and a step fetches the rows it looks up "
-        "from their owners (docs/training.md, 'Sharded tables'); auto -- row_wise once the replicated tables "
-        "and state would take more than half of pools.training.memory, else replicated. A model that does not "
-        "fit pools.training.memory is refused before training, naming the sharding and group that would fit.",
+        description="How a group of trainers (pools.training.replicas > 1) keeps the built-in embedding tables "
+        "and their optimiser state: `replicated` (every trainer holds every row), `row_wise` (each holds 1/N of "
+        "every table's rows) or `auto` (row_wise once replicated tables would take more than half of "
+        "pools.training.memory; docs/training.md, 'Sharded tables').",
     )
     embedding_optimizer: Literal["adam", "row_wise_adagrad"] = Field(
         default="adam",
-        description="The embedding tables' optimiser: adam -- lazy Adam, two moments a value (the tables' state "
-        "is twice the tables); row_wise_adagrad -- Adagrad with one accumulated squared gradient a row (FBGEMM's "
-        "and TorchRec's fused row-wise optimiser: the state is 1/dim of the table). The dense parameters "
-        "always take Adam.",
+        description="The embedding tables' optimiser: `adam` (lazy Adam, state twice the table) or "
+        "`row_wise_adagrad` (row-wise Adagrad as FBGEMM and TorchRec fuse it: one accumulated squared gradient per "
+        "row, state 1/dim of the table). Dense parameters always use Adam.",
     )
 
     priority_weights: object = Field(
         default=None,
         exclude=True,
-        description="Removed: w_i of the mixture prioritisation is dataset.streams[].weight.",
+        description="Removed (an error if set): w_i of the mixture prioritisation is each stream's "
+        "dataset.streams[].weight.",
     )
 
     @field_validator("priority_weights")
@@ -572,8 +753,15 @@ class TrainingSpec(StrictModel):
 class TrackingSpec(StrictModel):
     """MLflow tracking; default: SQLite store and local artifacts under the project home."""
 
-    tracking_uri: str | None = None
-    experiment: str = "primus"
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI: sqlite:///PATH, file:///PATH, an http(s):// MLflow server or a database "
+        "URI; default: a SQLite store under `$PRIMUS_HOME/mlflow`.",
+    )
+    experiment: str = Field(
+        default="primus",
+        description="MLflow experiment the job's runs, metrics and checkpoints are logged to.",
+    )
 
 
 _OWNER = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+|team:[A-Za-z0-9_.-]+")
@@ -586,15 +774,33 @@ class JobSpec(StrictModel):
     name: str = Field(
         pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
         max_length=53,
-        description="DNS-1123 label (used for pods and runs).",
+        description="The job's name: a DNS-1123 label (lowercase letters, digits and `-`), used for its runs, "
+        "pods, Dagster assets and MLflow run keys.",
     )
-    pools: PoolsSpec = Field(default_factory=PoolsSpec)
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    data: DataPlaneSpec = Field(default_factory=DataPlaneSpec)
-    dataset: DatasetSpec
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
-    automation: AutomationSpec = Field(default_factory=AutomationSpec)
+    pools: PoolsSpec = Field(
+        default_factory=PoolsSpec,
+        description="The executor pools: where the data executors and trainers run, how many, and their resources.",
+    )
+    scaling: ScalingSpec = Field(
+        default_factory=ScalingSpec,
+        description="How the data pool grows, shrinks and resizes its executors while a run goes on.",
+    )
+    data: DataPlaneSpec = Field(
+        default_factory=DataPlaneSpec,
+        description="How the data plane plans read tasks, hands them out, retries and buffers them.",
+    )
+    dataset: DatasetSpec = Field(description="The job's input: its streams of sources, from `start` on.")
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec,
+        description="How the model learns: mode, model, features, optimiser, checkpoints and checks.",
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Where runs, checkpoints and models are logged (MLflow)."
+    )
+    automation: AutomationSpec = Field(
+        default_factory=AutomationSpec,
+        description="How sensors turn new data into runs, and how training continues from partition to partition.",
+    )
     owners: list[str] = Field(
         default_factory=list,
         description="Who owns the job's assets: e-mail addresses or team:<name> (Dagster asset owners; the "

@@ -157,8 +157,10 @@ REPAIRS: dict[str, str] = {
 
 
 class QualityPolicy(StrictModel):
-    """What happens to rows that break a data-quality rule: ``repair`` (see :data:`REPAIRS`), ``drop``
-    or ``fail`` (the read task fails at once, naming file and column; never retried).
+    """What happens to rows that break a data-quality rule: ``repair``, ``drop`` or ``fail``, per rule.
+
+    ``repair`` does what :data:`REPAIRS` names; ``fail`` fails the read task at once, naming file and
+    column (never retried).
 
     Rules: ``dense_invalid`` (a dense value is NaN, +-inf or null), ``null_label`` (only with a
     mapped label column; default: ``drop`` for a batch source, ``repair`` for a stream source, whose
@@ -172,15 +174,26 @@ class QualityPolicy(StrictModel):
         quality: {dense_invalid: fail, null_label: repair, ts_outside_partition: drop}
     """
 
-    dense_invalid: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['dense_invalid']}.")
+    dense_invalid: QualityAction = Field(
+        default="repair",
+        description=f"A dense value is NaN, +-inf or null. repair: {REPAIRS['dense_invalid']}.",
+    )
     null_label: QualityAction | None = Field(
-        default=None, description=f"repair: {REPAIRS['null_label']}; default: drop (batch), repair (stream)."
+        default=None,
+        description=f"The mapped label is null. repair: {REPAIRS['null_label']}; default: drop for a batch "
+        "source, repair for a stream source.",
     )
-    null_ts: QualityAction = Field(default="drop", description=f"repair: {REPAIRS['null_ts']}.")
+    null_ts: QualityAction = Field(default="drop", description=f"The event time is null. repair: {REPAIRS['null_ts']}.")
     ts_outside_partition: QualityAction = Field(
-        default="repair", description=f"repair: {REPAIRS['ts_outside_partition']}."
+        default="repair",
+        description=f"The event time lies outside the partition the row was read for (not checked for live Kafka "
+        f"tails). repair: {REPAIRS['ts_outside_partition']}.",
     )
-    bad_id: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['bad_id']}.")
+    bad_id: QualityAction = Field(
+        default="repair",
+        description=f"A sparse or sample id does not convert to int64 (null, NaN, not whole, out of range). "
+        f"repair: {REPAIRS['bad_id']}.",
+    )
 
     def actions(self, kind: str) -> dict[str, QualityAction]:
         """Every rule's action for a source of ``kind`` (``batch``/``stream``), defaults filled in.
@@ -194,10 +207,17 @@ class QualityPolicy(StrictModel):
 
 
 class KafkaQualityPolicy(QualityPolicy):
-    """:class:`QualityPolicy` plus ``missing_field``: a JSON record without (or with null) a mapped dense,
-    sparse or id field (a missing label is ``null_label``; a missing ``ts`` takes the record timestamp)."""
+    """The data-quality policy of a Kafka source: the rules of every source plus ``missing_field``.
 
-    missing_field: QualityAction = Field(default="repair", description=f"repair: {REPAIRS['missing_field']}.")
+    ``missing_field``: a JSON record without (or with null) a mapped dense, sparse or id field (a missing
+    label is ``null_label``; a missing ``ts`` takes the record timestamp).
+    """
+
+    missing_field: QualityAction = Field(
+        default="repair",
+        description=f"A JSON record lacks a mapped dense, sparse or id field, or has it null. repair: "
+        f"{REPAIRS['missing_field']}.",
+    )
 
 
 _GRANULARITY = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
@@ -308,15 +328,40 @@ def _refuse_outside(
 
 
 class _SourceBase(StrictModel):
-    name: str = Field(pattern=_NAME_RE, max_length=128, description="Unique source name; also the Dagster asset name.")
-    kind: Literal["batch", "stream"] = Field(default="batch", description="Which training queue it feeds.")
-    granularity: Literal["hour", "day"] = Field(default="hour", description="Time partitioning of the source.")
-    label_delay: NonNegativeDuration = Field(
-        default=duration_default("0s"), description="How long after event time the labels in this source are complete."
+    """The keys every source has, whatever its ``type``."""
+
+    name: str = Field(
+        pattern=_NAME_RE,
+        max_length=128,
+        description="Unique source name (letters, digits, `_`); also the name of its Dagster asset.",
     )
-    columns: ColumnMapping
-    allow_empty: bool = Field(default=False, description="An empty ready partition is valid (otherwise an error).")
-    batch_rows: int = Field(default=65536, gt=0, le=4_194_304, description="Rows per Arrow record batch on read.")
+    kind: Literal["batch", "stream"] = Field(
+        default="batch",
+        description="Which training queue it feeds: `batch` (delayed, complete labels; MTRM's memory tower) or "
+        "`stream` (fresh data; MTRM's adapt tower).",
+    )
+    granularity: Literal["hour", "day"] = Field(
+        default="hour",
+        description="Time partitioning of the source and of its Dagster asset: hourly or daily partitions.",
+    )
+    label_delay: NonNegativeDuration = Field(
+        default=duration_default("0s"),
+        description="How long after a partition's end its labels are complete (a duration: `15m`, `24h`); a batch "
+        "partition feeds only the training windows that end after that.",
+    )
+    columns: ColumnMapping = Field(
+        description="How the source's native columns map onto the canonical sample schema (ts, label, id, "
+        "dense, sparse, lists)."
+    )
+    allow_empty: bool = Field(
+        default=False, description="An empty ready partition is valid; false: it is reported as an error."
+    )
+    batch_rows: int = Field(
+        default=65536,
+        gt=0,
+        le=4_194_304,
+        description="Rows per record batch read and normalised (batches run across the files of a pack).",
+    )
     quality: QualityPolicy = Field(
         default_factory=QualityPolicy, description="Data-quality policy: repair, drop or fail, per rule."
     )
@@ -347,11 +392,11 @@ class _SourceBase(StrictModel):
 class ParquetSourceSpec(_SourceBase):
     """Parquet files on any fsspec filesystem, one directory per hour or day."""
 
-    type: Literal["parquet"]
+    type: Literal["parquet"] = Field(description="Selects this source type: Parquet files.")
     path: str = Field(
-        description="Root directory or fsspec URL; a relative path resolves inside the data root (no `..` out of "
-        "it, no symlink out of it when listed). An absolute path or file:/// URI is the explicit opt-out: used as "
-        "it is, its listed files must stay inside it; object-store URLs are used as they are."
+        description="Root directory or fsspec URL of the partition directories. A relative path resolves inside "
+        "the data root and may not leave it (`..`, symlinks); an absolute path, file:/// URI or object-store URL "
+        "is used as it is."
     )
     layout: Literal["hive", "template"] = Field(
         default="hive", description="hive: dt=YYYY-MM-DD/hour=HH; template: see `template`."
@@ -367,8 +412,18 @@ class ParquetSourceSpec(_SourceBase):
     split_row_groups: bool = Field(
         default=False, description="Split files into row-group ranges of about target_task_bytes (reads footers)."
     )
-    target_task_bytes: int = Field(default=128 * 2**20, gt=0, le=2**40)
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    target_task_bytes: int = Field(
+        default=128 * 2**20,
+        gt=0,
+        le=2**40,
+        description="With split_row_groups: a file larger than this many bytes is read as row-group ranges of "
+        "about this size.",
+    )
+    storage_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="fsspec filesystem options (e.g. object-store credentials); the values are never shown in "
+        "messages or metadata.",
+    )
 
     @field_validator("path")
     @classmethod
@@ -403,15 +458,20 @@ class ParquetSourceSpec(_SourceBase):
 class DeltaSourceSpec(_SourceBase):
     """A Delta Lake table partitioned by a date column (and an hour column for hourly data)."""
 
-    type: Literal["delta"]
+    type: Literal["delta"] = Field(description="Selects this source type: a Delta Lake table.")
     uri: str = Field(
-        description="Table location: a path inside the data root (no `..` out of it, no symlink out of it when "
-        "listed), or the explicit opt-out: an absolute path or file:/// URI (its data files must stay inside it), "
-        "or an object-store URI."
+        description="Table location. A relative path resolves inside the data root and may not leave it (`..`, "
+        "symlinks); an absolute path, file:/// URI or object-store URI is used as it is."
     )
-    date_column: str = Field(default="dt", description="Partition column holding YYYY-MM-DD.")
-    hour_column: str | None = Field(default="hour", description="Partition column holding the hour (0-23).")
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    date_column: str = Field(default="dt", description="Partition column holding the date, YYYY-MM-DD.")
+    hour_column: str | None = Field(
+        default="hour", description="Partition column holding the hour (0-23); required for an hourly source."
+    )
+    storage_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="delta-rs storage options (e.g. object-store credentials); the values are never shown in "
+        "messages or metadata.",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -428,17 +488,20 @@ class DeltaSourceSpec(_SourceBase):
 class IcebergCatalogSpec(StrictModel):
     """pyiceberg catalog properties; the default is a SqlCatalog on SQLite with a file warehouse."""
 
-    name: str = "primus"
-    uri: str | None = Field(default=None, description="Catalog URI; default sqlite:///<data root>/iceberg/catalog.db.")
+    name: str = Field(
+        default="primus",
+        description="Name of the pyiceberg catalog: the SqlCatalog's, or the one loaded for another `type` property.",
+    )
+    uri: str | None = Field(default=None, description="Catalog URI; default: sqlite:///<data root>/iceberg/catalog.db.")
     warehouse: str | None = Field(
         default=None,
-        description="Warehouse location: a path inside the data root (no `..`; its data files may not leave the "
-        "data root, symlinks included), or the explicit opt-out: an absolute path or file:/// URI (data files must "
-        "stay inside it), or an object-store URL; default <data root>/iceberg/warehouse.",
+        description="Warehouse location: a relative path inside the data root (no `..` or symlinks out of it), or "
+        "an absolute path, file:/// URI or object-store URL used as it is; default: <data root>/iceberg/warehouse.",
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra catalog properties (type, credentials); a `warehouse` here replaces `warehouse`.",
+        description="Extra pyiceberg catalog properties (`type`: rest, glue, hive, ...; credentials), never "
+        "shown; a `warehouse` here replaces `warehouse`.",
     )
 
     def warehouse_location(self) -> str | None:
@@ -449,9 +512,12 @@ class IcebergCatalogSpec(StrictModel):
 class IcebergSourceSpec(_SourceBase):
     """An Iceberg table partitioned by hour(ts) or day(ts); partitions come from the scan plan."""
 
-    type: Literal["iceberg"]
-    table: str = Field(pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$", description="namespace.table")
-    catalog: IcebergCatalogSpec = Field(default_factory=IcebergCatalogSpec)
+    type: Literal["iceberg"] = Field(description="Selects this source type: an Iceberg table.")
+    table: str = Field(pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$", description="Table identifier: `namespace.table`.")
+    catalog: IcebergCatalogSpec = Field(
+        default_factory=IcebergCatalogSpec,
+        description="The catalog holding the table; default: a SqlCatalog on SQLite under the data root.",
+    )
 
     @field_validator("catalog")
     @classmethod
@@ -491,10 +557,12 @@ class KafkaSecuritySpec(StrictModel):
     """
 
     security_protocol: SecurityProtocol = Field(
-        default="PLAINTEXT", description="PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL."
+        default="PLAINTEXT",
+        description="How clients talk to the brokers: in plain text, over TLS (`SSL`), with SASL authentication, "
+        "or both (`SASL_SSL`).",
     )
     sasl_mechanism: SaslMechanism | None = Field(
-        default=None, description="PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (required with SASL_*)."
+        default=None, description="SASL mechanism; required with the SASL_* protocols, an error without them."
     )
     sasl_username: str | None = Field(default=None, min_length=1, max_length=1024, description="SASL user name.")
     sasl_password_env: str | None = Field(
@@ -592,8 +660,9 @@ def _avro_schema(value: object, key: str, source: object) -> object:
 
 
 class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
-    """A Kafka topic of JSON (default) or Avro records; partitions are per topic-partition offset ranges. The
-    security keys (``security_protocol``, ``sasl_*``, ``ssl_*``) are those of :class:`KafkaSecuritySpec`.
+    """A Kafka topic of JSON (default) or Avro records; partitions are per topic-partition offset ranges.
+
+    The security keys (``security_protocol``, ``sasl_*``, ``ssl_*``) are those of :class:`KafkaSecuritySpec`.
 
     ``format: avro`` takes the writer schema either inline (``avro_schema``: each value is the bare Avro
     body) or from a Confluent Schema Registry (``schema_registry_url``: each value is the wire format,
@@ -608,19 +677,28 @@ class KafkaSourceSpec(_SourceBase, KafkaSecuritySpec):
         avro_reader_schema: {type: record, name: Event, fields: [{name: event_time, type: long}, ...]}
     """
 
-    type: Literal["kafka"]
-    topic: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    type: Literal["kafka"] = Field(description="Selects this source type: a Kafka topic.")
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]+$", description="The Kafka topic the source reads.")
     quality: KafkaQualityPolicy = Field(
-        default_factory=KafkaQualityPolicy, description="Data-quality policy (with missing_field), per rule."
+        default_factory=KafkaQualityPolicy,
+        description="Data-quality policy: repair, drop or fail, per rule (with missing_field for JSON records).",
     )
     bootstrap_servers: str | None = Field(
-        default=None, description="host:port list; default: the Kafka resource (or the embedded broker)."
+        default=None,
+        description="Comma-separated host:port list of brokers; default: the Kafka resource's (or the embedded "
+        "broker).",
     )
     max_records_per_task: int = Field(
-        default=200_000, gt=0, le=2**40, description="Offset ranges are split to this size."
+        default=200_000,
+        gt=0,
+        le=2**40,
+        description="Records per read task: a partition's offset range is split into tasks of at most this many.",
     )
     poll_max_bytes: int = Field(
-        default=16 * 2**20, gt=0, le=2**31 - 1, description="fetch_max_bytes for the consumer (a Kafka int32)."
+        default=16 * 2**20,
+        gt=0,
+        le=2**31 - 1,
+        description="The consumer's fetch_max_bytes: the most bytes one fetch returns.",
     )
     fetcher: Literal["confluent-kafka", "kafka-python"] = Field(
         default="confluent-kafka",

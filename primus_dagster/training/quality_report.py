@@ -95,7 +95,7 @@ def record_quality(run: TrainingRun, phase: Phase, driver: DataDriver, step: int
         log.warning(
             "data quality, phase %s: %s%s",
             phase.name,
-            quality_summary(dataset.source(name), counts),
+            quality_summary(dataset.source(name), counts, quality["columns"].get(name)),
             f" -- {where}" if where else "",
         )
     # every rule of every source the phase read, zeros included: "0 repaired" is a measurement, not a gap

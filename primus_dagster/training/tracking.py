@@ -53,6 +53,7 @@ from mlflow.types.schema import Array, ColSpec, DataType
 from primus_dagster.paths import primus_home
 from primus_dagster.spec.job import ModelSpec
 from primus_dagster.training.checkpoint import (
+    DISK_FULL_ERRNOS,
     CheckpointError,
     checkpoint_files,
     checkpoint_name,
@@ -94,6 +95,43 @@ def _without_pickle_warning() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
+class _StoreErrorOneLineFilter(logging.Filter):
+    """MLflow's SQL store logs every database error it re-raises with the whole chained traceback (six
+    frames deep for one full disk); the error itself still reaches the caller. A full store is dropped
+    here (the caller names it in one line: :func:`store_full_reason`); any other keeps one line: the
+    record's first line and the error's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None:
+            return True
+        if store_full_reason(error) is not None:
+            return False
+        head = record.getMessage().strip().splitlines()[:1]
+        cause = [line for line in str(error).strip().splitlines() if line.strip()][:1]
+        record.msg, record.args = " ".join(head + cause), None
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_StoreErrorOneLineFilter())
+
+
+def store_full_reason(exc: BaseException) -> str | None:
+    """The reason when ``exc`` (or what it was raised from) is a full disk under the MLflow store: a SQL
+    store's "database or disk is full", or ``ENOSPC`` / ``EDQUOT``; else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if "database or disk is full" in str(current):
+            return "database or disk is full"
+        if isinstance(current, OSError) and current.errno is not None and current.errno in DISK_FULL_ERRNOS:
+            return os.strerror(current.errno)
+        current = current.__cause__ or current.__context__
+    return None
+
+
 RUN_KEY_TAG = "primus.run_key"
 RUN_KIND_TAG = "primus.run_kind"  # "window": a planned window (a training partition); "live": a stream increment
 # The MLflow UI opens an experiment on its GenAI traces page unless it is marked as model development.
@@ -123,6 +161,18 @@ def _artifact_root(tracking_uri: str) -> str | None:
     root = Path(db).absolute().parent / "artifacts"
     root.mkdir(parents=True, exist_ok=True)
     return str(root)
+
+
+def local_store_folders(tracking_uri: str | None) -> list[Path]:
+    """The local folders an MLflow store writes to (a sqlite store's database folder and its artifacts,
+    a file store's root); none for a server. A full disk there is named by them."""
+    uri = tracking_uri or f"sqlite:///{primus_home() / 'mlflow' / 'mlflow.db'}"
+    if uri.startswith("sqlite:///"):
+        db = uri[len("sqlite:///") :].split("?", 1)[0]
+        return [] if not db or db == ":memory:" else [Path(db).absolute().parent]
+    if uri.startswith("file://"):
+        return [Path(uri[len("file://") :]).absolute()]
+    return [] if "://" in uri else [Path(uri).absolute()]
 
 
 @contextmanager

@@ -80,6 +80,8 @@ def test_counts_per_rule_and_file_arrive_at_the_driver(tmp_path: Path) -> None:
     ((task_id, per_task),) = counts["by_task"].items()
     assert task_id.endswith(str(bad)) and per_task == expected
     assert counts["by_location"] == {"src": {rule: {str(bad): n} for rule, n in expected.items()}}  # the file named
+    columns = {"dense_invalid": ["d0"], "null_label": ["click"], "ts_outside_partition": ["event_time"]}
+    assert counts["columns"] == {"src": columns}  # and the native columns whose values broke each rule
     assert driver.status()["quality"] == expected and driver.status()["done"]
     consumed = [b.batch_id for b in batches]
     assert not any(driver.claim_many("trainer-0", consumed))  # claimed as they were served

@@ -8,6 +8,7 @@ import errno
 import os
 import pickle
 import shutil
+import subprocess
 from collections import namedtuple
 from pathlib import Path
 
@@ -147,3 +148,40 @@ def test_train_on_a_full_disk_exits_1_with_one_error_line_and_then_resumes(
 
     monkeypatch.undo()
     assert main(argv) == 0, capsys.readouterr().err[-3000:]
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path: Path):
+    """A real 600 KiB tmpfs (smaller than MLflow's empty SQLite schema): needs root and ``mount``; elsewhere
+    the test is skipped, naming why."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, timeout=30)
+
+
+def test_train_with_its_mlflow_store_on_a_full_disk_is_one_error_line_naming_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_filesystem: Path
+) -> None:
+    """The SQLite store of ``--tracking-uri`` lies on a filesystem too small for it: MLflow's SQL store fails
+    with "database or disk is full" (logging the chained traceback itself). ``train`` says it in one line,
+    naming the store and the free space there, first; exit 1, no traceback."""
+    from primus_dagster.cli import main
+
+    env = make_job(tmp_path / "job", mode="batch", model="single", hours=1, rows_per_hour=600)
+    uri = f"sqlite:///{tiny_filesystem / 'mlflow.db'}"
+    argv = ["train", str(env["job_path"]), "--data-root", str(env["root"]), "--hours", "1", "--tracking-uri", uri]
+
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    (error,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert error.startswith(f"error: writing to {uri} failed: database or disk is full; ")
+    assert f"free on {tiny_filesystem} (the MLflow store)" in error.split(", ")[0]

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 
 
 def spoil(path: Path) -> None:
-    """Dense NaN in row 0 and +inf in row 1 (d2), null labels in rows 2-4, row 5 one hour late."""
+    """Dense NaN in row 0 and +inf in row 1 (d2), null labels in rows 2-4, row 5 one hour late, a fractional
+    item id in row 6 (the column written as floats, as a team's export may)."""
     table = pq.read_table(path)
     d2 = table.column("d2").to_numpy().copy()
     d2[0], d2[1] = np.nan, np.inf
@@ -31,7 +32,10 @@ def spoil(path: Path) -> None:
     click[2:5] = [None] * 3
     ts = table.column("event_time").to_pylist()
     ts[5] += timedelta(hours=1)
-    for name, values in (("d2", pa.array(d2)), ("click", pa.array(click, pa.int32())), ("event_time", pa.array(ts))):
+    item = table.column("item_id").to_numpy().astype(np.float64)
+    item[6] = 2.5
+    spoiled = {"d2": pa.array(d2), "click": pa.array(click, pa.int32()), "event_time": pa.array(ts)}
+    for name, values in {**spoiled, "item_id": pa.array(item)}.items():
         table = table.set_column(table.schema.get_field_index(name), name, values)
     pq.write_table(table, path)
 
@@ -45,10 +49,10 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
         result = train_window(
             TrainingRequest(job, env["job_path"], env["root"], env["window"], executors=1, evaluate=False)
         )
-    expected = {"dense_invalid": 2, "null_label": 3, "ts_outside_partition": 1}
+    expected = {"bad_id": 1, "dense_invalid": 2, "null_label": 3, "ts_outside_partition": 1}
     assert result.data_quality == {"imp": expected}
     meta = result.metadata()
-    assert meta["data_quality"] == {"imp": expected} and meta["data_quality_rows"] == 6
+    assert meta["data_quality"] == {"imp": expected} and meta["data_quality_rows"] == 7
     rows = sum(pq.read_metadata(f).num_rows for f in bad.parent.glob("*.parquet"))
     assert result.stats["samples"] == rows - 3  # the batch source's null labels are dropped
     run = mlflow.MlflowClient(env["job"].tracking.tracking_uri).get_run(result.run_id)
@@ -59,8 +63,13 @@ def test_quality_counts_reach_result_metadata_mlflow_and_log(tmp_path: Path, cap
         f"data_quality.imp.{rule}": float(expected.get(rule, 0)) for rule in QUALITY_RULES
     }
     line = next(r.getMessage() for r in caplog.records if "data quality" in r.getMessage())
-    assert "imp: 2 rows dense_invalid (repaired: NaN, +-inf or null dense values -> missing, the feature's fill" in line
-    assert "3 rows null_label (dropped)" in line
+    assert (
+        "imp: 1 row bad_id" in line
+        and "2 rows dense_invalid in column d2 (repaired: NaN, +-inf or null dense values -> missing, the feature's fill"
+        in line
+    )
+    assert "3 rows null_label in column click (dropped)" in line
+    assert "1 row bad_id in column item_id (repaired: sparse id -> 0" in line  # each repair names its column
     assert f"dense_invalid in {bad}: 2 rows" in line  # the file is named
     assert meta["data_quality_where"] == {"imp": {rule: [f"{bad}: {n} rows"] for rule, n in expected.items()}}
 

@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from primus_dagster.data.driver.api import Completion, ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.driver.api import Completion, ExecutorReport, Lease, MemberFailure, quality_columns_from_dict
 from primus_dagster.data.driver.task_record import DataAbortedError, DataFailedError
 from primus_dagster.data.tasks import BatchId, DataTask
 
@@ -103,13 +103,16 @@ def completion_to_dict(done: Completion) -> dict[str, Any]:
         out["quality"] = done.quality
     if done.places:
         out["places"] = done.places
+    if done.quality_columns:
+        out["quality_columns"] = done.quality_columns
     return out
 
 
 def completion_from_dict(data: dict[str, Any]) -> Completion:
     quality = {str(rule): int(n) for rule, n in dict(data["quality"]).items()} if data.get("quality") else None
     places = places_from_dict(data["places"]) if data.get("places") else None
-    return Completion(str(data["task_id"]), int(data["rows"]), int(data["batches"]), quality, places)
+    columns = quality_columns_from_dict(data["quality_columns"]) if data.get("quality_columns") else None
+    return Completion(str(data["task_id"]), int(data["rows"]), int(data["batches"]), quality, places, columns)
 
 
 def member_to_dict(member: MemberFailure) -> dict[str, Any]:

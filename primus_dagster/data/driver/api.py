@@ -50,6 +50,12 @@ class Completion:
     batches: int
     quality: dict[str, int] | None = None
     places: dict[str, dict[str, int]] | None = None
+    quality_columns: dict[str, list[str]] | None = None  # rule -> the native columns whose values broke it
+
+
+def quality_columns_from_dict(data: dict[str, Any]) -> dict[str, list[str]]:
+    """``{rule: [native column]}`` from its JSON form (a completion, a snapshot)."""
+    return {str(rule): [str(column) for column in columns] for rule, columns in dict(data).items()}
 
 
 #: Prefix of the heartbeat metrics ``buffered_rows.<kind>``: rows of that kind in the executor's serving buffers.
@@ -83,12 +89,14 @@ class DriverAPI(Protocol):
         batches: int,
         quality: dict[str, int] | None = None,
         places: dict[str, dict[str, int]] | None = None,
+        quality_columns: dict[str, list[str]] | None = None,
     ) -> None:
         """The executor has served every batch of the task. ``rows`` / ``batches`` count the task's
         WHOLE output, including the batches skipped because they were in ``Lease.claimed_rows``
         (the driver uses them to decide, at a barrier, whether every batch was consumed);
         ``quality``: its rows touched per data-quality rule (repaired, dropped), summed by the driver;
-        ``places``: the same per file of a pack (``{uri: {rule: rows}}``)."""
+        ``places``: the same per file of a pack (``{uri: {rule: rows}}``); ``quality_columns``: the native
+        columns whose values broke each rule (``{rule: [column]}``)."""
 
     def fail(
         self, executor_id: str, task_id: str, error: str, retryable: bool = True, member: MemberFailure | None = None

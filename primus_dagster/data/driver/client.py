@@ -117,12 +117,15 @@ class DriverClient:
         batches: int,
         quality: dict[str, int] | None = None,
         places: dict[str, dict[str, int]] | None = None,
+        quality_columns: dict[str, list[str]] | None = None,
     ) -> None:
         body: dict[str, Any] = {"executor_id": executor_id, "task_id": task_id, "rows": rows, "batches": batches}
         if quality:
             body["quality"] = quality
         if places:
             body["places"] = places
+        if quality_columns:
+            body["quality_columns"] = quality_columns
         self.call("complete", body)
 
     def fail(

@@ -38,6 +38,7 @@ from primus_dagster.data.driver.actions import (
     report_from_dict,
     report_to_dict,
 )
+from primus_dagster.data.driver.api import quality_columns_from_dict
 from primus_dagster.data.driver.client import DriverClient, DriverUnavailableError
 from primus_dagster.data.driver.state import DataDriver
 from primus_dagster.data.driver.task_record import DataFailedError
@@ -62,7 +63,7 @@ def _quality(counts: Any) -> dict[str, int] | None:
 
 
 def _complete(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]:
-    places = body.get("places")
+    places, columns = body.get("places"), body.get("quality_columns")
     driver.complete(
         body["executor_id"],
         body["task_id"],
@@ -70,6 +71,7 @@ def _complete(driver: DataDriver, body: dict[str, Any]) -> dict[str, Any]:
         int(body["batches"]),
         _quality(body.get("quality")),
         places_from_dict(places) if places else None,
+        quality_columns_from_dict(columns) if columns else None,
     )
     return {}
 

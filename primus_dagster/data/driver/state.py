@@ -35,7 +35,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from primus_dagster.data.driver.api import BUFFERED_ROWS, Completion, ExecutorReport, Lease, MemberFailure
+from primus_dagster.data.driver.api import (
+    BUFFERED_ROWS,
+    Completion,
+    ExecutorReport,
+    Lease,
+    MemberFailure,
+    quality_columns_from_dict,
+)
 from primus_dagster.data.driver.barrier import BarrierTracker
 from primus_dagster.data.driver.delivery import DeliveryWatch
 from primus_dagster.data.driver.snapshot import read_snapshot, save_snapshot
@@ -173,6 +180,7 @@ class DataDriver:
         self._aborted: str | None = None
         self._quality: dict[str, dict[str, int]] = {}  # succeeded task -> rows touched per data-quality rule
         self._quality_places: dict[str, dict[str, dict[str, int]]] = {}  # a succeeded pack's, per file
+        self._quality_columns: dict[str, dict[str, list[str]]] = {}  # succeeded task -> rule -> native columns
         self._quality_total: Counter[str] = Counter()
         self._stats = {
             "rows": 0,
@@ -330,7 +338,9 @@ class DataDriver:
         """Up to ``max_tasks`` tasks in chronological order, now running for ``executor_id``; the tasks in
         ``completed`` are completed first (:meth:`complete`: an executor's finished task rides with its next lease)."""
         for done in completed:
-            self.complete(executor_id, done.task_id, done.rows, done.batches, done.quality, done.places)
+            self.complete(
+                executor_id, done.task_id, done.rows, done.batches, done.quality, done.places, done.quality_columns
+            )
         report = self._executors.get(executor_id, (ExecutorReport(executor_id, ""), 0.0))[0]
         self._executors[executor_id] = (report, self._clock())  # seen (alive) now
         if self._tasks_failed():
@@ -398,10 +408,12 @@ class DataDriver:
         batches: int,
         quality: dict[str, int] | None = None,
         places: dict[str, dict[str, int]] | None = None,
+        quality_columns: dict[str, list[str]] | None = None,
     ) -> None:
         """The task's output is fully served; ``rows``/``batches`` count its WHOLE output, batches
         skipped because they were already claimed included; ``quality``: its rows touched per
-        data-quality rule (see :meth:`quality_counts`), ``places``: the same per file of a pack. A late
+        data-quality rule (see :meth:`quality_counts`), ``places``: the same per file of a pack,
+        ``quality_columns``: the native columns whose values broke each rule. A late
         completion by an executor that lost the lease is accepted too (same deterministic output); one
         for a failed task is ignored."""
         rec = self._get(task_id)
@@ -423,6 +435,8 @@ class DataDriver:
             self._quality_total.update(self._quality[task_id])
         if places:
             self._quality_places[task_id] = _places(places)
+        if quality_columns:
+            self._quality_columns[task_id] = quality_columns_from_dict(quality_columns)
         self._delivery.completed(executor_id, task_id, _count(rec.claimed), rec.batches, self._clock())
 
     def _reopen_undelivered(self, now: float) -> list[str]:
@@ -457,6 +471,7 @@ class DataDriver:
         stats["rows"], stats["batches"] = stats["rows"] - rec.rows, stats["batches"] - rec.batches
         self._quality_total.subtract(self._quality.pop(rec.task.task_id, {}))
         self._quality_places.pop(rec.task.task_id, None)
+        self._quality_columns.pop(rec.task.task_id, None)
         if failure:
             self._retry_or_fail(rec, error)
             return
@@ -703,6 +718,7 @@ class DataDriver:
             "tasks": [rec.to_snapshot() for rec in self._tasks.values()],
             "quality": {task_id: dict(counts) for task_id, counts in self._quality.items()},
             "quality_places": {task_id: _places(places) for task_id, places in self._quality_places.items()},
+            "quality_columns": {task_id: dict(columns) for task_id, columns in self._quality_columns.items()},
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -734,6 +750,9 @@ class DataDriver:
         for task_id, places in (snapshot.get("quality_places") or {}).items():
             if task_id in driver._quality:
                 driver._quality_places[task_id] = _places(places)
+        for task_id, columns in (snapshot.get("quality_columns") or {}).items():
+            if task_id in driver._quality:
+                driver._quality_columns[task_id] = quality_columns_from_dict(columns)
         barrier_id = snapshot.get("barrier_id")
         driver._barriers.keep(barrier_id, snapshot if barrier_id is not None else None)
         return driver
@@ -810,7 +829,7 @@ class DataDriver:
     def quality_counts(self, offset_sources: Collection[str] = ()) -> dict[str, Any]:
         """Rows the succeeded tasks touched per data-quality rule (repaired or dropped):
         ``{"total": {rule: rows}, "by_source": {source: {rule: rows}}, "by_task": {task_id: {rule: rows}},
-        "by_location": {source: {rule: {where: rows}}}}``; ``where`` names the file (and row groups of a split
+        "by_location": {source: {rule: {where: rows}}}, "columns": {source: {rule: [native column]}}}``; ``where`` names the file (and row groups of a split
         one), or for the sources in ``offset_sources`` (Kafka) the topic, partition and offset range.
 
         >>> driver.quality_counts(offset_sources={"clicks"})["by_location"]  # doctest: +SKIP
@@ -819,9 +838,12 @@ class DataDriver:
         with self._lock:
             by_source: dict[str, Counter[str]] = {}
             by_location: dict[str, dict[str, Counter[str]]] = {}
+            columns: dict[str, dict[str, set[str]]] = {}
             for task_id, counts in self._quality.items():
                 read = self._tasks[task_id].task.read
                 by_source.setdefault(read.source, Counter()).update(counts)
+                for rule, names in self._quality_columns.get(task_id, {}).items():
+                    columns.setdefault(read.source, {}).setdefault(rule, set()).update(names)
                 rules = by_location.setdefault(read.source, {})
                 places = self._quality_places.get(task_id) or {
                     read_location(read, offsets=read.source in offset_sources): counts
@@ -837,6 +859,10 @@ class DataDriver:
                 "by_location": {
                     name: {rule: dict(sorted(c.items())) for rule, c in sorted(rules.items())}
                     for name, rules in sorted(by_location.items())
+                },
+                "columns": {
+                    name: {rule: sorted(names) for rule, names in sorted(rules.items())}
+                    for name, rules in sorted(columns.items())
                 },
             }
 

@@ -64,6 +64,7 @@ class _TaskRun:
     finished: bool = False  # complete/fail sent (or abandoned)
     quality: dict[str, int] = field(default_factory=dict)  # rows touched per data-quality rule
     places: dict[str, dict[str, int]] = field(default_factory=dict)  # the same per file of a pack
+    quality_columns: dict[str, list[str]] = field(default_factory=dict)  # rule -> native columns that broke it
 
 
 @dataclass
@@ -416,6 +417,7 @@ class DataExecutor:
                     self.counters.batches_read += 1
             run.rows = first
             adapter = adapter_for(task.read.source)
+            run.quality_columns = adapter.normalize.broken_columns()
             run.quality = adapter.normalize.take()
             if task.read.members:
                 places = adapter.last_read_stats.get("quality_places") or {}
@@ -470,7 +472,14 @@ class DataExecutor:
             run.finished = True
             self._tasks.pop(run.lease.task.task_id, None)
             self.counters.tasks_completed += 1
-        done = Completion(run.lease.task.task_id, run.rows, run.batches, run.quality or None, run.places or None)
+        done = Completion(
+            run.lease.task.task_id,
+            run.rows,
+            run.batches,
+            run.quality or None,
+            run.places or None,
+            run.quality_columns or None,
+        )
         with self._lock:
             if self._reading and not self._stop.is_set():  # a runner leases again soon: it takes this along
                 self._completions.append((time.monotonic(), done))
@@ -479,14 +488,15 @@ class DataExecutor:
 
     def _complete(self, done: Completion) -> None:
         try:
-            if done.places:
-                self.driver.complete(
-                    self.executor_id, done.task_id, done.rows, done.batches, quality=done.quality, places=done.places
-                )
-            elif done.quality:
-                self.driver.complete(self.executor_id, done.task_id, done.rows, done.batches, quality=done.quality)
-            else:
-                self.driver.complete(self.executor_id, done.task_id, done.rows, done.batches)
+            # only what the task has: a driver implementing an older DriverAPI takes the positional four
+            extra: dict[str, Any] = {
+                "quality": done.quality,
+                "places": done.places,
+                "quality_columns": done.quality_columns,
+            }
+            self.driver.complete(
+                self.executor_id, done.task_id, done.rows, done.batches, **{k: v for k, v in extra.items() if v}
+            )
         except Exception as exc:  # the lease will expire; the re-run's batches are deduplicated by claims
             log.warning("%s: could not complete %s: %s", self.executor_id, done.task_id, exc)
 
