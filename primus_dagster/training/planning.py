@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -25,9 +25,11 @@ from primus_dagster.data import DataTask, NotReady, Planner, SourceContext, Time
 from primus_dagster.spec import (
     JobSpec,
     Span,
+    clip_to_dataset,
     complete_at,
     labels_complete,
     mode_kinds,
+    partition_starts,
     read_span,
     training_span_fed_by,
 )
@@ -69,19 +71,69 @@ def label_incomplete(job: JobSpec, tasks: list[DataTask], window: TimeWindow) ->
     return list(out.values())
 
 
+@dataclass(frozen=True)
+class EmptyPartition:
+    """A ready partition of a training window that held no rows: nothing to read (no data file, no Kafka
+    record; found when planning) or only files without rows (found when its phase ends)."""
+
+    source: str
+    partition: datetime
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"source": self.source, "partition": self.partition.isoformat(), "reason": self.reason}
+
+
+#: Why a ready partition with no task is empty.
+NOTHING_TO_READ = "nothing to read (no data file or record)"
+#: Why a partition whose tasks all served no row is empty.
+NO_ROWS = "its files hold no rows"
+
+
+def partitions_without_tasks(
+    job: JobSpec, window: TimeWindow, tasks: Collection[DataTask], left_out: Collection[NotReady]
+) -> list[EmptyPartition]:
+    """The partitions a training ``window`` reads (of the kinds its mode trains, inside the dataset) that
+    are ready -- not in ``left_out`` -- and got no task: empty. A join's right source is read by its left
+    source's tasks and never counts."""
+    planned = {(read.source, read.partition) for t in tasks for read in (t.read, *t.right_reads)}
+    planned |= {(n.source, n.partition) for n in left_out}
+    joined = {stream.join.right for stream in job.dataset.streams if stream.join is not None}
+    out = []
+    for kind in sorted(mode_kinds(job.training.mode)):
+        span = clip_to_dataset(job.dataset, read_span(job, kind, window))
+        if span is None:
+            continue
+        for _, source in job.dataset.all_sources():
+            if source.kind != kind or source.name in joined:
+                continue
+            for start in partition_starts(span, source.granularity):
+                if (source.name, start) not in planned:
+                    out.append(EmptyPartition(source.name, start, NOTHING_TO_READ))
+    return sorted(out, key=lambda e: (e.partition, e.source))
+
+
+def empty_partitions_line(empty: Collection[EmptyPartition], limit: int = 10) -> str:
+    """``src 2026-11-01T05:00, ... and N more`` for the run log."""
+    shown = ", ".join(f"{e.source} {e.partition:%Y-%m-%dT%H:%M}" for e in list(empty)[:limit])
+    return shown + (f" and {len(empty) - limit} more" if len(empty) > limit else "")
+
+
 def plan_training_tasks(
     job: JobSpec,
     context: SourceContext,
     window: TimeWindow,
     skipped: list[NotReady] | None = None,
     complete_window: bool = False,
+    empty: list[EmptyPartition] | None = None,
 ) -> list[DataTask]:
     """The tasks a training window reads (:func:`primus_dagster.spec.training_inputs`), in hand-out
     order: of the kinds the mode trains, the stream tasks of ``window`` and the batch tasks of ``window``
     shifted back by ``training.batch_lag`` (handed out beside the stream hours they feed), less the
     batch partitions whose labels are not complete by the window's end (:func:`label_incomplete`;
     counted in the log). Partitions not ready inside the window are skipped with a warning and appended
-    to ``skipped`` -- or, with ``complete_window``, raise :class:`IncompleteWindowError` naming them. Raises :class:`SourceUnavailableError` when a source the mode trains could not be
+    to ``skipped`` -- or, with ``complete_window``, raise :class:`IncompleteWindowError` naming them; ready
+    partitions with nothing to read are named in a warning and appended to ``empty``. Raises :class:`SourceUnavailableError` when a source the mode trains could not be
     read at all (a broker or catalog that cannot be reached: never a run on part of its sources in
     silence), :class:`NoTrainingDataError` naming what was not ready when nothing is."""
     lag = job.training.batch_lag
@@ -134,6 +186,13 @@ def plan_training_tasks(
             count = sum(1 for n in incomplete if n.source == name)
             log.info("%s: %d batch partition(s) left out: labels not complete by %s", name, count, window.end)
     tasks.sort(key=lambda t: t.order_key)
+    nothing = partitions_without_tasks(job, window, tasks, not_ready)
+    if nothing:
+        log.warning(
+            "%d ready partition(s) of the window hold nothing to read: %s", len(nothing), empty_partitions_line(nothing)
+        )
+        if empty is not None:
+            empty.extend(nothing)
     if not tasks:
         missing = "; ".join(f"{n.source} {n.partition:%Y-%m-%dT%H}: {n.reason}" for n in not_ready[:5])
         raise NoTrainingDataError(

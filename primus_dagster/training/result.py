@@ -47,6 +47,8 @@ class TrainingResult:
     # "attempts", "failures", "task_id"} each (training.failed_tasks); their partitions are in ``consumed``'s
     # ``incomplete_partitions``
     failed_tasks: list[dict[str, Any]] = field(default_factory=list)
+    # ready partitions of the window without a row: {"source", "partition", "reason"} each
+    empty_partitions: list[dict[str, str]] = field(default_factory=list)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -67,6 +69,7 @@ class TrainingResult:
             "source_versions": self.source_versions,
             "data_pools": self.data_pools,
             "skipped_partitions": self.skipped_partitions,
+            "empty_partitions": self.empty_partitions,
             "consumed_partitions": {name: entry["partitions"] for name, entry in self.consumed.items()},
             "data_quality": self.data_quality,
             "data_quality_rows": sum(n for counts in self.data_quality.values() for n in counts.values()),
@@ -130,4 +133,5 @@ def build_result(
             {"source": n.source, "partition": n.partition.isoformat(), "reason": n.reason} for n in skipped
         ],
         failed_tasks=run_failed_tasks(run),
+        empty_partitions=[e.to_dict() for e in run.empty_partitions],
     )

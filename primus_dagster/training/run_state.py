@@ -34,7 +34,7 @@ from primus_dagster.training.checkpoint import Checkpoint, load_checkpoint
 from primus_dagster.training.features import ModelInit
 from primus_dagster.training.memory_plan import MemoryPlan
 from primus_dagster.training.modes import phase_index
-from primus_dagster.training.planning import consumed_sources
+from primus_dagster.training.planning import EmptyPartition, consumed_sources
 from primus_dagster.training.progress import Heartbeat
 
 if TYPE_CHECKING:  # a trainer rank imports this module and never MLflow
@@ -155,6 +155,7 @@ class TrainingRun:
         self.checkpoints: list[int] = []
         self.data_pools: dict[str, dict[str, Any]] = {}  # phase -> what its data pool did (executors, scaling)
         self.data_quality: dict[str, dict[str, int]] = {}  # source -> quality rule -> rows repaired/dropped
+        self.empty_partitions: list[EmptyPartition] = []  # ready partitions of the window without a row
         # source -> rule -> {"where": {file or offset range: rows} (the first QUALITY_PLACES_KEPT), "more": places}
         self.quality_places: dict[str, dict[str, dict[str, Any]]] = {}
         # phase -> the tasks its driver gave up (rows of training.failed_tasks.failed_task_rows)

@@ -77,7 +77,14 @@ from primus_dagster.training.memory_plan import MemoryPlan, plan_memory
 from primus_dagster.training.models import RecModel, check_model, custom_model_line, model_summary
 from primus_dagster.training.modes import Phase, phase_tasks, phases
 from primus_dagster.training.phase_trainer import PhaseTrainer, TrainerFailedError
-from primus_dagster.training.planning import NoTrainingDataError, plan_training_tasks, planned_line
+from primus_dagster.training.planning import (
+    NO_ROWS,
+    EmptyPartition,
+    NoTrainingDataError,
+    empty_partitions_line,
+    plan_training_tasks,
+    planned_line,
+)
 from primus_dagster.training.priority import LoadingPriority
 from primus_dagster.training.progress import Heartbeat
 from primus_dagster.training.quality_report import add_phase_quality, record_quality
@@ -147,12 +154,15 @@ def _train(
     beat.stage("device: %s", device_line)
     context = SourceContext(str(request.data_root), kafka_bootstrap_servers=request.kafka_bootstrap)
     skipped: list[NotReady] = []
+    empty: list[EmptyPartition] = []
     if request.tasks is None:
         names = [source.name for _, source in job.dataset.all_sources()]
         beat.stage("planning window %s: listing %d source(s) (%s)", request.window, len(names), ", ".join(names))
     tasks = request.tasks
     if tasks is None:
-        tasks = plan_training_tasks(job, context, request.window, skipped, complete_window=request.complete_window)
+        tasks = plan_training_tasks(
+            job, context, request.window, skipped, complete_window=request.complete_window, empty=empty
+        )
     beat.stage(planned_line(job, tasks, skipped))
     executors = request.executors or job.pools.data.replicas or 1
     extra_params, extra_tags = trainer.describe()
@@ -169,6 +179,7 @@ def _train(
     tracker.start(request.key(), params={**run_params(job, request.window, executors), **extra_params}, tags=tags)
     lock.record_run(tracker.require_run_id())  # a refused second run names it
     run = TrainingRun(request, tracker, tasks, beat, device)
+    run.empty_partitions = empty
     status = "FAILED"
     try:
         log.info("MLflow run %s %s: %s", tracker.run_id, "resumed" if tracker.resumed else "started", tracker.run_url)
@@ -189,6 +200,9 @@ def _train(
         model_uri = tracker.log_model(model.cpu())  # a registered model loads on any machine
         log.info("model logged: %s (%.1f s since the start)", model_uri, time.perf_counter() - started)
         stats = trainer.stats(run)
+        if run.empty_partitions:
+            named = ", ".join(f"{e.source} {e.partition:%Y-%m-%dT%H:%M}" for e in run.empty_partitions)
+            tracker.set_tags({"primus.empty_partitions": named[:5000]})
         status = "FINISHED"
         return build_result(run, model_uri, stats, evaluation, resume, warm_from, cold_start, started, skipped)
     except BaseException as exc:
@@ -282,6 +296,21 @@ def _run_phase(
         raise FailedTasksError(rows, exc.total, not_allowed_why(request)) from exc
     record_failed_tasks(run, phase, driver, step=trainer.step)
     record_quality(run, phase, driver, step=trainer.step)
+    record_empty_partitions(run, phase, driver)
+
+
+def record_empty_partitions(run: TrainingRun, phase: Phase, driver: DataDriver) -> None:
+    """The partitions ``phase`` read whose every task served no row: named in a warning, kept on the run
+    (the result's ``empty_partitions``, beside those that had nothing to read when planned)."""
+    known = {(e.source, e.partition) for e in run.empty_partitions}
+    found = [
+        EmptyPartition(source, partition, NO_ROWS)
+        for (source, partition), rows in sorted(driver.rows_by_partition().items(), key=lambda kv: kv[0][::-1])
+        if rows == 0 and (source, partition) not in known
+    ]
+    if found:
+        log.warning("phase %s: %d partition(s) held no rows: %s", phase.name, len(found), empty_partitions_line(found))
+        run.empty_partitions += found
 
 
 _TIMELINE_METRICS = {

@@ -1,7 +1,8 @@
 """A headless Chromium driven by Selenium, and the page helpers the UI tests use (tests/devtools/test_demo.py).
 
 Chromium and its driver come from Debian's packages (``/usr/bin/chromium``, ``/usr/bin/chromedriver``;
-`.ci/run` installs them); a missing browser fails the test rather than skipping it.
+``make setup`` installs them where it runs as root); where they are missing the test is skipped, naming the
+command that installs them.
 
 Example::
 

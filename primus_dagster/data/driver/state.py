@@ -32,6 +32,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -825,6 +826,20 @@ class DataDriver:
             "source_versions": dict(self.source_versions),
             "quality": {rule: n for rule, n in sorted(self._quality_total.items()) if n},
         }
+
+    def rows_by_partition(self) -> dict[tuple[str, datetime], int]:
+        """Rows served per (source, partition) of the plan whose every task succeeded (0: its tasks served
+        none); a partition with a task not (yet) succeeded is left out."""
+        with self._lock:
+            rows: Counter[tuple[str, datetime]] = Counter()
+            unfinished: set[tuple[str, datetime]] = set()
+            for rec in self._tasks.values():
+                key = (rec.task.read.source, rec.task.read.partition)
+                if rec.state == SUCCEEDED:
+                    rows[key] += rec.rows
+                else:
+                    unfinished.add(key)
+            return {key: n for key, n in rows.items() if key not in unfinished}
 
     def quality_counts(self, offset_sources: Collection[str] = ()) -> dict[str, Any]:
         """Rows the succeeded tasks touched per data-quality rule (repaired or dropped):

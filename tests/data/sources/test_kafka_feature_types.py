@@ -266,3 +266,27 @@ def test_the_realistic_stream_round_trips_through_the_broker(kafka_broker: Any) 
     got = got.sort_by("sample_id")
     for name in ["sample_id", "ts", "label", *SPARSE, "genres"]:
         assert got.column(name).equals(want.column(name)), name
+
+
+def test_string_labels_decode_through_label_positive() -> None:
+    """A team's stream whose label is text (">50K" / "<=50K"): with `label_positive` the decoder takes the
+    field as a string and the normaliser makes that value 1, every other 0; without
+    it every record is undecodable, its reason naming the field and the key that fixes it."""
+    spec = make_spec(label_positive=">50K")
+    values: list[bytes | None] = [
+        record(0, y=">50K"),
+        record(1, y="<=50K"),
+        record(2, y=" >50K "),  # surrounding whitespace trimmed
+        record(3, y=None),
+    ]
+    table, bad = decode(JsonRecordDecoder(spec), values)
+    assert not bad
+    out = Normalizer(spec)(table.to_batches()[0])
+    # a missing label: the stream's null_label rule repairs it to 0 (a negative until corrected)
+    assert out.column("label").to_pylist() == [1.0, 0.0, 1.0, 0.0]
+    # without it: each record undecodable (counted, never fatal), the reason naming the field and the key
+    nothing, bad = JsonRecordDecoder(make_spec()).decode(values[:2], [H0_MS] * 2)
+    assert nothing is None and [i for i, _ in bad] == [0, 1]
+    assert all(
+        "label field 'y' holds text" in why and "columns.label_positive: '<that value>'" in why for _, why in bad
+    )

@@ -328,11 +328,26 @@ class JsonRecordDecoder:
             good.append((lo, hi, table))
         except (pa.ArrowException, ValueError) as exc:
             if hi - lo == 1:
-                bad.append((lo, str(exc).splitlines()[0][:300]))
+                bad.append((lo, self._explained(str(exc).splitlines()[0])[:300]))
                 return
             mid = (lo + hi) // 2
             self._parse_isolating(lines, lo, mid, good, bad)
             self._parse_isolating(lines, mid, hi, good, bad)
+
+    def _explained(self, error: str) -> str:
+        """A parse error with its fix where the cause is a declaration: a text label without
+        ``columns.label_positive`` (every record of such a stream fails the same way)."""
+        label = self.spec.columns.label
+        if (
+            label
+            and self.spec.columns.label_positive is None
+            and f"Column(/{label}) changed from number to string" in error
+        ):
+            return (
+                f"label field {label!r} holds text, not a number: declare its positive value "
+                f"(columns.label_positive: '<that value>', e.g. '>50K'); {error}"
+            )
+        return error
 
     @staticmethod
     def _joined_if_clean(values: Sequence[bytes | None]) -> bytes | None:
