@@ -159,6 +159,12 @@ EXCHANGES: dict[str, Callable[[], GradientExchange]] = {
 }
 
 
+def fail_rank_at(rank: int, at_round: int, this_rank: int, round_: int) -> None:
+    """A rank hook (``RunHooks.rank_hook``, pickled into the ranks): rank ``rank`` raises at ``at_round``."""
+    if this_rank == rank and round_ == at_round:
+        raise RuntimeError(f"injected failure of rank {rank} at round {round_}")
+
+
 @dataclass(frozen=True)
 class InMemoryPlan:
     """What every rank of :func:`run_ddp_in_memory` gets (pickled into the spawned processes)."""
@@ -222,8 +228,9 @@ def ddp_in_memory_worker(rank: int, init_method: str, out_queue: Any, plan: InMe
         with open(plan.shard_paths[rank], "rb") as file:
             shard: list[Batch] = pickle.load(file)  # written by the caller (bench/train_throughput.py)
         spec = TrainingSpec.model_validate_json(plan.training_spec_json)
-        widths = (int(shard[0].dense.shape[1]), int(shard[0].sparse.shape[1]))  # every rank's shard has them
-        init = ModelInit(FeatureLayout.plain(spec.model, *widths))
+        first = shard[0]  # every rank's shard has the same columns
+        dense = [f"d{i}" for i in range(int(first.dense.shape[1]))]
+        init = ModelInit(FeatureLayout.resolve(spec, dense, list(first.sparse_names), list(first.list_names)))
         context = PhaseContext.outside_run(spec, plan.world_size, init=init)
         exchange = EXCHANGES[plan.exchange]()
         coordinator = LockStep(exchange, timeout_s=plan.timeout_s, transport=plan.transport)

@@ -17,15 +17,21 @@ and against one trainer; everything else at the spec's defaults but the table si
    MTRM job over Parquet batch and stream sources of the synthetic world, ``--hours`` hours, evaluated on
    the next 4 hours, 2 ranks replicated and row-wise on each of ``--seeds`` seeds (the world's and the
    model's): ``auc_delta`` = row-wise minus replicated, mean and 95 % t-interval over the seeds (paired).
+   **Resharded**: the row-wise run again, rank 1 failing at round ``--fail-round`` (after checkpoints), the
+   run then resumed on 3 ranks from its last checkpoint (the tables resharded from 2 shards to 3):
+   ``auc_delta_resharded`` = resharded minus the uninterrupted row-wise run, paired over the seeds. Every
+   variant checkpoints every ``--checkpoint-every`` steps (the spec's default, 500, is more steps than
+   these runs have: the failure must find a checkpoint).
 
 Last line: ``{"bench": "scale", "shard_memory_ratio": ..., "sharded_speedup_2r": ...,
-"sharded_vs_replicated": ..., "auc_delta": [mean, lo95, hi95], "rss_mb": {"replicated": ..., "row_wise": ...,
+"sharded_vs_replicated": ..., "auc_delta": [mean, lo95, hi95], "auc_delta_resharded": [...], "rss_mb": {"replicated": ..., "row_wise": ...,
 "one_trainer": ...}, "load_avg_1m": ..., "detail": {...}}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import os
@@ -41,15 +47,17 @@ from train_throughput import mixed_micro, run_ddp_part, spec_of, world_batches
 from primus_dagster.data import SourceContext, TimeWindow
 from primus_dagster.spec import load_job_spec
 from primus_dagster.synth import SyntheticWorld, WorldConfig, write_world
-from primus_dagster.training.run_state import TrainingRequest
+from primus_dagster.training.phase_trainer import TrainerFailedError
+from primus_dagster.training.run_state import RunHooks, TrainingRequest
 from primus_dagster.training.window import train_window
 
 from _common import bench_dir, emit
+from _ddp import fail_rank_at
 
 QUALITY_JOB = """
 name: scale-{variant}-{seed}
 data: {{lease: 30s}}
-pools: {{data: {{replicas: 2}}, training: {{replicas: 2, max_replicas: 2, memory: {memory}}}}}
+pools: {{data: {{replicas: 2}}, training: {{replicas: {ranks}, max_replicas: 3, memory: {memory}, restart: never}}}}
 dataset:
   start: 2026-11-01
   streams:
@@ -68,7 +76,8 @@ dataset:
 training:
   mode: mixed
   model: {{type: mtrm, hash_buckets: {buckets}}}
-  sharding: {variant}
+  sharding: {sharding}
+  checkpoint_every_steps: {every}
   eval_hours: 4
   seed: {seed}
 tracking: {{tracking_uri: "sqlite:///{root}/mlflow.db", experiment: scale}}
@@ -103,19 +112,33 @@ def memory_and_speed(args: argparse.Namespace, root: Path) -> dict:
     return runs
 
 
+def quality_job(args: argparse.Namespace, where: Path, variant: str, seed: int, ranks: int) -> Path:
+    sharding = "replicated" if variant == "replicated" else "row_wise"
+    job_path = where / "job.yaml"
+    text = QUALITY_JOB.format(
+        variant=variant.replace("_", "-"),
+        sharding=sharding,
+        ranks=ranks,
+        every=args.checkpoint_every,
+        seed=seed,
+        hours=args.hours,
+        buckets=args.buckets,
+        memory=args.memory,
+        root=where,
+    )
+    job_path.write_text(text)
+    return job_path
+
+
 def quality(args: argparse.Namespace, root: Path) -> dict:
-    aucs: dict[str, list[float]] = {"replicated": [], "row_wise": []}
+    aucs: dict[str, list[float]] = {"replicated": [], "row_wise": [], "resharded": []}
+    resumed_from: list[int | None] = []
     for seed in range(1, args.seeds + 1):
         for variant in aucs:
             where = root / f"quality-{variant}-{seed}"
             shutil.rmtree(where, ignore_errors=True)
             where.mkdir(parents=True)
-            job_path = where / "job.yaml"
-            job_path.write_text(
-                QUALITY_JOB.format(
-                    variant=variant, seed=seed, hours=args.hours, buckets=args.buckets, memory=args.memory, root=where
-                )
-            )
+            job_path = quality_job(args, where, variant, seed, ranks=2)
             job = load_job_spec(job_path)
             world = SyntheticWorld(
                 WorldConfig(seed=seed, rows_per_hour=args.rows_per_hour, n_dense=5), job.dataset.start
@@ -123,13 +146,31 @@ def quality(args: argparse.Namespace, root: Path) -> dict:
             write_world(job, SourceContext(str(where)), world, range(args.hours + 5), files_per_hour=2, progress=False)
             window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=args.hours))
             started = time.perf_counter()
+            if variant == "resharded":  # 2 ranks until rank 1 fails, then the same run on 3
+                hooks = RunHooks(rank_hook=functools.partial(fail_rank_at, 1, args.fail_round))
+                try:
+                    train_window(TrainingRequest(job, job_path, where, window), hooks)
+                    raise AssertionError(f"rank 1 did not fail at round {args.fail_round}: raise --fail-round")
+                except TrainerFailedError:
+                    pass
+                job_path = quality_job(args, where, variant, seed, ranks=3)
+                job = load_job_spec(job_path)
             result = train_window(TrainingRequest(job, job_path, where, window))
             assert result.evaluation is not None
+            if variant == "resharded":
+                assert result.resumed_from_step, "the resharded run did not resume from a checkpoint"
+                resumed_from.append(result.resumed_from_step)
             aucs[variant].append(result.evaluation.result.auc)
             print(f"seed {seed} {variant:10} AUC {aucs[variant][-1]:.4f} ({time.perf_counter() - started:.0f} s)")
             shutil.rmtree(where, ignore_errors=True)  # the checkpoints and models of these tables are large
     deltas = [s - r for s, r in zip(aucs["row_wise"], aucs["replicated"], strict=True)]
-    return {"auc": aucs, "auc_delta": interval(deltas)}
+    resharded = [s - r for s, r in zip(aucs["resharded"], aucs["row_wise"], strict=True)]
+    return {
+        "auc": aucs,
+        "auc_delta": interval(deltas),
+        "auc_delta_resharded": interval(resharded),
+        "resumed_from_step": resumed_from,
+    }
 
 
 def main() -> None:
@@ -140,6 +181,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--hours", type=int, default=12, help="hours trained in part 2")
     parser.add_argument("--rows-per-hour", type=int, default=4000)
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="training.checkpoint_every_steps of part 2")
+    parser.add_argument("--fail-round", type=int, default=30, help="the resharded variant's rank 1 fails here")
     parser.add_argument("--skip-quality", action="store_true")
     args = parser.parse_args()
     logging.getLogger("primus_dagster").setLevel(logging.WARNING)
@@ -152,6 +195,7 @@ def main() -> None:
         "sharded_speedup_2r": round(runs["row_wise"]["samples_per_s"] / runs["one_trainer"]["samples_per_s"], 3),
         "sharded_vs_replicated": round(runs["row_wise"]["samples_per_s"] / runs["replicated"]["samples_per_s"], 3),
         "auc_delta": None,
+        "auc_delta_resharded": None,
         "rss_mb": {name: round(run["peak_rss_mb"]) for name, run in runs.items()},
         "load_avg_1m": round(load_start, 2),
         "detail": {"buckets": args.buckets, "in_memory": runs},
@@ -159,6 +203,7 @@ def main() -> None:
     if not args.skip_quality:
         found = quality(args, root)
         result["auc_delta"] = found["auc_delta"]
+        result["auc_delta_resharded"] = found["auc_delta_resharded"]
         result["detail"]["quality"] = {**found, "seeds": args.seeds, "hours": args.hours, "memory": args.memory}
     result["detail"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     emit(result)

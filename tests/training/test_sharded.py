@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import pickle
 import signal
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from jobkit import expected_ids, make_job
 from rankkit import expect_address, fail_at, kill_at, run_ddp_in_memory
 
 from primus_dagster.data import Batch
+from primus_dagster.devtools.model_load import load_and_score
 from primus_dagster.spec import load_job_spec
 from primus_dagster.spec.job import ModelSpec, TrainingSpec
 from primus_dagster.training.models import HashedEmbedding, TablePlacement, build_model, placed, shard_rows
@@ -160,6 +162,18 @@ def test_a_sharded_checkpoint_resumes_on_another_group_size_exactly_once(
         model = mlflow.pytorch.load_model(result.model_uri)
     tables = [m for m in model.modules() if isinstance(m, HashedEmbedding)]
     assert tables and all(not t.sharded and t.table.weight.shape[0] == t.buckets for t in tables)
+
+    # Served whole: an isolated interpreter (no process group, no checkout on its path) loads and scores it
+    # as this process does. A fresh virtualenv with the package from a wheel: test_model_registry.py.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    answer = load_and_score(sys.executable, env["job"].tracking.tracking_uri, result.model_uri, cwd=elsewhere, rows=64)
+    generator = torch.Generator().manual_seed(0)  # the batch load_and_score scores (its default seed)
+    dense = torch.randn(64, model.n_dense, generator=generator)
+    sparse = torch.randint(0, 2**40, (64, model.n_sparse), generator=generator)
+    with torch.no_grad():
+        expected = model.eval().predict(dense, sparse)[:8].tolist()
+    assert answer["finite"] and answer["logits"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_ranks_on_two_hosts_train_sharded_and_a_killed_rank_resumes_exactly_once(tmp_path: Path) -> None:
