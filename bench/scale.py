@@ -21,7 +21,9 @@ and against one trainer; everything else at the spec's defaults but the table si
    run then resumed on 3 ranks from its last checkpoint (the tables resharded from 2 shards to 3):
    ``auc_delta_resharded`` = resharded minus the uninterrupted row-wise run, paired over the seeds. Every
    variant checkpoints every ``--checkpoint-every`` steps (the spec's default, 500, is more steps than
-   these runs have: the failure must find a checkpoint).
+   these runs have: the failure must find a checkpoint). Part 2's tables have the spec's default
+   ``hash_buckets`` (``--quality-buckets``): what is compared is what the sharding does to learning,
+   and checkpoints of part 1's tables would be gigabytes each.
 
 Last line: ``{"bench": "scale", "shard_memory_ratio": ..., "sharded_speedup_2r": ...,
 "sharded_vs_replicated": ..., "auc_delta": [mean, lo95, hi95], "auc_delta_resharded": [...], "rss_mb": {"replicated": ..., "row_wise": ...,
@@ -122,7 +124,7 @@ def quality_job(args: argparse.Namespace, where: Path, variant: str, seed: int, 
         every=args.checkpoint_every,
         seed=seed,
         hours=args.hours,
-        buckets=args.buckets,
+        buckets=args.quality_buckets,
         memory=args.memory,
         root=where,
     )
@@ -181,6 +183,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--hours", type=int, default=12, help="hours trained in part 2")
     parser.add_argument("--rows-per-hour", type=int, default=4000)
+    parser.add_argument(
+        "--quality-buckets", type=int, default=100_000, help="model.hash_buckets of part 2 (the spec's default)"
+    )
     parser.add_argument("--checkpoint-every", type=int, default=10, help="training.checkpoint_every_steps of part 2")
     parser.add_argument("--fail-round", type=int, default=30, help="the resharded variant's rank 1 fails here")
     parser.add_argument("--skip-quality", action="store_true")
@@ -204,7 +209,13 @@ def main() -> None:
         found = quality(args, root)
         result["auc_delta"] = found["auc_delta"]
         result["auc_delta_resharded"] = found["auc_delta_resharded"]
-        result["detail"]["quality"] = {**found, "seeds": args.seeds, "hours": args.hours, "memory": args.memory}
+        result["detail"]["quality"] = {
+            **found,
+            "seeds": args.seeds,
+            "hours": args.hours,
+            "memory": args.memory,
+            "buckets": args.quality_buckets,
+        }
     result["detail"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     emit(result)
 

@@ -71,6 +71,11 @@ ENTRY_POINTS = {
         "`python -m primus_dagster.data.executor`, started by data/executor/process.py (start_executor_process)"
         " and by the executor pods of cluster/kubernetes/manifests.py (EXECUTOR_MODULE)"
     ),
+    "primus_dagster.training.distributed.dial_back": (
+        "`python -m primus_dagster.training.distributed.dial_back`, a trainer rank that dials back to its parent,"
+        " started by training/distributed/channel.py (ProcessStarter) and by the trainer rank pods of"
+        " cluster/kubernetes/manifests.py (DIAL_BACK_MODULE)"
+    ),
     "primus_dagster.dagster_defs": (
         "the library a user's Dagster code location imports (build_definitions, resources, sensors), as"
         " definitions.py does"

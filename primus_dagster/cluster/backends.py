@@ -36,6 +36,12 @@ from primus_dagster.spec import JobSpec
 DRIVER_HOST_ENV = "PRIMUS_DRIVER_HOST"
 
 
+def driver_host() -> str:
+    """The address pods reach this process at (the data driver, the trainer ranks' channel):
+    ``$PRIMUS_DRIVER_HOST``, else the address this host's name resolves to (a pod's IP)."""
+    return os.environ.get(DRIVER_HOST_ENV) or socket.gethostbyname(socket.gethostname())
+
+
 def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
     """The ``pool_factory`` and ``driver_host`` keyword arguments of a ``PooledDataPlane`` for
     ``job``'s backend (``run_id`` names and labels the Kubernetes objects of the run)."""
@@ -50,10 +56,9 @@ def data_plane_setup(job: JobSpec, *, run_id: str) -> dict[str, Any]:
 
     api = load_core_api()
     owner = step_pod_owner(api, job.pools.namespace)  # refuses a pools.namespace other than this pod's
-    host = os.environ.get(DRIVER_HOST_ENV) or socket.gethostbyname(socket.gethostname())
     return {
         "pool_factory": kubernetes_pool_factory(run_id, owner=owner, api=api, **pod_template_from_env()),
-        "driver_host": host,
+        "driver_host": driver_host(),
         "controller": controller,
     }
 

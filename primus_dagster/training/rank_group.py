@@ -10,9 +10,11 @@
   checkpoints, resume and warm start are the loop's. Its news goes to the job process on a queue, where
   the same :class:`~primus_dagster.training.loop.RunSink` as one trainer's applies the same rules (a
   checkpoint is logged once every rank's batches up to it were handed to ``on_batch``).
-* **The parent** (this process) spawns the ranks (:mod:`~primus_dagster.training.distributed.launch`),
-  serves their news, watches their memory and their exits; the window skeleton evaluates and logs the
-  final checkpoint's model.
+* **The parent** (this process) starts the ranks (:mod:`~primus_dagster.training.distributed.launch`: by
+  default ``spawn``-ed children; a :class:`~primus_dagster.training.distributed.DialBackLauncher` has them
+  started elsewhere, as plain processes or pods, and they dial back), serves their news, watches their
+  memory (ranks with a pid here) and their exits; the window skeleton evaluates and logs the final
+  checkpoint's model.
 * **Pool keys.** ``pools.training.cpu``: ``ceil(cpu)`` torch threads per rank, pinned to as many cores
   of their own when the machine has ``N * ceil(cpu)`` (else unpinned); ``memory``: a rank whose RSS
   exceeds it is killed (the group fails); ``restart: on_failure`` with ``max_restarts``: a failure is a
@@ -45,8 +47,10 @@ import psutil
 from primus_dagster.cluster.pool import memory_bytes
 from primus_dagster.data import Batch, DataPlane, DriverClient, RemoteReader
 from primus_dagster.training.distributed import (
+    ChannelError,
     DMPExchange,
     LockStep,
+    RankLauncher,
     RankProcesses,
     ShardedExchange,
     first_failure,
@@ -64,6 +68,7 @@ from primus_dagster.training.loop import (
 )
 from primus_dagster.training.modes import Phase
 from primus_dagster.training.phase_trainer import LoopPhaseTrainer, TrainerFailedError
+from primus_dagster.training.rank_launchers import rank_launcher
 from primus_dagster.training.run_state import RankHook, RunHooks, TrainingRun
 
 
@@ -77,7 +82,7 @@ class RankPlan:
     threads: int
     cores: list[list[int] | None]  # per rank
     record_batches: bool  # send every trained reader batch to the parent (hooks.on_batch)
-    parent_pid: int
+    parent_pid: int | None  # the job process, for ranks that are its children (others watch their channel)
     rank_hook: RankHook | None = None
     collective_timeout_s: float = 300.0
 
@@ -137,17 +142,32 @@ def rank_main(rank: int, init_method: str, out: Any, plan: RankPlan) -> None:
 class _Group:
     """Spawn a phase's ranks, hand their news to the run's sink, stop them whatever happens (parent side)."""
 
-    def __init__(self, run: TrainingRun, sink: RunSink, world: int, addresses: Sequence[str] | None = None):
-        self.run, self.sink, self.world, self.addresses = run, sink, world, addresses
+    def __init__(
+        self,
+        run: TrainingRun,
+        sink: RunSink,
+        world: int,
+        addresses: Sequence[str] | None = None,
+        launcher: RankLauncher | None = None,
+    ):
+        self.run, self.sink, self.world, self.addresses, self.launcher = run, sink, world, addresses, launcher
         self.memory = memory_bytes(run.job.pools.training.memory)
         self.results: dict[int, RankResult] = {}
         self.errors: dict[int, tuple[float, str]] = {}
 
     def run_group(self, plan: RankPlan) -> list[RankResult]:
-        ranks = RankProcesses(rank_main, self.world, plan, name="trainer-rank", addresses=self.addresses)
-        with ranks:  # stopped whatever happens
+        ranks = RankProcesses(
+            rank_main, self.world, plan, name="trainer-rank", addresses=self.addresses, launcher=self.launcher
+        )
+        try:
+            ranks.start()  # stops those started when one cannot be
+        except ChannelError as exc:  # a rank that never reached us (a pod not scheduled, a wrong key)
+            raise TrainerFailedError(str(exc), restartable=True) from None
+        try:
             self._serve(ranks.out, ranks.procs)
             ranks.join(30)
+        finally:  # stopped whatever happens
+            ranks.stop()
         return [self.results[r] for r in range(self.world)]
 
     def _serve(self, out: Any, procs: list[Any]) -> None:
@@ -250,7 +270,10 @@ class RankGroup(LoopPhaseTrainer):
     """The N ranks that train each phase of a window run (module docstring).
 
     ``addresses``: per rank, the address it listens on for its peers (default loopback; distinct loopback
-    addresses stand for distinct hosts in tests: :class:`~primus_dagster.training.distributed.RankProcesses`).
+    addresses stand for distinct hosts in tests: :class:`~primus_dagster.training.distributed.RankProcesses`);
+    ``launcher``: how the ranks start (default: :func:`~primus_dagster.training.rank_launchers.rank_launcher`
+    of the job's ``pools.backend`` -- pods on Kubernetes --, else ``spawn``-ed children of this process on
+    ``addresses``; a :class:`~primus_dagster.training.distributed.DialBackLauncher` takes its addresses itself).
 
     Example::
 
@@ -259,24 +282,36 @@ class RankGroup(LoopPhaseTrainer):
         result.stats["ranks"][1]["samples_trained"]
     """
 
-    def __init__(self, hooks: RunHooks, world: int, addresses: Sequence[str] | None = None):
+    def __init__(
+        self,
+        hooks: RunHooks,
+        world: int,
+        addresses: Sequence[str] | None = None,
+        launcher: RankLauncher | None = None,
+    ):
         super().__init__()
-        self.hooks, self.trainers, self.addresses = hooks, world, addresses
+        if addresses is not None and launcher is not None:
+            raise ValueError("give the rank addresses to the launcher")
+        self.hooks, self.trainers, self.addresses, self.launcher = hooks, world, addresses, launcher
+        self._chosen = launcher is not None or addresses is not None
 
     def train_phase(self, run: TrainingRun, phase: Phase, plane: DataPlane) -> None:
         job, world = run.job, self.trainers
+        if not self._chosen:  # once per run: pods on Kubernetes (built here, where the run id is known)
+            self.launcher, self._chosen = rank_launcher(job, run_id=run.request.key()), True
         context = phase_context(run, phase, world)
+        children = self.launcher is None or self.launcher.children
         plan = RankPlan(
             location=plane.location,
             token=plane.token or "",
             context=context,
             threads=max(1, math.ceil(job.pools.training.cpu)),
-            cores=_cores(job.pools.training.cpu, world),
+            cores=_cores(job.pools.training.cpu, world) if children else [None] * world,
             record_batches=self.hooks.on_batch is not None,
-            parent_pid=os.getpid(),
+            parent_pid=os.getpid() if children else None,
             rank_hook=self.hooks.rank_hook,
         )
         sink = RunSink(run, self.hooks, phase, plane, world, progress_s=context.progress_s)
         run.stage("phase %s: data executors up; starting %d trainer rank(s)", phase.name, world)
-        results = _Group(run, sink, world, self.addresses).run_group(plan)
+        results = _Group(run, sink, world, self.addresses, self.launcher).run_group(plan)
         self.record(sink.last, results)

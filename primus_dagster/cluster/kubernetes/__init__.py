@@ -6,7 +6,9 @@
 * :mod:`.backend` -- :class:`KubernetesPool`, the :class:`~primus_dagster.cluster.pool.ExecutorPool`
   that applies them through ``CoreV1Api``;
 * :mod:`.plane` -- :func:`kubernetes_pool_factory`, the pool as a ``PooledDataPlane``'s data pool;
-  :func:`pod_template_from_env`, the deployment's env sources and data volume for the executor pods.
+  :func:`pod_template_from_env`, the deployment's env sources and data volume for the executor pods;
+* :mod:`.trainers` -- :class:`TrainerPods`: the ranks of a trainer group as pods that dial back to the
+  step (``pools.training.replicas > 1``).
 
 Deployment, RBAC and what is tested where: ``docs/kubernetes.md``.
 
@@ -33,6 +35,7 @@ from primus_dagster.cluster.kubernetes.manifests import (
     ContainerTemplate,
     DataExecutorArgs,
     PoolRef,
+    RankRendezvous,
     SecretRef,
     data_executor_container,
     dns_name,
@@ -42,9 +45,12 @@ from primus_dagster.cluster.kubernetes.manifests import (
     owner_reference,
     token_secret,
     trainer_container,
+    trainer_rank_container,
+    trainer_rank_pod,
 )
 from primus_dagster.cluster.kubernetes.plane import kubernetes_pool_factory, pod_template_from_env
 from primus_dagster.cluster.kubernetes.pod_status import PodOutcome, pod_outcome
+from primus_dagster.cluster.kubernetes.trainers import PodRank, TrainerPods
 
 __all__ = [
     "CONTAINER_NAME",
@@ -54,8 +60,11 @@ __all__ = [
     "DataExecutorArgs",
     "KubernetesPool",
     "PodOutcome",
+    "PodRank",
     "PoolRef",
+    "RankRendezvous",
     "SecretRef",
+    "TrainerPods",
     "api_reason",
     "data_executor_container",
     "default_namespace",
@@ -73,4 +82,6 @@ __all__ = [
     "step_pod_owner",
     "token_secret",
     "trainer_container",
+    "trainer_rank_container",
+    "trainer_rank_pod",
 ]

@@ -53,6 +53,7 @@ import urllib3
 from kubernetes.client import ApiException, CoreV1Api, V1OwnerReference
 
 from primus_dagster.cluster.kubernetes.manifests import (
+    ENV_TOKEN,
     FLIGHT_PORT_NAME,
     LABEL_ATTEMPT,
     LABEL_EXECUTOR,
@@ -203,7 +204,8 @@ class KubernetesPool:
 
     ``spec`` gives the default resources; ``template`` the container; ``driver`` the data driver's
     address; ``token`` a Flight token to put in a Secret this pool creates, or ``token_secret`` an
-    existing Secret holding it; ``owner`` the object whose deletion garbage-collects the pods."""
+    existing Secret holding it, in the pods' ``token_env`` (a trainer rank's channel key:
+    ``PRIMUS_RANK_CHANNEL_KEY``); ``owner`` the object whose deletion garbage-collects the pods."""
 
     def __init__(
         self,
@@ -222,6 +224,7 @@ class KubernetesPool:
         id_prefix: str | None = None,
         service: bool = True,
         grace_s: float | None = None,
+        token_env: str = ENV_TOKEN,
     ):
         if token is not None and token_secret is not None:
             raise ValueError("give the token (the pool puts it in a Secret) or a Secret holding it, not both")
@@ -235,6 +238,7 @@ class KubernetesPool:
         self.id_prefix = id_prefix or role
         self.default_resources = Resources(spec.cpu, memory_bytes(spec.memory))
         self.grace_s = template.termination_grace_s if grace_s is None else grace_s
+        self.token_env = token_env
         self.ref = PoolRef(job=job, run_id=run_id, role=role, namespace=self.namespace, instance=secrets.token_hex(4))
         self.service_name = service_name(self.ref) if service else None
         self._token = token
@@ -272,8 +276,8 @@ class KubernetesPool:
         """The ``role`` pool of ``job``: image, namespace, CPU and memory from ``job.pools``; data
         executors read the spec at ``job_spec_path`` inside the image (or a mounted volume) and serve
         ``trainers`` readers (default ``pools.training.replicas``) the canonical ``fields`` (None:
-        all), trainers run ``trainer_command``;
-        ``template``: further :class:`ContainerTemplate` fields."""
+        all), trainers run ``trainer_command`` (the ranks of a trainer group:
+        :class:`~.trainers.TrainerPods`); ``template``: further :class:`ContainerTemplate` fields."""
         pools = job.pools
         if pools.backend != "kubernetes" or pools.image is None:
             raise PoolError(
@@ -532,6 +536,7 @@ class KubernetesPool:
             owner=self.owner,
             avoid_nodes=self.avoid_nodes,
             service=self.service_name,
+            token_env=self.token_env,
         )
         name = f"{body.metadata.generate_name}*"
         created = self._call("create", "pod", name, self.api.create_namespaced_pod, self.namespace, body)

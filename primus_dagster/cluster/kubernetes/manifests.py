@@ -22,6 +22,12 @@ and calls no API (``backend.KubernetesPool`` applies them), in the manner of dag
 * **owner references** to a given owner (the Dagster step's pod), so nothing outlives the run;
 * ``restartPolicy: Never``: the pool restarts executors itself (a new attempt, maybe resized).
 
+A trainer rank's pod is an executor pod of the ``training`` role whose container is
+:func:`trainer_rank_container`: ``python -m primus_dagster.training.distributed.dial_back``, which dials
+back to the step's rank channel, with torchrun's rendezvous (``RANK`` = the executor index, ``WORLD_SIZE``,
+``MASTER_ADDR`` = rank 0's stable name through the headless Service, ``MASTER_PORT``), its peer address (the
+pod IP) and the channel key from a Secret reference (:func:`trainer_rank_pod`).
+
 Example::
 
     ref = PoolRef(job="ctr", run_id=run_id, role="data", namespace="ml", instance="a1b2c3d4")
@@ -97,6 +103,16 @@ ANNOTATION_EXECUTOR = f"{_PREFIX}/executor-id"
 ENV_DRIVER = "PRIMUS_DRIVER"
 #: The variable the data executor reads its token from (``primus_dagster.data.executor.TOKEN_ENV``).
 ENV_TOKEN = "PRIMUS_DATA_TOKEN"
+#: What a trainer rank runs and reads (``primus_dagster.training.distributed.channel``: the same names).
+DIAL_BACK_MODULE = "primus_dagster.training.distributed.dial_back"
+ENV_RANK_CHANNEL = "PRIMUS_RANK_CHANNEL"
+ENV_RANK_CHANNEL_KEY = "PRIMUS_RANK_CHANNEL_KEY"
+#: The address a rank's peers reach it at (``primus_dagster.training.distributed.mesh.RANK_ADDR_ENV``).
+ENV_RANK_ADDR = "PRIMUS_RANK_ADDR"
+#: torchrun's rendezvous variables (``init_method="env://"``).
+RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT_NAME = "rendezvous"
 ENV_EXECUTOR_ID = "PRIMUS_EXECUTOR_ID"
 ENV_EXECUTOR_INDEX = "PRIMUS_EXECUTOR_INDEX"
 ENV_ATTEMPT = "PRIMUS_EXECUTOR_ATTEMPT"
@@ -121,6 +137,7 @@ RESERVED_ENV = frozenset(
         ENV_POD_NAME,
         ENV_POD_IP,
         ENV_NAMESPACE,
+        ENV_RANK_CHANNEL_KEY,
     }
 )
 TOKEN_KEY = "token"
@@ -405,6 +422,118 @@ def trainer_container(
     return ContainerTemplate(image=image, command=tuple(command), args=tuple(args), ports=dict(ports or {}), **template)
 
 
+@dataclass(frozen=True)
+class RankRendezvous:
+    """How the ranks of one start of a trainer group meet: ``world_size`` ranks, rank 0 at ``master_addr``
+    (its stable name: :func:`rank_master_addr`) on ``master_port``, the step's rank channel at ``channel``
+    (``HOST:PORT``, the step pod's IP); ``dial_timeout_s``: how long a rank may take to reach it.
+
+    Example::
+
+        rendezvous = RankRendezvous(2, rank_master_addr(ref, "trainer-1a2b3c"), "10.0.0.5:41234")
+        template = trainer_rank_container("registry/primus:1.0", rendezvous)   # its env, command and port
+    """
+
+    world_size: int
+    master_addr: str
+    channel: str
+    master_port: int = RENDEZVOUS_PORT
+    dial_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port {self.master_port} is not in 1..65535")
+        host, _, port = self.channel.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"the rank channel {self.channel!r} is not HOST:PORT")
+
+
+def rank_executor_id(prefix: str, rank: int) -> str:
+    """The executor id (and, as a DNS label, the hostname) of rank ``rank`` of a group started with ``prefix``."""
+    return f"{prefix}-{rank}"
+
+
+def rank_master_addr(ref: PoolRef, prefix: str) -> str:
+    """Rank 0's stable DNS name: ``<rank-0 hostname>.<headless Service>.<namespace>.svc`` (the pods set
+    ``hostname`` and ``subdomain``; the Service publishes them before they are ready).
+
+    >>> rank_master_addr(PoolRef("ctr", "0f1e2d3c-aa", "training", "ml"), "trainer-1a2b3c")
+    'trainer-1a2b3c-0.ctr-0f1e2d3c-training.ml.svc'
+    """
+    return f"{dns_name(rank_executor_id(prefix, 0))}.{service_name(ref)}.{ref.namespace}.svc"
+
+
+def trainer_rank_container(
+    image: str, rendezvous: RankRendezvous, *, python: str = "python", **template: Any
+) -> ContainerTemplate:
+    """The container of a trainer rank: ``python -m primus_dagster.training.distributed.dial_back
+    --channel $(PRIMUS_RANK_CHANNEL) --rank $(RANK)``, with torchrun's rendezvous in its env (``RANK`` is
+    the pod's executor index, so rank r is executor ``<prefix>-r``), its peer address ``PRIMUS_RANK_ADDR``
+    = the pod IP, the rank channel, and the rendezvous port as the named port ``rendezvous``. The channel
+    key is no part of it: the pool puts it in the pod from a Secret reference (``token_env``).
+    ``template``: further :class:`ContainerTemplate` fields (an ``env`` of its own may not set these)."""
+    env = dict(template.pop("env", {}))
+    taken = sorted(set(env) & {*RENDEZVOUS_ENV, ENV_RANK_ADDR, ENV_RANK_CHANNEL})
+    if taken:
+        raise ValueError(f"env {', '.join(taken)}: set by the trainer rank pod")
+    env.update(
+        {
+            "RANK": f"$({ENV_EXECUTOR_INDEX})",
+            "WORLD_SIZE": str(rendezvous.world_size),
+            "MASTER_ADDR": rendezvous.master_addr,
+            "MASTER_PORT": str(rendezvous.master_port),
+            # $(VAR) in a value expands to a variable defined before it: the pool's come first
+            ENV_RANK_ADDR: f"$({ENV_POD_IP})",
+            ENV_RANK_CHANNEL: rendezvous.channel,
+        }
+    )
+    args = ("--channel", f"$({ENV_RANK_CHANNEL})", "--rank", "$(RANK)", "--timeout-s", f"{rendezvous.dial_timeout_s:g}")
+    return ContainerTemplate(
+        image=image,
+        command=(python, "-m", DIAL_BACK_MODULE),
+        args=args,
+        ports={RENDEZVOUS_PORT_NAME: rendezvous.master_port},
+        env=env,
+        **template,
+    )
+
+
+def trainer_rank_pod(
+    ref: PoolRef,
+    template: ContainerTemplate,
+    prefix: str,
+    rank: int,
+    *,
+    attempt: int,
+    resources: Resources,
+    key: SecretRef,
+    owner: V1OwnerReference | None = None,
+    avoid_nodes: Collection[str] = (),
+) -> V1Pod:
+    """The pod of rank ``rank`` (executor ``<prefix>-<rank>``, index ``rank``) of a trainer group whose
+    container is ``template`` (:func:`trainer_rank_container`): an executor pod of the ``training`` role,
+    on the pool's headless Service (hostname ``<prefix>-<rank>``), the channel key from ``key``,
+    ``PRIMUS_DRIVER`` the rank channel too. What :class:`~.backend.KubernetesPool` creates for it."""
+    if ref.role != "training":
+        raise ValueError(f"a trainer rank pod belongs to the training role, not {ref.role!r}")
+    return executor_pod(
+        ref,
+        template,
+        rank_executor_id(prefix, rank),
+        index=rank,
+        attempt=attempt,
+        resources=resources,
+        driver=template.env[ENV_RANK_CHANNEL],
+        token=key,
+        owner=owner,
+        avoid_nodes=avoid_nodes,
+        service=service_name(ref),
+        token_env=ENV_RANK_CHANNEL_KEY,
+    )
+
+
 def _field_env(name: str, path: str) -> V1EnvVar:
     return V1EnvVar(name=name, value_from=V1EnvVarSource(field_ref=V1ObjectFieldSelector(field_path=path)))
 
@@ -427,10 +556,15 @@ def executor_pod(
     owner: V1OwnerReference | None = None,
     avoid_nodes: Collection[str] = (),
     service: str | None = None,
+    token_env: str = ENV_TOKEN,
 ) -> V1Pod:
     """The pod of attempt ``attempt`` of executor ``executor_id`` (see the module docstring);
     ``avoid_nodes``: node names it must not be scheduled on (the blacklist); ``service``: the
-    pool's headless Service (its pod's DNS name is ``<executor>.<service>``)."""
+    pool's headless Service (its pod's DNS name is ``<executor>.<service>``); ``token_env``: the
+    variable the token's Secret reference goes in (a trainer rank's channel key:
+    ``PRIMUS_RANK_CHANNEL_KEY``)."""
+    if token_env not in (ENV_TOKEN, ENV_RANK_CHANNEL_KEY):
+        raise ValueError(f"token_env must be {ENV_TOKEN} or {ENV_RANK_CHANNEL_KEY}, got {token_env!r}")
     env = [
         V1EnvVar(name=ENV_DRIVER, value=driver),
         V1EnvVar(name=ENV_EXECUTOR_ID, value=executor_id),
@@ -446,7 +580,7 @@ def executor_pod(
     if service is not None:
         env.append(V1EnvVar(name=ENV_SERVICE, value=service))
     if token is not None:
-        env.append(_secret_env(ENV_TOKEN, token))
+        env.append(_secret_env(token_env, token))
     env += [V1EnvVar(name=k, value=v) for k, v in template.env.items()]
     env += [_secret_env(k, secret) for k, secret in template.secret_env.items()]
     container = V1Container(

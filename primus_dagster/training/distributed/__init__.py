@@ -15,7 +15,10 @@ the tests (``tests/training/rankkit.py``) and the benchmarks (``bench/_ddp.py``)
 * :mod:`.torchrec_dmp` -- :class:`DMPExchange`: a custom model's TorchRec tables sharded by TorchRec's
   ``DistributedModelParallel`` (``training.sharding: row_wise``);
 * :mod:`.launch` -- starting ranks: :class:`RankProcesses`, :func:`serve_rank`, :func:`collect_results`,
-  :func:`pin_cores`.
+  :func:`pin_cores`; how they start is a :class:`RankLauncher` (:class:`SpawnLauncher`: children of this
+  process);
+* :mod:`.channel` -- :class:`DialBackLauncher`: ranks someone else starts (plain processes, pods) dial
+  back to the parent (``python -m primus_dagster.training.distributed.dial_back``, :mod:`.dial_back`).
 
 **Rounds, not** ``Join``. Each optimiser step is a *round*: every rank polls its reader without
 waiting and the ranks all-gather ``(ready, ended, kind, n_dense, n_sparse, label sum, label count)``
@@ -71,6 +74,12 @@ Example (one rank over a data plane; start ``world`` of them with :class:`RankPr
     assert len({r.params_checksum for r in results}) == 1     # identical replicas
 """
 
+from primus_dagster.training.distributed.channel import (
+    ChannelError,
+    ChannelTimeoutError,
+    DialBackLauncher,
+    ProcessStarter,
+)
 from primus_dagster.training.distributed.exchange import (
     Divisor,
     GradientExchange,
@@ -79,7 +88,10 @@ from primus_dagster.training.distributed.exchange import (
     parameter_groups,
 )
 from primus_dagster.training.distributed.launch import (
+    RankHandle,
+    RankLauncher,
     RankProcesses,
+    SpawnLauncher,
     collect_results,
     first_failure,
     pin_cores,
@@ -92,16 +104,23 @@ from primus_dagster.training.distributed.torchrec_dmp import DMPExchange
 
 __all__ = [
     "ByteAllGather",
+    "ChannelError",
+    "ChannelTimeoutError",
     "DMPExchange",
+    "DialBackLauncher",
     "Divisor",
     "GlooBytes",
     "GradientExchange",
     "LockStep",
     "PeerMesh",
+    "ProcessStarter",
+    "RankHandle",
+    "RankLauncher",
     "RankProcesses",
     "RoundMessages",
     "RowSparseExchange",
     "ShardedExchange",
+    "SpawnLauncher",
     "collect_results",
     "first_failure",
     "parameter_groups",

@@ -1,13 +1,20 @@
-"""Starting ranks: the one way a group of rank processes is spawned, joined, watched and stopped.
+"""Starting ranks: the one way a group of rank processes is started, joined, watched and stopped.
 
-A rank is a ``spawn``-ed process running ``target(rank, init_method, out, *args)`` (module-level,
-importable in the child by its module path: spawn pickles ``target`` and ``args``; the child gets the
-parent's ``sys.path``); inside it, :func:`serve_rank` joins the group (gloo, ``init_method``: the
-rendezvous of torchrun's environment variables), runs the rank's body and puts its result or its
-traceback on ``out`` (its :class:`RankOutbox`). The parent holds the group in a :class:`RankProcesses`:
-it starts the ranks, reads their messages (``out``, a :class:`RankInbox`), watches them (``exit_codes``,
-``procs[r].pid``) and stops them whatever happens (terminate, then kill, reap). A group that only
-returns results hands it to :func:`collect_results`.
+A rank is a process running ``target(rank, init_method, out, *args)`` (module-level, importable in the
+rank by its module path: ``target`` and ``args`` are pickled to it); inside it, :func:`serve_rank` joins
+the group (gloo, ``init_method``: the rendezvous of torchrun's environment variables), runs the rank's
+body and puts its result or its traceback on ``out`` (its :class:`RankOutbox`). The parent holds the
+group in a :class:`RankProcesses`: it starts the ranks, reads their messages (``out``, a
+:class:`RankInbox`), watches them (``exit_codes``, ``procs[r].pid``: None for a rank on another machine)
+and stops them whatever happens (terminate, then kill, reap). A group that only returns results hands it
+to :func:`collect_results`.
+
+*How* the ranks start is a :class:`RankLauncher`: :class:`SpawnLauncher` (the default) ``spawn``-s them
+as children of this process, each with a pipe of its own to it (the child gets the parent's
+``sys.path``); :class:`~.channel.DialBackLauncher` has someone else start them (plain processes, pods)
+and each rank dials back to a channel the parent listens on. Either way a rank's channel is a
+``multiprocessing`` :class:`~multiprocessing.connection.Connection` and each started rank a
+:class:`RankHandle` (a ``multiprocessing.Process`` is one).
 
 Messages on ``out`` are ``(rank, kind, payload)``: :func:`serve_rank` puts ``(rank, "ok", result)``
 or ``(rank, "error", (time.time(), traceback))``; a body may put its own kinds before (progress,
@@ -59,7 +66,7 @@ from datetime import timedelta
 from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -170,21 +177,132 @@ class RankInbox:
         self._open = []
 
 
-def _rank_entry(
+def rank_entry(
     target: Callable[..., None], environment: Mapping[str, str], rank: int, init: str, conn: Any, *args: Any
 ) -> None:
-    """A spawned rank: its own rendezvous variables into its environment, then ``target`` with its outbox."""
+    """A started rank: its own rendezvous variables into its environment, then ``target`` with its outbox
+    on ``conn`` (its channel to the parent)."""
     os.environ.update(environment)
     target(rank, init, RankOutbox(conn), *args)
 
 
+class RankHandle(Protocol):
+    """One started rank, as the parent watches and stops it (a ``multiprocessing.Process`` is one; a rank
+    pod's handle is another). ``exitcode``: None while it runs, negative for a signal; ``pid``: its process
+    id on this machine, None for a rank elsewhere (a pod: its memory limit is the kubelet's to enforce).
+
+    Example::
+
+        handle.terminate(); handle.join(5)
+        if handle.is_alive():
+            handle.kill()
+        handle.exitcode                   # -15: terminated
+    """
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+class RankLauncher(Protocol):
+    """How a group's ranks are started and reach the parent: :class:`RankProcesses`'s strategy.
+
+    :meth:`start` starts ``world_size`` ranks of ``target(rank, init_method, out, *args)`` (``init_method``
+    ``"env://"``: each rank finds torchrun's rendezvous variables in its environment), appends each rank's
+    :class:`RankHandle` to ``procs`` as soon as it is started (the caller stops them whatever happens,
+    also when :meth:`start` raises) and returns each rank's channel, by rank; :meth:`release` frees what
+    the last :meth:`start` made for its ranks once they are stopped (a rank pod's Service and Secret).
+    ``children``: the ranks are child processes of this one on this machine (their cores may be pinned
+    here; they check that this process is their parent), else they watch their channel instead.
+
+    Example::
+
+        with RankProcesses(worker, 2, plan, launcher=SpawnLauncher(["127.0.0.1", "127.0.0.2"])) as ranks:
+            ranks.out.get(timeout=60)
+    """
+
+    children: bool
+
+    def start(
+        self, target: Callable[..., None], args: tuple[Any, ...], *, world_size: int, name: str, procs: list[Any]
+    ) -> list[Connection]: ...
+
+    def release(self) -> None: ...
+
+
+INIT_METHOD = "env://"
+
+
+class SpawnLauncher:
+    """Ranks as daemonic ``spawn``-ed children of this process, named ``f"{name}-{rank}"``, each with a
+    pipe of its own to it; ``addresses``: per rank, the address it listens on for its peers (default
+    loopback for all; distinct loopback addresses stand for hosts in tests), the rendezvous on rank 0's
+    address and a free port there (:func:`rank_environment`).
+
+    Example::
+
+        launcher = SpawnLauncher(["127.0.0.1", "127.0.0.2"])       # two "hosts" on this machine
+        with RankProcesses(worker, 2, plan, launcher=launcher) as ranks:
+            ...
+    """
+
+    children = True
+
+    def __init__(self, addresses: Sequence[str] | None = None):
+        self.addresses = list(addresses) if addresses is not None else None
+
+    def start(
+        self, target: Callable[..., None], args: tuple[Any, ...], *, world_size: int, name: str, procs: list[Any]
+    ) -> list[Connection]:
+        addresses = self.addresses if self.addresses is not None else ["127.0.0.1"] * world_size
+        if len(addresses) != world_size:
+            raise ValueError(f"{len(addresses)} rank addresses for a group of {world_size}")
+        ctx = mp.get_context("spawn")
+        master, port = addresses[0], free_port(addresses[0])
+        readers: list[Connection] = []
+        try:
+            for rank in range(world_size):
+                reader, writer = ctx.Pipe(duplex=False)
+                readers.append(reader)
+                environment = rank_environment(rank, world_size, master, port, addresses[rank])
+                proc = ctx.Process(
+                    target=rank_entry,
+                    args=(target, environment, rank, INIT_METHOD, writer, *args),
+                    name=f"{name}-{rank}",
+                    daemon=True,
+                )
+                try:
+                    proc.start()
+                finally:
+                    writer.close()  # the rank's pipe ends when the rank does
+                procs.append(proc)
+        except BaseException:
+            for reader in readers:
+                reader.close()
+            raise
+        return readers
+
+    def release(self) -> None:
+        pass
+
+
 class RankProcesses:
-    """``world_size`` daemonic ``spawn``-ed processes of ``target(rank, init_method, out, *args)``,
-    named ``f"{name}-{rank}"`` (module docstring); ``init_method``: ``"env://"``, the rendezvous in each
-    rank's environment (:func:`rank_environment`: rank 0's address and a free port there), ``out``: the
-    queue they report on. ``addresses``: per rank, the address it listens on for its peers (default
-    loopback for all; distinct loopback addresses stand for hosts in tests). A context manager: ``with``
-    starts them and stops them on the way out, whatever happened.
+    """``world_size`` ranks of ``target(rank, init_method, out, *args)`` (module docstring), started by
+    ``launcher`` (default :class:`SpawnLauncher` on ``addresses``: per rank, the address it listens on for
+    its peers, default loopback for all; give a launcher its addresses itself); ``init_method``:
+    ``"env://"``, the rendezvous in each rank's environment; ``out``: the :class:`RankInbox` they report
+    on; ``procs``: their :class:`RankHandle` by rank, once started. A context manager: ``with`` starts
+    them and stops them on the way out, whatever happened.
 
     Example::
 
@@ -200,43 +318,31 @@ class RankProcesses:
         *args: Any,
         name: str = "rank",
         addresses: Sequence[str] | None = None,
+        launcher: RankLauncher | None = None,
     ):
-        addresses = list(addresses) if addresses is not None else ["127.0.0.1"] * world_size
-        if len(addresses) != world_size:
+        if addresses is not None and len(addresses) != world_size:
             raise ValueError(f"{len(addresses)} rank addresses for a group of {world_size}")
-        ctx = mp.get_context("spawn")
-        pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
-        self.out = RankInbox([reader for reader, _ in pipes])
-        self._writers = [writer for _, writer in pipes]  # closed here once the rank has its own
-        self.init_method = "env://"
-        master, port = addresses[0], free_port(addresses[0])
-        self.procs = [
-            ctx.Process(
-                target=_rank_entry,
-                args=(
-                    target,
-                    rank_environment(rank, world_size, master, port, addresses[rank]),
-                    rank,
-                    self.init_method,
-                    self._writers[rank],
-                    *args,
-                ),
-                name=f"{name}-{rank}",
-                daemon=True,
-            )
-            for rank in range(world_size)
-        ]
+        if addresses is not None and launcher is not None:
+            raise ValueError("give the rank addresses to the launcher")
+        self.target, self.args, self.name, self._world = target, args, name, world_size
+        self.launcher: RankLauncher = launcher if launcher is not None else SpawnLauncher(addresses)
+        self.init_method = INIT_METHOD
+        self.procs: list[RankHandle] = []
+        self.out = RankInbox([])
+        self._released = True
 
     @property
     def world_size(self) -> int:
-        return len(self.procs)
+        return self._world
 
     def start(self) -> RankProcesses:
-        """Start every rank (those started are stopped if one cannot be)."""
+        """Start every rank (those started are stopped if one cannot be, or if one never reaches us)."""
+        self._released = False
         try:
-            for proc, writer in zip(self.procs, self._writers, strict=True):
-                proc.start()
-                writer.close()  # the rank's pipe ends when the rank does
+            conns = self.launcher.start(
+                self.target, self.args, world_size=self._world, name=self.name, procs=self.procs
+            )
+            self.out = RankInbox(conns)
         except BaseException:
             self.stop()
             raise
@@ -252,37 +358,40 @@ class RankProcesses:
 
     def exit_codes(self) -> list[int | None]:
         """Each rank's exit code, by rank (None: running, or not started)."""
-        return [proc.exitcode for proc in self.procs]
+        codes: list[int | None] = [proc.exitcode for proc in self.procs]
+        return codes + [None] * (self._world - len(codes))
 
     def alive(self) -> list[int]:
         """The ranks still running."""
-        return [rank for rank, proc in enumerate(self.procs) if proc.pid is not None and proc.is_alive()]
+        return [rank for rank, proc in enumerate(self.procs) if proc.is_alive()]
 
     def join(self, timeout_s: float, ranks: Iterable[int] | None = None) -> bool:
         """Wait up to ``timeout_s`` in all for ``ranks`` (default: all) to exit; True when they have."""
         deadline = time.monotonic() + timeout_s
-        procs = [self.procs[r] for r in (range(self.world_size) if ranks is None else ranks)]
+        chosen = range(len(self.procs)) if ranks is None else [r for r in ranks if r < len(self.procs)]
+        procs = [self.procs[r] for r in chosen]
         for proc in procs:
-            if proc.pid is not None:
-                proc.join(max(0.0, deadline - time.monotonic()))
-        return not any(proc.pid is not None and proc.is_alive() for proc in procs)
+            proc.join(max(0.0, deadline - time.monotonic()))
+        return not any(proc.is_alive() for proc in procs)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Terminate the ranks still alive, kill those that do not stop within ``grace_s``, reap them all."""
-        for proc in self.procs:
-            if proc.pid is not None and proc.is_alive():
-                proc.terminate()
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs:
-            if proc.pid is None:
-                continue
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-        for writer in self._writers:
-            writer.close()
-        self.out.close()
+        """Terminate the ranks still alive, kill those that do not stop within ``grace_s``, reap them all,
+        then let the launcher free what it made for them."""
+        try:
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.terminate()
+            deadline = time.monotonic() + grace_s
+            for proc in self.procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
+        finally:
+            self.out.close()
+            if not self._released:
+                self._released = True
+                self.launcher.release()
 
 
 def collect_results(ranks: RankProcesses, timeout_s: float) -> list[Any]:

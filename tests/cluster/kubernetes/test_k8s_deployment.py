@@ -146,4 +146,4 @@ def test_reference_location_runs_steps_in_process_unless_told(tmp_path: Path) ->
     wrong = show_executor(env, {"execution": {"config": {"multiprocess": {"max_concurent": 2}}}})
     assert wrong.returncode != 0 and "max_concurent" in wrong.stderr, wrong.stderr[-3000:]  # Dagster's schema checks it
     bad = show_executor(reference_env(tmp_path, "k8s"))
-    assert bad.returncode != 0 and "PRIMUS_DEPLOYMENT='k8s': expected 'local' or 'kubernetes'" in bad.stderr
+    assert bad.returncode != 0 and "PRIMUS_DEPLOYMENT='k8s': expected one of local, kubernetes" in bad.stderr
