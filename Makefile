@@ -7,7 +7,7 @@ export DAGSTER_HOME ?= $(PRIMUS_HOME)/dagster_home
 # MLflow decides at import whether to send usage telemetry: off unless you say otherwise.
 export MLFLOW_DISABLE_TELEMETRY ?= true
 
-.PHONY: setup browser demo dev test lint bench clean
+.PHONY: setup browser demo dev test test-torchrec lint bench clean
 
 setup: $(VENV)/.installed browser
 
@@ -53,6 +53,13 @@ lint: setup
 TEST_WORKERS ?= 2
 test: setup lint
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc; }
+
+# The tests that need TorchRec (skipped by `make test`, whose install has none): the torchrec extra, TorchRec itself
+# without its CUDA dependency (pyproject.toml says why), then those tests -- the CI path of the TorchRec support.
+test-torchrec: setup
+	$(PY) -m pip install -q -c constraints.txt -e '.[torchrec]'
+	$(PY) -m pip install -q -c constraints.txt --no-deps torchrec==1.8.0
+	$(VENV)/bin/pytest -q -p no:xdist -k "torchrec or dmp" -rs
 
 # The reference deployment in `dagster dev` (UI + daemon: its sensors run) on the project's DAGSTER_HOME, an MLflow
 # server on the project's store (the UI's MLflow links lead there) and the embedded broker started again with the

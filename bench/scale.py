@@ -15,18 +15,22 @@ and against one trainer; everything else at the spec's defaults but the table si
    machine with a core a rank: ``load_avg_1m`` says how quiet it was.
 2. **Quality, through the pipeline** (``train_window``: executors, Flight, the rank processes): a mixed
    MTRM job over Parquet batch and stream sources of the synthetic world, ``--hours`` hours, evaluated on
-   the next 4 hours, 2 ranks replicated and row-wise on each of ``--seeds`` seeds (the world's and the
-   model's): ``auc_delta`` = row-wise minus replicated, mean and 95 % t-interval over the seeds (paired).
-   **Resharded**: the row-wise run again, rank 1 failing at round ``--fail-round`` (after checkpoints), the
-   run then resumed on 3 ranks from its last checkpoint (the tables resharded from 2 shards to 3):
-   ``auc_delta_resharded`` = resharded minus the uninterrupted row-wise run, paired over the seeds. Every
-   variant checkpoints every ``--checkpoint-every`` steps (the spec's default, 500, is more steps than
-   these runs have: the failure must find a checkpoint). Part 2's tables have the spec's default
-   ``hash_buckets`` (``--quality-buckets``): what is compared is what the sharding does to learning,
-   and checkpoints of part 1's tables would be gigabytes each.
+   the next 4 hours, on each of ``--seeds`` seeds (the world's and the model's), 2 ranks, the runs of
+   :data:`VARIANTS`; every figure is a paired difference over the seeds, mean and 95 % t-interval:
+   ``auc_delta``: row-wise minus replicated with ``data.deterministic: true`` (a non-default key: every
+   batch's rank and order fixed, so the two differ by what sharding does and nothing else);
+   ``auc_delta_default_order``: row-wise at the spec's default order minus that; ``auc_noise``: the same
+   default-order row-wise run twice (what "within noise" means here); ``auc_delta_resharded``: rank 1
+   failing at round ``--fail-round``, the run then resumed from its last checkpoint on 3 ranks (``to_3``)
+   or on one trainer (``to_1``) -- the tables resharded -- minus the uninterrupted default-order run.
+   Every variant checkpoints every ``--checkpoint-every`` steps (the spec's default, 500, is more steps
+   than these runs have: the failure must find a checkpoint). Part 2's tables have the spec's default
+   ``hash_buckets`` (``--quality-buckets``): what is compared is what the sharding does to learning, and
+   checkpoints of part 1's tables would be gigabytes each.
 
 Last line: ``{"bench": "scale", "shard_memory_ratio": ..., "sharded_speedup_2r": ...,
-"sharded_vs_replicated": ..., "auc_delta": [mean, lo95, hi95], "auc_delta_resharded": [...], "rss_mb": {"replicated": ..., "row_wise": ...,
+"sharded_vs_replicated": ..., "auc_delta": [mean, lo95, hi95], "auc_delta_resharded": {"to_3": [...],
+"to_1": [...]}, "auc_noise": [...], "rss_mb": {"replicated": ..., "row_wise": ...,
 "one_trainer": ...}, "load_avg_1m": ..., "detail": {...}}``.
 """
 
@@ -40,6 +44,7 @@ import os
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -58,7 +63,7 @@ from _ddp import fail_rank_at
 
 QUALITY_JOB = """
 name: scale-{variant}-{seed}
-data: {{lease: 30s}}
+data: {{lease: 30s, deterministic: {deterministic}}}
 pools: {{data: {{replicas: 2}}, training: {{replicas: {ranks}, max_replicas: 3, memory: {memory}, restart: never}}}}
 dataset:
   start: 2026-11-01
@@ -114,12 +119,36 @@ def memory_and_speed(args: argparse.Namespace, root: Path) -> dict:
     return runs
 
 
-def quality_job(args: argparse.Namespace, where: Path, variant: str, seed: int, ranks: int) -> Path:
-    sharding = "replicated" if variant == "replicated" else "row_wise"
+@dataclass(frozen=True)
+class Variant:
+    """One run of part 2: its sharding, whether the order is fixed (``data.deterministic``) and, for a
+    resharded run, the group size it resumes on after rank 1 failed."""
+
+    sharding: str
+    deterministic: bool = False
+    resume_on: int | None = None
+
+
+#: Part 2's runs per seed. ``*_fixed``: ``data.deterministic: true`` (every batch's rank and order fixed), so
+#: replicated and row-wise see the same batches and differ only by what sharding does; the others at the
+#: spec's default order (the shuffle's), where ``row_wise_again`` -- the same run twice -- is the noise.
+VARIANTS = {
+    "replicated_fixed": Variant("replicated", deterministic=True),
+    "row_wise_fixed": Variant("row_wise", deterministic=True),
+    "row_wise": Variant("row_wise"),
+    "row_wise_again": Variant("row_wise"),
+    "resharded_to_3": Variant("row_wise", resume_on=3),
+    "resharded_to_1": Variant("row_wise", resume_on=1),
+}
+
+
+def quality_job(args: argparse.Namespace, where: Path, name: str, seed: int, ranks: int) -> Path:
+    variant = VARIANTS[name]
     job_path = where / "job.yaml"
     text = QUALITY_JOB.format(
-        variant=variant.replace("_", "-"),
-        sharding=sharding,
+        variant=name.replace("_", "-"),
+        sharding=variant.sharding,
+        deterministic=str(variant.deterministic).lower(),
         ranks=ranks,
         every=args.checkpoint_every,
         seed=seed,
@@ -132,46 +161,55 @@ def quality_job(args: argparse.Namespace, where: Path, variant: str, seed: int, 
     return job_path
 
 
+def quality_run(args: argparse.Namespace, root: Path, name: str, seed: int) -> float:
+    """Next-4-hours AUC of variant ``name`` on ``seed``'s world."""
+    variant = VARIANTS[name]
+    where = root / f"quality-{name}-{seed}"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    job_path = quality_job(args, where, name, seed, ranks=2)
+    job = load_job_spec(job_path)
+    world = SyntheticWorld(WorldConfig(seed=seed, rows_per_hour=args.rows_per_hour, n_dense=5), job.dataset.start)
+    write_world(job, SourceContext(str(where)), world, range(args.hours + 5), files_per_hour=2, progress=False)
+    window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=args.hours))
+    started = time.perf_counter()
+    if variant.resume_on is not None:  # 2 ranks until rank 1 fails, then the same run on resume_on
+        hooks = RunHooks(rank_hook=functools.partial(fail_rank_at, 1, args.fail_round))
+        try:
+            train_window(TrainingRequest(job, job_path, where, window), hooks)
+            raise AssertionError(f"rank 1 did not fail at round {args.fail_round}: lower --fail-round")
+        except TrainerFailedError:
+            pass
+        job_path = quality_job(args, where, name, seed, ranks=variant.resume_on)
+        job = load_job_spec(job_path)
+    result = train_window(TrainingRequest(job, job_path, where, window))
+    assert result.evaluation is not None
+    if variant.resume_on is not None:
+        assert result.resumed_from_step, f"{name} did not resume from a checkpoint"
+    auc = result.evaluation.result.auc
+    print(f"seed {seed} {name:16} AUC {auc:.4f} ({time.perf_counter() - started:.0f} s)")
+    shutil.rmtree(where, ignore_errors=True)
+    return auc
+
+
 def quality(args: argparse.Namespace, root: Path) -> dict:
-    aucs: dict[str, list[float]] = {"replicated": [], "row_wise": [], "resharded": []}
-    resumed_from: list[int | None] = []
+    aucs: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for seed in range(1, args.seeds + 1):
-        for variant in aucs:
-            where = root / f"quality-{variant}-{seed}"
-            shutil.rmtree(where, ignore_errors=True)
-            where.mkdir(parents=True)
-            job_path = quality_job(args, where, variant, seed, ranks=2)
-            job = load_job_spec(job_path)
-            world = SyntheticWorld(
-                WorldConfig(seed=seed, rows_per_hour=args.rows_per_hour, n_dense=5), job.dataset.start
-            )
-            write_world(job, SourceContext(str(where)), world, range(args.hours + 5), files_per_hour=2, progress=False)
-            window = TimeWindow(job.dataset.start, job.dataset.start + timedelta(hours=args.hours))
-            started = time.perf_counter()
-            if variant == "resharded":  # 2 ranks until rank 1 fails, then the same run on 3
-                hooks = RunHooks(rank_hook=functools.partial(fail_rank_at, 1, args.fail_round))
-                try:
-                    train_window(TrainingRequest(job, job_path, where, window), hooks)
-                    raise AssertionError(f"rank 1 did not fail at round {args.fail_round}: raise --fail-round")
-                except TrainerFailedError:
-                    pass
-                job_path = quality_job(args, where, variant, seed, ranks=3)
-                job = load_job_spec(job_path)
-            result = train_window(TrainingRequest(job, job_path, where, window))
-            assert result.evaluation is not None
-            if variant == "resharded":
-                assert result.resumed_from_step, "the resharded run did not resume from a checkpoint"
-                resumed_from.append(result.resumed_from_step)
-            aucs[variant].append(result.evaluation.result.auc)
-            print(f"seed {seed} {variant:10} AUC {aucs[variant][-1]:.4f} ({time.perf_counter() - started:.0f} s)")
-            shutil.rmtree(where, ignore_errors=True)  # the checkpoints and models of these tables are large
-    deltas = [s - r for s, r in zip(aucs["row_wise"], aucs["replicated"], strict=True)]
-    resharded = [s - r for s, r in zip(aucs["resharded"], aucs["row_wise"], strict=True)]
+        for name in VARIANTS:
+            aucs[name].append(quality_run(args, root, name, seed))
+
+    def paired(a: str, b: str) -> list[float]:
+        return interval([x - y for x, y in zip(aucs[a], aucs[b], strict=True)])
+
     return {
         "auc": aucs,
-        "auc_delta": interval(deltas),
-        "auc_delta_resharded": interval(resharded),
-        "resumed_from_step": resumed_from,
+        "auc_delta": paired("row_wise_fixed", "replicated_fixed"),
+        "auc_delta_default_order": paired("row_wise", "replicated_fixed"),
+        "auc_noise": paired("row_wise_again", "row_wise"),
+        "auc_delta_resharded": {
+            "to_3": paired("resharded_to_3", "row_wise"),
+            "to_1": paired("resharded_to_1", "row_wise"),
+        },
     }
 
 
@@ -181,13 +219,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300_000, help="impressions of part 1 (in memory)")
     parser.add_argument("--memory", default="8Gi", help="pools.training.memory of part 2")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--hours", type=int, default=12, help="hours trained in part 2")
-    parser.add_argument("--rows-per-hour", type=int, default=4000)
+    parser.add_argument("--hours", type=int, default=24, help="hours trained in part 2")
+    parser.add_argument("--rows-per-hour", type=int, default=8000)
     parser.add_argument(
         "--quality-buckets", type=int, default=100_000, help="model.hash_buckets of part 2 (the spec's default)"
     )
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="training.checkpoint_every_steps of part 2")
-    parser.add_argument("--fail-round", type=int, default=30, help="the resharded variant's rank 1 fails here")
+    parser.add_argument("--checkpoint-every", type=int, default=25, help="training.checkpoint_every_steps of part 2")
+    parser.add_argument("--fail-round", type=int, default=80, help="the resharded variant's rank 1 fails here")
     parser.add_argument("--skip-quality", action="store_true")
     args = parser.parse_args()
     logging.getLogger("primus_dagster").setLevel(logging.WARNING)
@@ -209,6 +247,7 @@ def main() -> None:
         found = quality(args, root)
         result["auc_delta"] = found["auc_delta"]
         result["auc_delta_resharded"] = found["auc_delta_resharded"]
+        result["auc_noise"] = found["auc_noise"]
         result["detail"]["quality"] = {
             **found,
             "seeds": args.seeds,

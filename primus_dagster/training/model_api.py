@@ -207,12 +207,12 @@ class SparseFeatures:
         return torch.cat(parts)
 
     def to_kjt(self) -> Any:
-        """A ``torchrec.KeyedJaggedTensor`` of the same fields (needs TorchRec: ``pip install '.[bench]'``)."""
+        """A ``torchrec.KeyedJaggedTensor`` of the same fields (needs TorchRec: ``make test-torchrec`` installs it)."""
         try:
             from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
         except ImportError as exc:
             raise ImportError(
-                f"SparseFeatures.to_kjt needs torchrec ({exc}); see README 'Bring your own model'"
+                f"SparseFeatures.to_kjt needs torchrec ({exc}); see docs/models.md, 'Bring your own model'"
             ) from exc
         return KeyedJaggedTensor(
             keys=self.keys(), values=self.values(), lengths=self.lengths(), weights=self.weights_or_none(),

@@ -35,8 +35,8 @@ def skip_without_torchrec(example: str) -> None:
 
         pytest.importorskip(
             "torchrec",
-            reason="torchrec is not installed (make test installs .[dev]; `pip install -c constraints.txt -e '.[bench]'` "
-            "then `pip install -c constraints.txt --no-deps torchrec==1.8.0`: README, Bring your own model)",
+            reason="torchrec is not installed (make test installs .[dev]; `make test-torchrec` installs it and runs "
+            "these tests: docs/models.md)",
         )
 
 
