@@ -14,12 +14,12 @@ window's sample ids read straight from the files (or the topic): ``samples_lost`
 differences. ``post_checkpoint_samples_redone`` counts the samples trained after the checkpoint a
 restart went back to (thrown away and trained again).
 
-Two faults of the data plane's delivery and liveness (issue 25 items 2 and 4), in runs that go on (checked
+Two faults of the data plane's delivery and liveness, in runs that go on (checked
 the same way): a client holding the Flight token (read from an executor's environment) takes up to 3 batches
 of trainer 0's stream from the executors and drops them (``reader_drops_batches``: the driver's delivery audit must
 serve them again), and one data executor is SIGSTOPped mid-run and kept frozen (``executor_sigstop``: it must
 lose its leases after ``data.lease``, the run log must name it, and the run must end while it is frozen).
-Three more of issue 25: a torn Parquet file among 30 (``torn_file_below_threshold``: below the default
+Three more: a torn Parquet file among 30 (``torn_file_below_threshold``: below the default
 ``failed_task_threshold`` the run goes on, naming the file in its result and log; ``--strict`` fails naming
 it), a second run of the same window while the first trains (``second_run_of_a_window``: refused at once,
 naming the first's pid), and 500 files of ~1.4 rows (``tiny_files_exactly_once``: every sample once, in about
@@ -32,7 +32,7 @@ names the file / key and no traceback (and never echo a planted secret); the cor
 the repaired +/-inf rows must be named on the message's own line (the log entry with its table's source,
 the data file in the run's ``data quality`` line).
 
-Tiny files (issue 25 item 5, criterion 3: at most 2): the same rows of the batch job's window as
+Tiny files (the time ratio asked: at most 2): the same rows of the batch job's window as
 ``--tiny-files`` files (about 1.4 rows each) and as 4 files, each through ``primus-dagster train`` at the
 spec's defaults: ``tiny_files_time_ratio`` is the tiny run's wall time over the few-files run's (steps and
 checkpoints of both beside it; before small reader batches were merged into full steps it was 835 s
@@ -442,7 +442,7 @@ def take_and_drop(procs: list[psutil.Process], count: int, run: Run, bound: floa
 
 def drop_batches(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
     """During a slowed run, a client with the token takes up to 3 batches of trainer 0's stream from the executors
-    and drops them (issue 25 item 2): the driver's delivery audit must have them served again -- nothing lost."""
+    and drops them: the driver's delivery audit must have them served again -- nothing lost."""
     out = Outcome(name)
     if (started := run_past_step_2(out, env, work, bound)) is None:
         return out
@@ -464,7 +464,7 @@ def drop_batches(name: str, env: dict[str, Any], work: Path, bound: float) -> Ou
 
 
 def stop_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
-    """SIGSTOP one data executor mid-run (issue 25 item 4) and keep it frozen: its leases must expire after
+    """SIGSTOP one data executor mid-run and keep it frozen: its leases must expire after
     ``data.lease``, the other executor read its tasks, the run log name it, and the run end before SIGCONT."""
     out = Outcome(name)
     if (started := run_past_step_2(out, env, work, bound)) is None:
@@ -494,8 +494,8 @@ def stop_executor(name: str, env: dict[str, Any], work: Path, bound: float) -> O
 
 
 def torn_file(name: str, work: Path, bound: float) -> Outcome:
-    """One torn Parquet file among the window's 30 (below the default ``failed_task_threshold`` 0.05; issue 25
-    item 1): the run goes on without its rows and must name the file in its result (``failed_tasks``) and its
+    """One torn Parquet file among the window's 30 (below the default ``failed_task_threshold`` 0.05):
+    the run goes on without its rows and must name the file in its result (``failed_tasks``) and its
     log; ``--strict`` must fail, naming it. No other sample may be lost."""
     out = Outcome(name)
     env = make_world(work / name, files_per_hour=15)
@@ -524,7 +524,7 @@ def torn_file(name: str, work: Path, bound: float) -> Outcome:
 
 
 def two_runs_of_one_window(name: str, env: dict[str, Any], work: Path, bound: float) -> Outcome:
-    """A second run of the same spec and window while the first trains (issue 25 item 3): it must fail at once
+    """A second run of the same spec and window while the first trains: it must fail at once
     (exit 1) naming the first (its pid); the first goes on and trains every sample once."""
     out = Outcome(name)
     # the first run slowed 5x: it must still hold the window while the second one starts (~3 s of imports)
@@ -549,7 +549,7 @@ def two_runs_of_one_window(name: str, env: dict[str, Any], work: Path, bound: fl
 
 
 def tiny_files_once(name: str, work: Path, bound: float) -> Outcome:
-    """500 files of ~1.4 rows (issue 25 item 5): every sample trained once, in about rows / batch_size steps
+    """500 files of ~1.4 rows: every sample trained once, in about rows / batch_size steps
     (full steps across files; shorter ones only where a checkpoint or the end flushes)."""
     out = Outcome(name)
     env = make_world(work / name, rows_per_hour=350, files_per_hour=250)

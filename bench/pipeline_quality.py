@@ -20,7 +20,7 @@ only), and for each mode (``batch``, ``stream``, ``batch_then_stream``, ``mixed`
 
 The two differ only in the order of the micro-batches (the data plane's hand-out; one executor by
 default keeps it close to the plan's) -- so per mode the AUCs should agree within noise, and the
-modes rank the same way. Criterion (issue 12): ``|pipeline - in memory| <= 0.01`` per mode, same
+modes rank the same way. Criterion: ``|pipeline - in memory| <= 0.01`` per mode, same
 ranking.
 
 **Size.** ``--hours 6`` at ``--rows-per-hour 6000`` (~32 k stream + ~32 k batch rows), 2 held-out

@@ -1,5 +1,5 @@
 """Next-day AUC of the spec defaults on data in a real team's shape, beside a popularity prior and
-logistic regression: the realistic synthetic world and MovieLens-100k (issue 21, criterion 1).
+logistic regression: the realistic synthetic world and MovieLens-100k.
 
 **Training: ``primus-dagster train`` with the spec defaults.** Every model is trained by the CLI in a
 subprocess (``primus-dagster train SPEC --start .. --hours .. --data-root .. --json``: its own
@@ -44,7 +44,7 @@ stream copy, whose labels are incomplete) -- the rows the train command's own po
   column and ``genres=g`` for every genre of the row, next to the ``StandardScaler``'d
   ``sign(x) * log1p(|x|)`` of every dense column (a missing value: the training mean).
 
-On MovieLens two figures say how much room the data leaves above ``logreg`` (issue 21 asks the single
+On MovieLens two figures say how much room the data leaves above ``logreg`` (the goal asks the single
 tower for logreg + 0.01): ``eval_cold_user_share``, the share of the evaluation rows whose user has no
 training row (in a temporal split most of the next week's ratings come from users who joined that
 week), and ``logreg_crosses_probe_auc``, the same logistic regression with ``gender`` and ``occupation``

@@ -3,7 +3,7 @@
 ``bench/serve.py`` measures the data plane end to end against ``tensors_1t`` (one thread decoding the
 files and building the trainer's tensors). This bench measures, in one process and on the same files,
 what each step of the default path (executor processes, shared memory) costs by itself, so that the
-gap between the two has names (``docs/data_plane.md``, "Issue 27", reads the figures):
+gap between the two has names (``docs/data_plane.md``, "Where the serving path's time goes", reads the figures):
 
 * ``decode`` -- the executor's reader alone: the Parquet adapter's ``open_file`` (memory-mapped,
   ``iter_batches`` of ``batch_rows``, one thread, the model's columns only), every batch dropped at once;

@@ -60,7 +60,7 @@ every reader waits until every executor has seen the job done, and executors idl
 the end were up to a second late. Rebalance_ratio over Flight, median of 3, with the bench's
 former ``buffer_batches: 4`` and 2 task runners: 0.81 with (1) alone, 0.84 with (2) alone, 0.91
 with both. At the shipped defaults (``buffer_batches`` 8, one runner per core of ``cpu``; the bench
-sets neither since issue 27) the whole-run ratio is 0.85 and the steady one 1.01: the slowed
+sets neither since the serving-path profile) the whole-run ratio is 0.85 and the steady one 1.01: the slowed
 executor's larger buffers lengthen the tail (1.5 s). What the slowed executor still holds
 at the end -- its T per-trainer buffers and the rest of one task -- only the driver could take
 over (backup leases of running tasks for idle executors; the claim ledger already drops the

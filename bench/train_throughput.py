@@ -61,7 +61,7 @@ its 1-rank figure is below part 1's.
    (its dense 100000 x 16 embedding gradient: 6.4 MB a step; ``ddp_dense_allreduce_bytes_per_step``),
    the exchange before the row-sparse one. The load average at start and end is in "detail":
    wall-clock figures are only as good as the machine is quiet.
-4. ``ratio_vs_torchrec``: the single tower next to TorchRec's DLRM (issue 11), trained in this run,
+4. ``ratio_vs_torchrec``: the single tower next to TorchRec's DLRM, trained in this run,
    side by side, on the same synthetic in-memory rows: ``--torchrec-batches`` (20) batches of 2048 rows,
    13 dense features (``log1p|N(0,1)|``), 26 sparse features with one id each, uniform in [0, 10 000),
    ~25 % positives; 1 torch thread. Shapes: TorchRec has 26 ``EmbeddingBag`` tables of 10 000 x 16
@@ -99,7 +99,7 @@ its 1-rank figure is below part 1's.
        pip install -c constraints.txt -e ".[bench]"           # fbgemm-gpu-cpu + torchrec's pure-Python deps
        pip install -c constraints.txt --no-deps torchrec==1.8.0
 
-5. ``ratio_vs_torchrec_multihot`` (issue 22): the same comparison on a multi-hot shape -- 8 list
+5. ``ratio_vs_torchrec_multihot``: the same comparison on a multi-hot shape -- 8 list
    features, each row 0..20 ids per feature (uniform: mean 10), ids uniform in [0, 10 000), 13 dense,
    2048-row batches. TorchRec: DLRM over an ``EmbeddingBagCollection`` of 8 tables of 10 000 x 16 (sum
    pooling) on the ``KeyedJaggedTensor`` of each batch, the same three configurations; ours

@@ -102,7 +102,7 @@ def growing_job(vertical: bool) -> Simulation:
 
 
 def test_growing_executor_is_resized_before_it_would_be_oom_killed() -> None:
-    """Issue 9, criterion 3 (simulator half)."""
+    """An executor whose RSS keeps growing is resized up before its memory would have it killed, never killed."""
     sim = growing_job(vertical=True)
     result = sim.run(3600.0)
     assert result.oom_kills == 0

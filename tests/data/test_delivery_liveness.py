@@ -1,4 +1,4 @@
-"""Real executor processes (a local pool, ``tests.data.planekit``), two faults (issue 25 items 2 and 4),
+"""Real executor processes (a local pool, ``tests.data.planekit``), two faults,
 each sample trained exactly once:
 
 * a client holding the Flight token takes 3 batches of trainer 0's stream and drops them: the driver's

@@ -1,4 +1,4 @@
-"""Packs of small files (issue 25 criterion 3; ``docs/data_plane.md``, Packs).
+"""Packs of small files (``docs/data_plane.md``, Packs).
 
 The DTGG packs a partition's small files into one task (``data.pack_bytes`` / ``data.open_cost_bytes``,
 Spark's rule); a pack is read as one stream of full batches across its files; a file of it that cannot

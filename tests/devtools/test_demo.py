@@ -1,5 +1,5 @@
 """`make demo`, then `make dev` on what it left, as a Dagster and MLflow user sees it: one deployment for every
-end-to-end check of the reference deployment (issue 26 criteria 1 and 3, and the deployment driving itself).
+end-to-end check of the reference deployment (and the deployment driving itself).
 
 **make demo** (`primus-dagster-dev demo`, the reference job with hourly training partitions: ``examples/job.yaml``
 with ``training.partition: hour`` and a 5 s sensor interval -- the same code path as the daily demo, with 2 source
@@ -253,7 +253,7 @@ def _demo(tmp_path: Path, env: dict[str, str], spec_path: Path, job: JobSpec) ->
             KAFKA_JOB: [DEMO_PARTITION],
             TRAINING_JOB: [DEMO_PARTITION],
         }
-        assert unmaterialized_inputs(job, instance) == {}  # lineage that adds up (issue 26 item 4)
+        assert unmaterialized_inputs(job, instance) == {}  # lineage that adds up
         for check, rows in _check_rows(instance, job).items():  # one row per check and run, with its partition
             assert len(rows) == 1 and rows[0][1] in ("SUCCEEDED", "FAILED") and rows[0][2], (check, rows)
         (demo_training,) = _materializations(instance, DEMO_PARTITION)
@@ -690,7 +690,7 @@ def _backfill_done(page: Page, dev: MakeDev, backfill_id: str, partitions: tuple
     """Every run of the backfill succeeded, in order: each started once the partition before it was materialised
     and continued its model (the asset depends on its own previous partition); the first, the job's first
     partition, from a fresh model. Each run's blocking check: one row in the check's history, against its
-    partition (issue 26 item 5)."""
+    partition."""
 
     def finished() -> list[DagsterRun] | None:
         runs = dev.runs(tags={"dagster/backfill": backfill_id})
@@ -849,7 +849,7 @@ def _after(dev: MakeDev, job: JobSpec) -> None:
     assert {r.job_name for r in sensed_runs if r.tags.get(TRIGGER_TAG)} >= {KAFKA_JOB, TRAINING_JOB}, [
         (r.job_name, r.tags) for r in sensed_runs
     ]
-    assert unmaterialized_inputs(job, dev.instance) == {}  # lineage that adds up (issue 26 item 4)
+    assert unmaterialized_inputs(job, dev.instance) == {}  # lineage that adds up
     spans = sorted(
         (r.start_time, r.end_time, r.dagster_run.run_id)
         for r in dev.instance.get_run_records()

@@ -1,4 +1,4 @@
-"""The popularity prior and the verdict a model must pass (issue 21: guards for a model that does not learn):
+"""The popularity prior and the verdict a model must pass (guards for a model that does not learn):
 counts on hand-made batches, smoothing, unseen ids, unlabelled rows skipped, per-feature AUCs on
 held-out rows, and the verdict's texts."""
 

@@ -9,6 +9,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import sys
 from collections import namedtuple
 from pathlib import Path
 
@@ -168,20 +169,21 @@ def tiny_filesystem(tmp_path: Path):
 
 
 def test_train_with_its_mlflow_store_on_a_full_disk_is_one_error_line_naming_the_store(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_filesystem: Path
+    tmp_path: Path, tiny_filesystem: Path
 ) -> None:
     """The SQLite store of ``--tracking-uri`` lies on a filesystem too small for it: MLflow's SQL store fails
-    with "database or disk is full" (logging the chained traceback itself). ``train`` says it in one line,
-    naming the store and the free space there, first; exit 1, no traceback."""
-    from primus_dagster.cli import main
-
+    with "database or disk is full" (and would log the chained traceback itself). ``primus-dagster train``, a
+    process of its own (its whole stderr is what a user sees), says it in one line, naming the store and the
+    free space there, first; exit 1, no traceback."""
     env = make_job(tmp_path / "job", mode="batch", model="single", hours=1, rows_per_hour=600)
     uri = f"sqlite:///{tiny_filesystem / 'mlflow.db'}"
     argv = ["train", str(env["job_path"]), "--data-root", str(env["root"]), "--hours", "1", "--tracking-uri", uri]
-
-    assert main(argv) == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err[-3000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "primus_dagster.cli", *argv], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    err = done.stderr
+    assert "Traceback" not in err and "database or disk is full\n[SQL" not in err, err[-3000:]
     (error,) = [line for line in err.splitlines() if line.startswith("error: ")]
     assert error.startswith(f"error: writing to {uri} failed: database or disk is full; ")
     assert f"free on {tiny_filesystem} (the MLflow store)" in error.split(", ")[0]

@@ -1,4 +1,4 @@
-"""The speed-ups of issue 11 change no result: LazyAdam == torch.optim.SparseAdam bit for bit, and the
+"""The speed-ups of the training path change no result: LazyAdam == torch.optim.SparseAdam bit for bit, and the
 one-limb hash == the three-limb hash, and tables on huge pages hold the same values."""
 
 from __future__ import annotations

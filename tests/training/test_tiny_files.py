@@ -1,4 +1,4 @@
-"""Many tiny Parquet files train in full steps of ``batch_size`` rows (issue 25 item 5).
+"""Many tiny Parquet files train in full steps of ``batch_size`` rows.
 
 A world of 200 files of 4 rows each per source through ``train_window`` (real executor processes, the driver,
 MLflow on SQLite): the DTGG packs each hour's small files into a few tasks (``data.pack_bytes``,

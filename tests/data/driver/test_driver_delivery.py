@@ -1,4 +1,4 @@
-"""The driver's end-of-run delivery audit and the liveness of executors (issue 25 items 2 and 4), on a fake clock."""
+"""The driver's end-of-run delivery audit and the liveness of executors, on a fake clock."""
 
 from __future__ import annotations
 
