@@ -39,13 +39,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
 
 from primus_dagster.data import Batch
 from primus_dagster.spec.job import TrainingSpec
@@ -70,6 +68,10 @@ from primus_dagster.training.models import (
 from primus_dagster.training.row_sparse import sorted_row_sums
 from primus_dagster.training.shard_state import SHARDS_DIR, ShardedInfo, model_key, moment_key
 from primus_dagster.training.trainer import Trainer, coalesced_rows
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,11 @@ class ShardedExchange:
     # ------------------------------------------------------------------------------- checkpoints
     def _distributed(self, tensor: torch.Tensor, table: HashedEmbedding) -> DTensor:
         """This rank's rows of a table (or of its moments) as a ``DTensor`` sharded on rows."""
+        # DTensor and torch.distributed.checkpoint are imported where a checkpoint needs them, not with this
+        # module: importing them is most of a rank's start-up after torch itself (docs/training.md)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
         if self._mesh_1d is None:
             self._mesh_1d = init_device_mesh("cpu", (self.world,))
         shape = torch.Size((table.buckets, table.dim)[: tensor.dim()])  # a table, or one value a row
@@ -209,6 +216,8 @@ class ShardedExchange:
             # a table steps on every shard at once: its moments are on every rank, or (no step yet) on none
             for moment in moments if moments[0] in state else ():
                 tensors[moment_key(t.parameter, moment)] = self._distributed(state[moment], t.table)
+        import torch.distributed.checkpoint as dcp
+
         if self.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)  # what a killed attempt left
         dist.barrier()
@@ -245,6 +254,8 @@ class ShardedExchange:
                     local[key] = huge_page_zeros(shape)
                 for key, _ in keys:
                     wanted[key] = self._distributed(local[key], t.table)
+            import torch.distributed.checkpoint as dcp
+
             dcp.load(wanted, checkpoint_id=str(directory / SHARDS_DIR))
         for t in self.tables:
             rows = slice(t.table.row_start, t.table.row_end)

@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from primus_dagster.data import Batch
@@ -354,6 +353,8 @@ class DMPExchange:
         if self.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)  # what a killed attempt left
         dist.barrier()
+        import torch.distributed.checkpoint as dcp  # where a checkpoint needs it (see sharded.py)
+
         dcp.save(tensors, checkpoint_id=str(staging))
         index = {name: i for i, name in enumerate(self.tables)}
         return ShardedInfo(dict(self.tables), index, (MOMENT,))
@@ -382,6 +383,8 @@ class DMPExchange:
                 wanted[model_key(name)] = weight
                 if entries.get(info.optimizer_index[name]) is not None:  # it took a step: its sums
                     wanted[moment_key(name, MOMENT)] = moment
+            import torch.distributed.checkpoint as dcp
+
             dcp.load(wanted, checkpoint_id=str(directory / SHARDS_DIR))
         else:
             for i, (name, (weight, moment)) in enumerate(mine.items()):
