@@ -5,7 +5,7 @@ Chosen by ``$PRIMUS_DEPLOYMENT`` (or the argument):
 * ``local`` (the default): Dagster's ``multi_or_in_process_executor`` set to ``in_process`` -- a run's steps
   one after another in its run worker, which is already a process of its own; the training step's data
   executors and trainers are processes of the executor pool either way. A step process costs more than the
-  steps of this location (importing Dagster, torch and pyarrow again, seconds of a core each) and a run
+  steps of this location (importing Dagster, torch and pyarrow again: docs/automation.md, "Measured reasons in the code") and a run
   rarely has two steps to overlap (a source job's three file sources do: they run one after another). A run
   still stops on Terminate (its step is interrupted, its pool's processes stopped); what it gives up is a
   step's isolation: a step that crashes its process (a segfault, the kernel's OOM killer) takes the run

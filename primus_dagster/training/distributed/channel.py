@@ -24,7 +24,7 @@ ends (the parent closed it, or died), where a spawned rank checks its parent's p
 bounded (``SO_RCVTIMEO`` during the handshake, then cleared) and the handshake is theirs
 (``deliver_challenge`` / ``answer_challenge``) on the same :class:`~multiprocessing.connection.Connection`.
 
-Example (two ranks as plain processes on this machine, standing for two hosts)::
+Example (two ranks as plain processes on this host, standing for two hosts)::
 
     launcher = DialBackLauncher.local(["127.0.0.1", "127.0.0.2"])
     with RankProcesses(worker, 2, plan, launcher=launcher) as ranks:
@@ -135,7 +135,7 @@ def _refusals(refused: Sequence[str]) -> str:
 
 
 class ProcessRank:
-    """A :class:`~.launch.RankHandle` of a rank started as a plain process on this machine.
+    """A :class:`~.launch.RankHandle` of a rank started as a plain process on this host.
 
     Example::
 
@@ -257,7 +257,7 @@ class DialBackLauncher:
         env: Mapping[str, str] | None = None,
         dial_timeout_s: float = 120.0,
     ) -> DialBackLauncher:
-        """Dial-back ranks as plain processes on this machine (:class:`ProcessStarter`, a fresh key),
+        """Dial-back ranks as plain processes on this host (:class:`ProcessStarter`, a fresh key),
         listening on ``addresses`` (default loopback for all; distinct loopback addresses stand for hosts)."""
         key = secrets.token_urlsafe(32)
         starter = ProcessStarter(key, env=env, dial_timeout_s=dial_timeout_s)

@@ -189,7 +189,7 @@ def rank_entry(
 class RankHandle(Protocol):
     """One started rank, as the parent watches and stops it (a ``multiprocessing.Process`` is one; a rank
     pod's handle is another). ``exitcode``: None while it runs, negative for a signal; ``pid``: its process
-    id on this machine, None for a rank elsewhere (a pod: its memory limit is the kubelet's to enforce).
+    id on this host, None for a rank elsewhere (a pod: its memory limit is the kubelet's to enforce).
 
     Example::
 
@@ -222,7 +222,7 @@ class RankLauncher(Protocol):
     :class:`RankHandle` to ``procs`` as soon as it is started (the caller stops them whatever happens,
     also when :meth:`start` raises) and returns each rank's channel, by rank; :meth:`release` frees what
     the last :meth:`start` made for its ranks once they are stopped (a rank pod's Service and Secret).
-    ``children``: the ranks are child processes of this one on this machine (their cores may be pinned
+    ``children``: the ranks are child processes of this one on this host (their cores may be pinned
     here; they check that this process is their parent), else they watch their channel instead.
 
     Example::
@@ -251,7 +251,7 @@ class SpawnLauncher:
 
     Example::
 
-        launcher = SpawnLauncher(["127.0.0.1", "127.0.0.2"])       # two "hosts" on this machine
+        launcher = SpawnLauncher(["127.0.0.1", "127.0.0.2"])       # two "hosts" on this host
         with RankProcesses(worker, 2, plan, launcher=launcher) as ranks:
             ...
     """
